@@ -1,0 +1,43 @@
+# Two commands for a new user: `make demo` and `make test`. Both create .venv when it is missing and
+# install into it; the stamp files make a second run skip pip entirely.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: demo test lint format clean bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[test]'
+	@touch $@ $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/ddpdoctor run --nproc 2 --backend gloo
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check ddpdoctor tests benchmarks sample_jobs
+	$(BIN)/ruff format --check ddpdoctor tests benchmarks sample_jobs
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+format: $(VENV)/.installed-test
+	$(BIN)/ruff check --fix ddpdoctor tests benchmarks sample_jobs
+	$(BIN)/ruff format ddpdoctor tests benchmarks sample_jobs
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/doctor.py
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/detect.py
+	$(BIN)/python benchmarks/monitor_scale.py
+	$(BIN)/python benchmarks/tui.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache

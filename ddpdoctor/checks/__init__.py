@@ -1,0 +1,1 @@
+"""Preflight checks: one module per group, a registry, a concurrent runner; checks never print."""

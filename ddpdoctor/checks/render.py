@@ -1,0 +1,75 @@
+"""The doctor's report as text: results grouped, a symbol per status, the fix under every warning
+and failure, details with -v, and a closing summary line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.console import Console
+from rich.text import Text
+
+from ddpdoctor.checks.model import CheckResult, Status
+from ddpdoctor.checks.registry import GROUP_TITLES
+from ddpdoctor.checks.report import DoctorReport
+from ddpdoctor.console import STATUS_STYLES, UNICODE_SYMBOLS
+
+
+def render_report(
+    report: DoctorReport,
+    console: Console,
+    *,
+    verbose: bool = False,
+    symbols: dict[str, str] = UNICODE_SYMBOLS,
+) -> None:
+    console.print(Text(f"ddpdoctor doctor  host {report.host}  ddpdoctor {report.version}"))
+    group: str | None = None
+    for result in report.results:
+        if result.group != group:
+            group = result.group
+            console.print()
+            console.print(Text(GROUP_TITLES.get(group, group), style="bold"))
+        for line in result_lines(result, verbose=verbose, symbols=symbols):
+            console.print(line, overflow="fold")
+    console.print()
+    console.print(summary_line(report))
+
+
+def result_lines(
+    result: CheckResult, *, verbose: bool, symbols: dict[str, str] = UNICODE_SYMBOLS
+) -> Iterable[Text]:
+    status = result.status.value
+    head = Text("  ")
+    head.append(symbols[status], style=STATUS_STYLES[status])
+    head.append(f" {result.title}: ", style="bold" if result.status.is_problem else "")
+    head.append(result.summary)
+    yield head
+    show_details = verbose or result.status in (Status.FAIL, Status.ERROR)
+    if show_details:
+        for detail in result.details:
+            yield Text(f"      {detail}", style="dim")
+    if result.fix and result.status in (Status.WARN, Status.FAIL, Status.ERROR):
+        fix = Text("      fix: ", style=STATUS_STYLES[status])
+        fix.append(result.fix)
+        yield fix
+
+
+def summary_line(report: DoctorReport) -> Text:
+    counts = report.counts
+    parts = [
+        (f"{counts['pass']} passed", "green"),
+        (f"{counts['warn']} warning{'s' if counts['warn'] != 1 else ''}", "yellow"),
+        (f"{counts['fail']} failed", "bold red" if counts["fail"] else ""),
+        (f"{counts['skip']} skipped", "dim"),
+    ]
+    if counts["error"]:
+        parts.append((f"{counts['error']} could not run", "magenta"))
+    line = Text("Summary: ", style="bold")
+    for i, (text, style) in enumerate(parts):
+        if i:
+            line.append(", ")
+        line.append(text, style=style)
+    verdict = "problems found" if report.exit_code else "ready for DDP"
+    if report.strict and counts["warn"] and not (counts["fail"] or counts["error"]):
+        verdict = "warnings fail under --strict"
+    line.append(f" — {verdict} (exit {int(report.exit_code)}; {report.elapsed_s:.1f} s)")
+    return line

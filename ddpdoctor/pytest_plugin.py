@@ -1,0 +1,1 @@
+"""pytest plugin: `pytest --ddpdoctor` runs the preflight checks as test items."""

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from tests.procs import REPO, free_port  # noqa: F401 - re-exported for tests
+
+FIXTURES = REPO / "tests" / "fixtures" / "logs"  # copied from the shared catalog
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """NVML sees a GPU (cheap; does not import torch)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount() > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML finds none here)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A fresh, not yet created, run directory path for one test."""
+    return tmp_path / "run"

@@ -1,0 +1,153 @@
+"""Helpers for tests that start real processes: free ports, bounded runs, whole-group cleanup.
+
+Every process a test starts gets its own session (process group), a timeout, and is killed with
+its whole group on teardown, so a test of a hang can never hang the suite or leak ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bind to port 0 and let the kernel choose)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test process's environment minus launcher variables a developer's shell may carry."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID",
+        }
+        and not k.startswith(("SLURM_", "OMPI_", "PMI_", "NCCL_", "DDPDOCTOR_"))
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("NO_COLOR", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after a moment."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def run(
+    cmd: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input: str | None = None,
+) -> Finished:
+    """Run to completion within `timeout` seconds; on timeout the group is killed and the test fails."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(env) if env is not None else clean_env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout} s: {' '.join(map(str, cmd))}\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        ) from None
+    finally:
+        kill_group(proc)
+    return Finished(proc.returncode, out, err, time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def background(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+) -> Iterator[subprocess.Popen]:
+    """A process that runs while the block runs; its whole group is killed when the block ends."""
+    proc = subprocess.Popen(
+        list(cmd),
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        env=dict(env) if env is not None else clean_env(),
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        kill_group(proc)
+
+
+def ddpdoctor_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "ddpdoctor", *args]
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll until predicate() is truthy; return its value, or fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

@@ -102,6 +102,18 @@ class RankView:
     gpu_mem_bytes: int | None = None
     step_times: tuple[float, ...] = ()  # recent step times, oldest first, for sparklines
     waiting_on: tuple[int, ...] = ()  # ranks this one waits for in its collective
+    group_seqs: tuple[tuple[str, int], ...] = ()  # (group, last collective seq started) per group
+    recent_collectives: tuple[CollectiveView, ...] = ()  # the last few started, oldest first
+    traceback: str | None = None  # of the error, when the rank raised
+    failed_t: float | None = None  # unix time of its error / non-zero exit / disappearance
+    exit_signal: str | None = None  # "SIGKILL", ... when the exit code says a signal ended it
+
+    def seq_in(self, group: str = "default") -> int:
+        """The last collective sequence number this rank started in `group` (0: none yet)."""
+        for name, seq in self.group_seqs:
+            if name == group:
+                return seq
+        return 0
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -49,8 +49,10 @@ class Plan:
         addr = (self.master_addr or "").lower()
         if not addr or addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1":
             return True
-        names = {socket.gethostname().lower(), socket.getfqdn().lower(), *local_names}
-        return addr in names
+        # No getfqdn(): it is a reverse DNS lookup without a time limit.
+        host = socket.gethostname().lower()
+        names = {host, host.split(".", 1)[0], *local_names}
+        return addr in names or addr.split(".", 1)[0] == host
 
     def resolved_backend(self, gpus_visible: int) -> str:
         if self.backend in ("gloo", "nccl"):
@@ -85,7 +87,9 @@ def build_plan(
     addr, port_text = master_addr, str(master_port) if master_port is not None else None
     if scheme == "tcp":
         addr = addr or parsed.hostname
-        port_text = port_text or (str(parsed.port) if _safe_port(parsed) else parsed.netloc)
+        port_text = port_text or (
+            str(parsed.port) if _safe_port(parsed) else parsed.netloc.rsplit(":", 1)[-1]
+        )
     addr = addr or env.get("MASTER_ADDR")
     port_text = port_text or env.get("MASTER_PORT")
 

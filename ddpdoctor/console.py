@@ -32,8 +32,19 @@ def stream_is_unicode(stream: TextIO) -> bool:
 
 
 def make_console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
+    """A Console for `stream`. Off a terminal (pipes, CI logs) lines are not wrapped at 80 columns:
+    a wide virtual width keeps each result on one line, which reads and greps better in logs."""
     stream = stream if stream is not None else sys.stdout
+    if width is None and not _isatty(stream):
+        width = 200
     return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def symbols_for(stream: TextIO) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.checks.model import CheckResult, Status
@@ -23,34 +24,51 @@ def render_report(
 ) -> None:
     console.print(Text(f"ddpdoctor doctor  host {report.host}  ddpdoctor {report.version}"))
     group: str | None = None
+    grid: Table | None = None
     for result in report.results:
         if result.group != group:
+            if grid is not None:
+                console.print(grid)
             group = result.group
             console.print()
             console.print(Text(GROUP_TITLES.get(group, group), style="bold"))
-        for line in result_lines(result, verbose=verbose, symbols=symbols):
-            console.print(line, overflow="fold")
+            grid = _group_grid() if console.is_terminal else None
+        for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
+            if grid is not None:
+                grid.add_row(symbol, line)
+            else:  # off a terminal: plain lines, never wrapped or padded, for logs and grep
+                console.print(Text.assemble("  ", symbol, " ", line), soft_wrap=True)
+    if grid is not None:
+        console.print(grid)
     console.print()
     console.print(summary_line(report))
 
 
+def _group_grid() -> Table:
+    # Two columns so that a long summary wraps under its own text, not under the symbol.
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=3, justify="right", no_wrap=True)
+    grid.add_column(overflow="fold")
+    return grid
+
+
 def result_lines(
     result: CheckResult, *, verbose: bool, symbols: dict[str, str] = UNICODE_SYMBOLS
-) -> Iterable[Text]:
+) -> Iterable[tuple[Text, Text]]:
+    """(symbol, text) rows: the result line, then its details and its fix."""
     status = result.status.value
-    head = Text("  ")
-    head.append(symbols[status], style=STATUS_STYLES[status])
-    head.append(f" {result.title}: ", style="bold" if result.status.is_problem else "")
+    head = Text()
+    head.append(f"{result.title}: ", style="bold" if result.status.is_problem else "")
     head.append(result.summary)
-    yield head
+    yield Text(symbols[status], style=STATUS_STYLES[status]), head
     show_details = verbose or result.status in (Status.FAIL, Status.ERROR)
     if show_details:
         for detail in result.details:
-            yield Text(f"      {detail}", style="dim")
+            yield Text(" "), Text(f"  {detail}", style="dim")
     if result.fix and result.status in (Status.WARN, Status.FAIL, Status.ERROR):
-        fix = Text("      fix: ", style=STATUS_STYLES[status])
+        fix = Text("  fix: ", style=STATUS_STYLES[status])
         fix.append(result.fix)
-        yield fix
+        yield Text(" "), fix
 
 
 def summary_line(report: DoctorReport) -> Text:

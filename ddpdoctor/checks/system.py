@@ -214,6 +214,15 @@ def cpu(ctx: CheckContext) -> Outcome:
     }
     per_rank = max(1, cores // ranks)
     quota = f" (cgroup quota {info.quota:g})" if info.quota is not None else ""
+    if ctx.options.workers is None and ranks <= cores and demand > cores:
+        # The worker count is only a guess: judge the ranks alone and say what would fit, rather
+        # than warn about a DataLoader setting the job may not use.
+        fit = max(0, cores // ranks - 1)
+        return passed(
+            f"{cores} usable cores{quota} for {ranks} ranks ({ranks_why}); up to {fit} "
+            f"DataLoader worker{'s' if fit != 1 else ''} per rank fit (pass --workers to check yours)",
+            facts=facts,
+        )
     if demand > cores:
         fewer = max(0, per_rank - 1)
         return warning(

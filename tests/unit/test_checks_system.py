@@ -287,3 +287,12 @@ def test_ptrace_from_text_parses_fields():
     assert (info.yama_scope, info.cap_sys_ptrace, info.is_root, info.seccomp) == (1, False, True, 2)
     assert ptrace_from_text(STATUS_ROOT_HOST, None, 0).cap_sys_ptrace is True
     assert ptrace_from_text("garbage", "x", 5).yama_scope is None
+
+
+def test_cpu_with_workers_unknown_judges_ranks_and_says_what_fits():
+    sysp = FakeSystem(cpu=CpuInfo(2, 2))
+    result = system.cpu(ctx(sysp=sysp, nproc=2))
+    assert result.status is Status.PASS
+    assert "up to 0 DataLoader workers per rank fit" in result.summary
+    crowded = system.cpu(ctx(sysp=FakeSystem(cpu=CpuInfo(2, 2)), nproc=4))
+    assert crowded.status is Status.WARN, "more ranks than cores warns whatever the workers"

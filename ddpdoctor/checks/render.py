@@ -41,7 +41,7 @@ def render_report(
     if grid is not None:
         console.print(grid)
     console.print()
-    console.print(summary_line(report))
+    console.print(summary_line(report), soft_wrap=not console.is_terminal)
 
 
 def _group_grid() -> Table:

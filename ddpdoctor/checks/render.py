@@ -3,7 +3,7 @@ and failure, details with -v, and a closing summary line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -23,33 +23,38 @@ def render_report(
     symbols: dict[str, str] = UNICODE_SYMBOLS,
 ) -> None:
     console.print(Text(f"ddpdoctor doctor  host {report.host}  ddpdoctor {report.version}"))
-    group: str | None = None
-    grid: Table | None = None
+    groups: dict[str, list[CheckResult]] = {}
     for result in report.results:
-        if result.group != group:
-            if grid is not None:
-                console.print(grid)
-            group = result.group
-            console.print()
-            console.print(Text(GROUP_TITLES.get(group, group), style="bold"))
-            grid = _group_grid() if console.is_terminal else None
-        for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
-            if grid is not None:
-                grid.add_row(symbol, line)
-            else:  # off a terminal: plain lines, never wrapped or padded, for logs and grep
-                console.print(Text.assemble("  ", symbol, " ", line), soft_wrap=True)
-    if grid is not None:
-        console.print(grid)
+        groups.setdefault(result.group, []).append(result)
+    for group, results in groups.items():
+        console.print()
+        console.print(Text(GROUP_TITLES.get(group, group), style="bold"))
+        print_results(console, results, verbose=verbose, symbols=symbols)
     console.print()
     console.print(summary_line(report), soft_wrap=not console.is_terminal)
 
 
-def _group_grid() -> Table:
-    # Two columns so that a long summary wraps under its own text, not under the symbol.
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=3, justify="right", no_wrap=True)
-    grid.add_column(overflow="fold")
-    return grid
+def print_results(
+    console: Console,
+    results: Sequence[CheckResult],
+    *,
+    verbose: bool,
+    symbols: dict[str, str] = UNICODE_SYMBOLS,
+) -> None:
+    """Results as rows: on a terminal a two-column grid (a long summary wraps under its own text,
+    not under the symbol); elsewhere one unwrapped, unpadded line per row, for logs and grep."""
+    if console.is_terminal:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=3, justify="right", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for result in results:
+            for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
+                grid.add_row(symbol, line)
+        console.print(grid)
+        return
+    for result in results:
+        for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
+            console.print(Text.assemble("  ", symbol, " ", line), soft_wrap=True)
 
 
 def result_lines(

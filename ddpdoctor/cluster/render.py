@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.checks.model import CheckResult, Status
 from ddpdoctor.checks.registry import GROUP_TITLES
-from ddpdoctor.checks.render import result_lines, summary_line
+from ddpdoctor.checks.render import print_results, summary_line
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.cluster.merge import MatrixRow
 from ddpdoctor.cluster.nodes import NodeMap
@@ -64,29 +63,6 @@ def render_distributed(
         print_results(console, cluster, verbose=verbose, symbols=symbols)
     console.print()
     console.print(summary_line(report))
-
-
-def print_results(
-    console: Console,
-    results: Sequence[CheckResult],
-    *,
-    verbose: bool,
-    symbols: dict[str, str],
-) -> None:
-    """Results as `ddpdoctor doctor` prints them: on a terminal a two-column grid (long lines wrap
-    under their own text), elsewhere one unwrapped line per row for logs and grep."""
-    if console.is_terminal:
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=3, justify="right", no_wrap=True)
-        grid.add_column(overflow="fold")
-        for result in results:
-            for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
-                grid.add_row(symbol, line)
-        console.print(grid)
-        return
-    for result in results:
-        for symbol, line in result_lines(result, verbose=verbose, symbols=symbols):
-            console.print(Text.assemble("  ", symbol, " ", line), soft_wrap=True)
 
 
 def matrix_lines(

@@ -1,0 +1,34 @@
+"""`ddpdoctor explain [--json] FILE...`: say what went wrong in NCCL / torch / torchrun / gloo logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ddpdoctor.console import make_console, stream_is_unicode, symbols_for
+from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.findings import Severity
+from ddpdoctor.monitor.explain.engine import explain_paths
+from ddpdoctor.monitor.explain.render import render_findings
+
+SCHEMA_VERSION = 1
+
+
+def main(args: argparse.Namespace) -> int:
+    result = explain_paths(args.files)  # a missing or unreadable file raises UsageError: exit 2
+    findings = result.findings
+    if args.json:
+        document = {"schema_version": SCHEMA_VERSION, "findings": [f.to_json() for f in findings]}
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        render_findings(
+            findings,
+            make_console(),
+            files=result.files,
+            lines=result.lines,
+            symbols=symbols_for(sys.stdout),
+            unicode=stream_is_unicode(sys.stdout),
+        )
+    failed = any(f.severity is Severity.ERROR for f in findings)
+    return int(ExitCode.PROBLEMS if failed else ExitCode.OK)

@@ -29,6 +29,51 @@ warning            code (dotted id, e.g. "sampler.set_epoch_missing"), message, 
 fault              inject (the --inject spec text), fault ("hang"|"crash"|...), step
 error              exc_type, message, traceback (str), thread (name), fatal (bool)
 exit               code (int | null), reason ("normal"|"exception"|"signal"|"sys.exit"|...)
+
+Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,
+heartbeat, warning, fault, error and exit are written at once; collective, step, epoch, phase and
+metrics events are queued on the training thread and written, in order, within ~20 ms by the
+heartbeat thread, or before the next immediate event.)
+
+hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
+                   a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
+                   starts (backend null) and again when init_process_group returns (backend,
+                   world_size and device then known): the latest hello wins.
+heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
+                   steps done (closed); seq starts at 1.
+collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on
+                   point-to-point ops only. Their seq counts per group AND peer, apart from the
+                   collectives' seq, so ranks that take no part in a send do not look behind:
+                   compare collective seqs across ranks on events without p2p. Only the outermost
+                   call counts (all_gather_object is one collective, not its inner all_gathers).
+                   DDP gradient buckets are op "all_reduce" with bucket (index) in DDP's group.
+collective_end     via: how the end was seen, "return" (a blocking call returned), "future" (its
+                   future completed), "work" (Work.is_completed() polled) or "cuda_event" (a CUDA
+                   event recorded after a blocking GPU op passed); p2p and peer as at the start.
+                   A failed op has ok false and error "Type: message".
+step               forwards (training forwards in the step: more than 1 when no_sync micro-batches
+                   accumulate into it). A step closes at the next iteration, a phase change, the
+                   end of its loader or the process, so its event follows its metrics. step_time_s
+                   = data_time_s + compute_time_s + comm_wait_s; comm_wait_s is blocking
+                   collectives of the training thread plus the gradient all-reduce time not hidden
+                   behind backward. batch_size sums the leading dimension of the training
+                   forwards' first tensor argument (null when unknown).
+phase              previous (the phase it replaces). Repeating the current phase writes nothing.
+epoch              loader (per-process number of the DataLoader, in order of first use),
+                   distributed (its sampler is a DistributedSampler), batch_size, drop_last,
+                   num_workers. Written when iteration over the loader starts; epoch is the
+                   sampler's epoch (DistributedSampler) or the count of earlier iterations.
+metrics            step is added when not given (the step in progress). A metric named like an
+                   envelope field (v, t, mono, rank, kind) is written as user_<name>; tensors and
+                   numpy scalars become numbers; nan / inf become the strings "nan", "inf", "-inf".
+warning            codes the runtime writes: sampler.set_epoch_missing, ddp.builtin_comm_hook
+                   (the model's buckets go unrecorded), ddp.comm_hook_failed, runtime.hook_failed.
+error              location {file, line, function}: the innermost frame outside the stdlib,
+                   site-packages and the runtime's own hooks (the user's line), or null.
+exit               signal ("SIGTERM", ...) when reason is "signal"; code is then minus the
+                   signal number, as torchrun reports it. Reasons: "normal" (code 0), "sys.exit",
+                   "exception" (code 1), "signal". Written at interpreter exit; a rank ended by
+                   os._exit or SIGKILL writes none, and that absence means it died.
 """
 
 from __future__ import annotations

@@ -1,0 +1,36 @@
+"""The in-rank runtime: code that runs INSIDE each rank and writes RUN_DIR/events/rank-<R>.jsonl.
+
+    from ddpdoctor import runtime
+    runtime.activate()            # no-op (None) unless $DDPDOCTOR_RUN_DIR is set
+
+or, for a user's script, unchanged:
+
+    torchrun --nproc-per-node 2 -m ddpdoctor.runtime.bootstrap train.py --lr 0.1
+
+Once active, every rank records (the schema is ddpdoctor/events.py):
+
+    writer.py       one JSON object a line, flushed per line, never raising into training
+    heartbeat.py    a daemon thread: step, phase, open collective, memory, once a second
+    c10d_hooks.py   every torch.distributed collective and point-to-point call, numbered
+    completion.py   when an op is over (return, future, Work, CUDA event)
+    ddp_hooks.py    DDP gradient buckets (a comm hook) and training steps (forwards)
+    data_hooks.py   DataLoader waits, epochs, the DistributedSampler set_epoch audit
+    exit_hooks.py   error events (excepthooks), faulthandler, the exit event
+    signals.py      SIGTERM: an exit event, then the default death
+    api.py          phase() / log() / warn() / fault() for scripts that want to say more
+
+Importing this package does not import torch; activate() does (a rank imports it anyway).
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.runtime import api
+from ddpdoctor.runtime.activation import activate, deactivate
+from ddpdoctor.runtime.core import Runtime, active
+
+__all__ = ["Runtime", "activate", "active", "api", "current", "deactivate"]
+
+
+def current() -> Runtime | None:
+    """The active runtime of this process, or None."""
+    return active()

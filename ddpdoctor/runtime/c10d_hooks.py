@@ -1,0 +1,336 @@
+"""Record every torch.distributed collective and point-to-point call.
+
+The functions are replaced where user code and torch's own Python code look them up: the
+attributes of `torch.distributed` and of `torch.distributed.distributed_c10d` (whose own functions
+call each other through its module globals). Only the outermost call is recorded: a thread-local
+depth counter lets the all_gather inside all_gather_object, or the all_reduce inside a DDP comm
+hook, through unrecorded, so a rank numbers its collectives the way every other rank does.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpdoctor.events import DEFAULT_GROUP
+from ddpdoctor.runtime import completion, core
+from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
+
+WRAPPED_MARK = "__ddpdoctor_original__"
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to read one torch.distributed function's arguments."""
+
+    name: str
+    tensors: str | None = None  # the parameter with the tensor(s) this rank contributes
+    p2p: bool = False
+    peers: tuple[str, ...] = ()  # parameters naming the peer rank (global first)
+    always_async: bool = False
+
+
+# The communication functions of torch 2.14's torch.distributed (others are skipped when absent).
+OP_SPECS: tuple[OpSpec, ...] = (
+    OpSpec("all_reduce", "tensor"),
+    OpSpec("all_reduce_coalesced", "tensors"),
+    OpSpec("all_gather", "tensor"),
+    OpSpec("all_gather_coalesced", "input_tensor_list"),
+    OpSpec("all_gather_into_tensor", "input_tensor"),
+    OpSpec("all_gather_single", "input_tensor"),
+    OpSpec("_all_gather_base", "input_tensor"),
+    OpSpec("all_gather_object"),
+    OpSpec("all_to_all", "input_tensor_list"),
+    OpSpec("all_to_all_single", "input"),
+    OpSpec("barrier"),
+    OpSpec("monitored_barrier"),
+    OpSpec("broadcast", "tensor"),
+    OpSpec("broadcast_object_list"),
+    OpSpec("gather", "tensor"),
+    OpSpec("gather_into_tensor", "tensor"),
+    OpSpec("gather_single", "tensor"),
+    OpSpec("gather_object"),
+    OpSpec("reduce", "tensor"),
+    OpSpec("reduce_scatter", "output"),
+    OpSpec("reduce_scatter_tensor", "input"),
+    OpSpec("reduce_scatter_single", "input"),
+    OpSpec("_reduce_scatter_base", "input"),
+    OpSpec("scatter", "tensor"),
+    OpSpec("scatter_object_list"),
+    OpSpec("send", "tensor", p2p=True, peers=("dst", "group_dst")),
+    OpSpec("recv", "tensor", p2p=True, peers=("src", "group_src")),
+    OpSpec("isend", "tensor", p2p=True, peers=("dst", "group_dst"), always_async=True),
+    OpSpec("irecv", "tensor", p2p=True, peers=("src", "group_src"), always_async=True),
+    OpSpec("send_object_list", p2p=True, peers=("dst", "group_dst")),
+    OpSpec("recv_object_list", p2p=True, peers=("src", "group_src")),
+    OpSpec("batch_isend_irecv", "p2p_op_list", p2p=True, always_async=True),
+)
+
+
+class _Nesting(threading.local):
+    depth = 0
+    # While a DDP comm hook runs: the Works its nested calls return (they tell when it is done).
+    capture: list[Any] | None = None
+
+
+NESTING = _Nesting()
+
+
+@dataclass(frozen=True)
+class BoundOp:
+    """An OpSpec with the positions of its parameters in the real function's signature."""
+
+    spec: OpSpec
+    positions: dict[str, int] = field(default_factory=dict)
+
+    def arg(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name in kwargs:
+            return kwargs[name]
+        pos = self.positions.get(name)
+        if pos is not None and pos < len(args):
+            return args[pos]
+        return None
+
+
+def bind(spec: OpSpec, func: Callable[..., Any]) -> BoundOp:
+    try:
+        names = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return BoundOp(spec, {name: i for i, name in enumerate(names)})
+
+
+class GroupNames:
+    """Process group -> GroupInfo, cached (a group's name, size and members never change)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[Any, GroupInfo]] = {}
+
+    def describe(self, group: Any) -> GroupInfo | None:
+        """None when this rank is not a member (torch then returns without communicating) or when
+        there is no process group yet (torch raises, and the call is not a collective)."""
+        from torch.distributed import distributed_c10d as c10d
+
+        world = c10d.GroupMember.WORLD
+        if group is None:
+            group = world
+        if group is None:
+            return None
+        if group is not world and not hasattr(group, "size"):
+            return None  # GroupMember.NON_GROUP_MEMBER: torch returns at once
+        cached = self._cache.get(id(group))
+        if cached is not None and cached[0] is group:
+            return cached[1]
+        try:
+            size = int(group.size())
+        except Exception:  # noqa: BLE001 - a backend object without size()
+            size = None
+        if group is world:
+            info = GroupInfo(DEFAULT_GROUP, size, None)
+        else:
+            try:
+                ranks: tuple[int, ...] | None = tuple(c10d.get_process_group_ranks(group))
+            except Exception:  # noqa: BLE001
+                ranks = None
+            info = GroupInfo(str(getattr(group, "group_name", None) or id(group)), size, ranks)
+        self._cache[id(group)] = (group, info)  # holding the group keeps its id from being reused
+        return info
+
+
+GROUPS = GroupNames()
+
+
+def tensors_of(value: Any) -> list[Any]:
+    """The tensors in an argument: a tensor, a list of them, a list of lists, or P2POps."""
+    if value is None:
+        return []
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [value]
+    if isinstance(value, list | tuple):
+        found: list[Any] = []
+        for item in value:
+            tensor = getattr(item, "tensor", None)  # a P2POp of batch_isend_irecv
+            if tensor is not None and hasattr(tensor, "shape"):
+                found.append(tensor)
+            elif hasattr(item, "shape") and hasattr(item, "dtype"):
+                found.append(item)
+            elif isinstance(item, list | tuple):
+                found.extend(t for t in item if hasattr(t, "shape") and hasattr(t, "dtype"))
+        return found
+    return []
+
+
+def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
+    spec = bound.spec
+
+    @functools.wraps(func)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        runtime = core.active()
+        if runtime is None or NESTING.depth:
+            result = func(*args, **kwargs)
+            if NESTING.capture is not None and result is not None:
+                NESTING.capture.append(result)
+            return result
+        try:
+            call = _describe(bound, args, kwargs)
+        except Exception:  # noqa: BLE001 - describing must never stop the call itself
+            call = None
+        if call is None:
+            return func(*args, **kwargs)
+        group, tensors, is_async, peer = call
+        tracker = runtime.collectives
+        rec = tracker.start(spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer)
+        NESTING.depth += 1
+        t0 = runtime.mono_clock()
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            tracker.end(rec, ok=False, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            NESTING.depth -= 1
+        try:
+            if is_async:
+                completion.finish_async(tracker, rec, result, on_gpu=tensors.on_gpu)
+            else:
+                if threading.current_thread() is threading.main_thread():
+                    runtime.steps.on_comm_wait(runtime.mono_clock() - t0)
+                completion.finish_blocking(
+                    tracker, rec, on_gpu=tensors.on_gpu, cuda_marker=runtime.cuda_marker
+                )
+        except Exception:  # noqa: BLE001
+            tracker.end(rec, via="return")
+        return result
+
+    setattr(recorded, WRAPPED_MARK, func)
+    return recorded
+
+
+def _describe(
+    bound: BoundOp, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[GroupInfo, TensorSummary, bool, int | None] | None:
+    spec = bound.spec
+    if spec.name == "batch_isend_irecv":
+        ops = bound.arg("p2p_op_list", args, kwargs) or []
+        group = GROUPS.describe(getattr(ops[0], "group", None) if ops else None)
+        return (group, summarize(tensors_of(ops)), True, None) if group else None
+    group = GROUPS.describe(bound.arg("group", args, kwargs))
+    if group is None:
+        return None
+    tensors = (
+        summarize(tensors_of(bound.arg(spec.tensors, args, kwargs)))
+        if spec.tensors
+        else (TensorSummary())
+    )
+    is_async = spec.always_async or bool(bound.arg("async_op", args, kwargs))
+    peer = None
+    for name in spec.peers:
+        value = bound.arg(name, args, kwargs)
+        if value is not None:
+            peer = int(value)
+            break
+    return group, tensors, is_async, peer
+
+
+def install(runtime: core.Runtime) -> None:
+    """Wrap every communication function of torch.distributed (once; undone by deactivate)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    for spec in OP_SPECS:
+        original = getattr(c10d, spec.name, None)
+        if original is None or hasattr(original, WRAPPED_MARK):
+            continue
+        recorded = wrap(original, bind(spec, original))
+        _replace(runtime, c10d, spec.name, original, recorded)
+        if getattr(dist, spec.name, None) is original:
+            _replace(runtime, dist, spec.name, original, recorded)
+    _wrap_lifecycle(runtime, dist, c10d)
+    _accept_unwrapped_p2p_ops(runtime, c10d)
+
+
+def _accept_unwrapped_p2p_ops(runtime: core.Runtime, c10d: Any) -> None:
+    """P2POp(op, ...) insists that op *is* torch.distributed.isend or irecv. Code that took the
+    function before the runtime was activated holds the unwrapped one: map it to the wrapper."""
+    check_op = getattr(c10d, "_check_op", None)
+    p2p_op = getattr(c10d, "P2POp", None)
+    if check_op is None or p2p_op is None or hasattr(check_op, WRAPPED_MARK):
+        return
+
+    def canonical(op: Any) -> Any:
+        for name in ("isend", "irecv"):
+            current = getattr(c10d, name, None)
+            if op is getattr(current, WRAPPED_MARK, None):
+                return current
+        return op
+
+    @functools.wraps(check_op)
+    def _check_op(op: Any) -> None:
+        return check_op(canonical(op))
+
+    setattr(_check_op, WRAPPED_MARK, check_op)
+    _replace(runtime, c10d, "_check_op", check_op, _check_op)
+
+    original_init = p2p_op.__init__
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, canonical(op), *args, **kwargs)
+
+    p2p_op.__init__ = __init__
+
+    def undo() -> None:
+        if p2p_op.__dict__.get("__init__") is __init__:
+            p2p_op.__init__ = original_init
+
+    runtime.on_deactivate(undo)
+
+
+def _replace(runtime: core.Runtime, module: Any, name: str, original: Any, new: Any) -> None:
+    setattr(module, name, new)
+
+    def undo() -> None:
+        if getattr(module, name, None) is new:
+            setattr(module, name, original)
+
+    runtime.on_deactivate(undo)
+
+
+def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
+    """init_process_group tells the rank, backend and device; destroy ends the last step."""
+    init = c10d.init_process_group
+    destroy = c10d.destroy_process_group
+    if not hasattr(init, WRAPPED_MARK):
+
+        @functools.wraps(init)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            current = core.active()
+            if current is not None:
+                current.on_process_group()
+            return result
+
+        setattr(init_process_group, WRAPPED_MARK, init)
+        for module in (c10d, dist):
+            if getattr(module, "init_process_group", None) is init:
+                _replace(runtime, module, "init_process_group", init, init_process_group)
+    if not hasattr(destroy, WRAPPED_MARK):
+
+        @functools.wraps(destroy)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            current = core.active()
+            if current is not None:
+                current.steps.flush()
+            return destroy(*args, **kwargs)
+
+        setattr(destroy_process_group, WRAPPED_MARK, destroy)
+        for module in (c10d, dist):
+            if getattr(module, "destroy_process_group", None) is destroy:
+                _replace(runtime, module, "destroy_process_group", destroy, destroy_process_group)

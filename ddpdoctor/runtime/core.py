@@ -1,0 +1,242 @@
+"""The Runtime: the one object per rank that the hooks report to and that writes the events.
+
+Hooks never hold a Runtime of their own; they look up `active()` on every call, so a hook left
+behind (a DDP comm hook cannot be unregistered, a forked DataLoader worker inherits every patch)
+turns into a plain pass-through as soon as the runtime is deactivated or the process forked.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.events import ERROR, EXIT, FAULT, HEARTBEAT, HELLO, PHASE, SCHEMA_VERSION, WARNING
+from ddpdoctor.rundir import RunDir
+from ddpdoctor.runtime import info
+from ddpdoctor.runtime.collectives import CollectiveTracker
+from ddpdoctor.runtime.completion import CudaMarker, default_cuda_marker
+from ddpdoctor.runtime.steps import StepTracker
+from ddpdoctor.runtime.writer import EventWriter
+
+# Events kept in memory while the rank is not known yet (no $RANK: it comes from the process
+# group later). Beyond this, the oldest heartbeats would only repeat themselves: drop new ones.
+MAX_EVENTS_BEFORE_RANK = 2000
+
+# Written at once, with everything queued before them: what must be on disk before whatever comes
+# next (a fault's os._exit, the end of the process). The rest (collectives, steps, metrics) is
+# queued on the hot path and written by the heartbeat thread within milliseconds.
+WRITE_NOW = frozenset({HELLO, HEARTBEAT, WARNING, FAULT, ERROR, EXIT})
+
+_active: Runtime | None = None
+
+
+def active() -> Runtime | None:
+    """The runtime of this process, or None when ddpdoctor is not recording."""
+    return _active
+
+
+def set_active(runtime: Runtime | None) -> None:
+    global _active
+    _active = runtime
+
+
+@dataclass(frozen=True)
+class ExitHint:
+    """How the process is about to end, as far as a hook could tell before atexit runs."""
+
+    code: int | None
+    reason: str  # "normal" | "sys.exit" | "exception" | "signal"
+    signal: str | None = None
+
+
+class Runtime:
+    """Per-rank recorder: envelope, rank, phase, step and collective state, and the exit event."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        rank: int | None,
+        heartbeat_s: float = 1.0,
+        wall_clock: Callable[[], float] = time.time,
+        mono_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.run_dir = RunDir(Path(run_dir))
+        self.rank = rank
+        self.heartbeat_s = heartbeat_s
+        self.wall_clock = wall_clock
+        self.mono_clock = mono_clock
+        self.phase = "init"
+        self.backend: str | None = None
+        self.cuda_device: int | None = None  # the GPU this rank uses, once known
+        self.cuda_marker: CudaMarker | None = default_cuda_marker
+        self.script: str | None = None  # what the bootstrap runs (a path, or "-m module")
+        self.exit_hint: ExitHint | None = None
+        self.finished = False
+        self._finishing = False
+        self.collectives = CollectiveTracker(self.emit, mono_clock, wall_clock)
+        self.steps = StepTracker(self.emit, mono_clock)
+        self._lock = threading.RLock()
+        self._writer: EventWriter | None = None
+        self._early: list[dict[str, Any]] = []
+        self._undo: list[Callable[[], None]] = []
+        self._on_first_queued: Callable[[], None] | None = None
+        if rank is not None:
+            self._writer = EventWriter(self.run_dir.events_file(rank))
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Write one event (never raises; silently dropped once the exit event is out)."""
+        if self.finished:
+            return
+        try:
+            event: dict[str, Any] = {
+                "v": SCHEMA_VERSION,
+                "t": self.wall_clock(),
+                "mono": self.mono_clock(),
+                "rank": self.rank,
+                "kind": kind,
+            }
+            event.update(fields)
+            writer = self._writer
+            if writer is None:
+                with self._lock:
+                    if self._writer is None:
+                        if len(self._early) < MAX_EVENTS_BEFORE_RANK:
+                            self._early.append(event)
+                        return
+                    writer = self._writer
+            if kind in WRITE_NOW:
+                writer.write(event)
+            else:
+                writer.enqueue(event)
+        except Exception:  # noqa: BLE001 - recording must never break training
+            pass
+
+    def flush(self) -> None:
+        """Write the queued events now (the heartbeat thread does this every few milliseconds)."""
+        writer = self._writer
+        if writer is not None:
+            writer.flush()
+
+    def wake_on_queued(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when an event lands in an empty queue (the heartbeat's flush nudge)."""
+        self._on_first_queued = callback
+        if self._writer is not None:
+            self._writer.on_first_queued = callback
+
+    @property
+    def writer(self) -> EventWriter | None:
+        return self._writer
+
+    def set_rank(self, rank: int) -> None:
+        """The rank became known (from the process group): open its file, write what waited."""
+        with self._lock:
+            if self._writer is not None:
+                return
+            self.rank = rank
+            writer = EventWriter(self.run_dir.events_file(rank))
+            writer.on_first_queued = self._on_first_queued
+            self._writer = writer
+            early, self._early = self._early, []
+        for event in early:
+            event["rank"] = rank
+            writer.enqueue(event)
+        writer.flush()
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.cuda_device}" if self.cuda_device is not None else "cpu"
+
+    def say_hello(self) -> None:
+        self.emit(
+            HELLO,
+            **info.hello_fields(
+                backend=self.backend,
+                device=self.device,
+                script=self.script,
+                heartbeat_s=self.heartbeat_s,
+            ),
+        )
+
+    def on_process_group(self) -> None:
+        """init_process_group returned: learn rank, backend and device, and say hello again."""
+        try:
+            rank, _world, backend, device = info.process_group_facts()
+        except Exception:  # noqa: BLE001
+            return
+        if rank is not None and self._writer is None:
+            self.set_rank(rank)
+        self.backend = backend or self.backend
+        if device is not None:
+            self.cuda_device = device
+        self.say_hello()
+
+    def set_phase(self, name: str) -> str:
+        """Enter a phase; return the one it replaces. A phase change ends a finished step."""
+        previous = self.phase
+        if name != previous:
+            self.steps.flush()
+            self.phase = name
+            self.emit(PHASE, phase=name, previous=previous)
+        return previous
+
+    def hint_exit(self, code: int | None, reason: str, signal: str | None = None) -> None:
+        self.exit_hint = ExitHint(code, reason, signal)
+
+    def write_exit_event(self) -> None:
+        """At interpreter exit (atexit): the exit event, with the code the hooks saw coming."""
+        if active() is not self:
+            return
+        hint = self.exit_hint or ExitHint(0, "normal")
+        extra = {"signal": hint.signal} if hint.signal else {}
+        self.finish(hint.code, hint.reason, **extra)
+
+    def finish(self, code: int | None, reason: str, **extra: Any) -> None:
+        """Write the exit event once: the last line of this rank's file."""
+        with self._lock:
+            if self.finished or self._finishing:
+                return
+            self._finishing = True
+            rank_unknown = self._writer is None
+        if rank_unknown:  # never learned its rank: the file of rank 0 is the best guess
+            self.set_rank(0)
+        self.collectives.poll()  # async ops that completed since the heartbeat last looked
+        self.steps.flush()
+        self.emit(EXIT, code=code, reason=reason, **extra)
+        self.finished = True
+        if self._writer is not None:
+            # a heartbeat racing the exit event waits on the writer's lock, then finds it closed:
+            # the exit event stays the last line
+            self._writer.close()
+
+    # -- install / uninstall -------------------------------------------------------------------
+
+    def on_deactivate(self, undo: Callable[[], None]) -> None:
+        """Register how to take one hook out again (run in reverse order by deactivate)."""
+        self._undo.append(undo)
+
+    def uninstall(self) -> None:
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - take out everything we can
+                pass
+        if self._writer is not None:
+            self._writer.close()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): this process is not the rank; stay silent."""
+        self.finished = True
+        self._lock = threading.RLock()
+        self._undo = []
+        if self._writer is not None:
+            self._writer.forget_after_fork()

@@ -1,0 +1,209 @@
+"""DataLoader and DistributedSampler: time waiting for data, epochs, and the set_epoch audit.
+
+- Every DataLoader iterator `__next__` is timed: the wait for the next batch, set against the
+  step's compute time (steps.py).
+- Every epoch of a loader (each `iter(loader)`) writes an `epoch` event with the number of batches
+  and samples this rank will see, so ranks that would run different numbers of steps (and hang
+  in the last all-reduce) show before it bites.
+- A shuffling DistributedSampler that starts an epoch again with the epoch number it had last
+  time (no `set_epoch` call in between) repeats the same order every epoch; the first time that
+  happens a `warning` event with code `sampler.set_epoch_missing` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import weakref
+from typing import Any
+
+from ddpdoctor.events import EPOCH, WARNING
+from ddpdoctor.runtime import core
+
+EPOCH_ATTR = "_ddpdoctor_epoch"
+SET_EPOCH_MISSING = "sampler.set_epoch_missing"
+
+
+class SamplerAudit:
+    __slots__ = ("iterations", "last_epoch", "set_since_iter", "warned")
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.last_epoch: int | None = None
+        self.set_since_iter = False
+        self.warned = False
+
+
+class LoaderEntry:
+    __slots__ = ("ident", "iterations")
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.iterations = 0
+
+
+_audits: weakref.WeakKeyDictionary[Any, SamplerAudit] = weakref.WeakKeyDictionary()
+_loaders: weakref.WeakKeyDictionary[Any, LoaderEntry] = weakref.WeakKeyDictionary()
+_loader_ids = itertools.count(1)
+
+
+def audit_of(sampler: Any) -> SamplerAudit | None:
+    try:
+        audit = _audits.get(sampler)
+        if audit is None:
+            audit = _audits[sampler] = SamplerAudit()
+        return audit
+    except TypeError:  # not weak-referenceable or not hashable
+        return None
+
+
+def on_sampler_iter(runtime: core.Runtime, sampler: Any) -> None:
+    """A DistributedSampler starts an epoch: warn once if its order repeats the last epoch's."""
+    audit = audit_of(sampler)
+    if audit is None:
+        return
+    epoch = getattr(sampler, "epoch", None)
+    if (
+        getattr(sampler, "shuffle", False)
+        and audit.iterations > 0
+        and epoch == audit.last_epoch
+        and not audit.warned
+    ):
+        audit.warned = True
+        runtime.emit(
+            WARNING,
+            code=SET_EPOCH_MISSING,
+            message=(
+                f"DistributedSampler started epoch {audit.iterations + 1} with the same epoch "
+                f"number ({epoch}) as before: set_epoch() was not called, so every epoch "
+                "repeats the same shuffled order; call sampler.set_epoch(epoch) at the start "
+                "of each epoch"
+            ),
+            details={"epoch": epoch, "iterations": audit.iterations + 1},
+        )
+    audit.iterations += 1
+    audit.last_epoch = epoch
+    audit.set_since_iter = False
+
+
+def epoch_fields(loader: Any, distributed_sampler_type: type) -> dict[str, Any]:
+    """The `epoch` event of one loader starting an epoch (read before the sampler is iterated)."""
+    entry = _loaders.get(loader)
+    if entry is None:
+        entry = _loaders[loader] = LoaderEntry(next(_loader_ids))
+    sampler = getattr(loader, "sampler", None)
+    distributed = isinstance(sampler, distributed_sampler_type)
+    epoch = getattr(sampler, "epoch", None) if distributed else None
+    if not isinstance(epoch, int):
+        epoch = entry.iterations
+    entry.iterations += 1
+    audit = _audits.get(sampler) if distributed else None
+    return {
+        "epoch": epoch,
+        "batches": _length(loader),
+        "samples": _length(sampler),
+        "shuffle": _shuffles(sampler),
+        "set_epoch_called": (audit.set_since_iter if audit else False) if distributed else None,
+        "loader": entry.ident,
+        "distributed": distributed,
+        "batch_size": getattr(loader, "batch_size", None),
+        "drop_last": getattr(loader, "drop_last", None),
+        "num_workers": getattr(loader, "num_workers", None),
+    }
+
+
+def _length(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except Exception:  # noqa: BLE001 - IterableDataset and friends have no length
+        return None
+
+
+def _shuffles(sampler: Any) -> bool | None:
+    shuffle = getattr(sampler, "shuffle", None)
+    if isinstance(shuffle, bool):
+        return shuffle
+    name = type(sampler).__name__
+    if name == "RandomSampler":
+        return True
+    if name == "SequentialSampler":
+        return False
+    return None
+
+
+def install(runtime: core.Runtime) -> None:
+    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original_next = _BaseDataLoaderIter.__next__
+    original_iter = DataLoader.__iter__
+    original_sampler_iter = DistributedSampler.__iter__
+    original_set_epoch = DistributedSampler.set_epoch
+    if hasattr(original_next, "__ddpdoctor_original__"):
+        return
+
+    @functools.wraps(original_next)
+    def __next__(self: Any) -> Any:
+        rt = core.active()
+        if rt is None:
+            return original_next(self)
+        clock = rt.mono_clock
+        t0 = clock()
+        try:
+            batch = original_next(self)
+        except StopIteration:
+            rt.steps.on_fetch(t0, clock(), exhausted=True, epoch=None)
+            raise
+        rt.steps.on_fetch(t0, clock(), exhausted=False, epoch=getattr(self, EPOCH_ATTR, None))
+        return batch
+
+    @functools.wraps(original_iter)
+    def __iter__(self: Any) -> Any:
+        rt = core.active()
+        fields = None
+        if rt is not None:
+            try:
+                fields = epoch_fields(self, DistributedSampler)
+                rt.emit(EPOCH, **fields)
+            except Exception:  # noqa: BLE001
+                fields = None
+        iterator = original_iter(self)
+        if fields is not None:
+            try:
+                setattr(iterator, EPOCH_ATTR, fields["epoch"])
+            except Exception:  # noqa: BLE001
+                pass
+        return iterator
+
+    @functools.wraps(original_sampler_iter)
+    def sampler_iter(self: Any) -> Any:
+        rt = core.active()
+        if rt is not None:
+            try:
+                on_sampler_iter(rt, self)
+            except Exception:  # noqa: BLE001
+                pass
+        return original_sampler_iter(self)
+
+    @functools.wraps(original_set_epoch)
+    def set_epoch(self: Any, epoch: int) -> None:
+        original_set_epoch(self, epoch)
+        if core.active() is not None:
+            audit = audit_of(self)
+            if audit is not None:
+                audit.set_since_iter = True
+
+    for cls, name, new, old in (
+        (_BaseDataLoaderIter, "__next__", __next__, original_next),
+        (DataLoader, "__iter__", __iter__, original_iter),
+        (DistributedSampler, "__iter__", sampler_iter, original_sampler_iter),
+        (DistributedSampler, "set_epoch", set_epoch, original_set_epoch),
+    ):
+        new.__ddpdoctor_original__ = old  # type: ignore[attr-defined]
+        setattr(cls, name, new)
+        runtime.on_deactivate(functools.partial(_restore, cls, name, new, old))
+
+
+def _restore(cls: type, name: str, new: Any, old: Any) -> None:
+    if cls.__dict__.get(name) is new:
+        setattr(cls, name, old)

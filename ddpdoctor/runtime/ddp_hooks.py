@@ -1,0 +1,278 @@
+"""DistributedDataParallel: training steps from forwards, gradient buckets from a comm hook.
+
+Steps: a forward in training mode with grad enabled is a training forward; with
+`require_backward_grad_sync` (not under `no_sync`) it is the one that syncs gradients and makes
+a step. Eval forwards are not steps.
+
+Buckets: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
+records each bucket (op "all_reduce", `bucket` index) and delegates to the hook that would
+otherwise run: torch's default allreduce hook (the same result as DDP without a hook), or the one
+the user registers. DDP takes one registration only, so ddpdoctor registers its hook as late as it
+can, at the first training forward; a `register_comm_hook` call before that is wrapped, one after
+it replaces the hook ddpdoctor delegates to. Either way the user's call works as without
+ddpdoctor. A builtin C++ hook (`_register_builtin_comm_hook`) cannot be wrapped: it is left alone
+and a `warning` event says that the model's buckets go unrecorded; registered after ddpdoctor's
+hook, it runs as its Python equivalent instead, since DDP would refuse a second registration.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.events import WARNING
+from ddpdoctor.runtime import completion, core
+from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
+from ddpdoctor.runtime.collectives import summarize
+
+# "0" leaves DDP's own C++ all-reduce alone (no comm hook, buckets unrecorded; steps still are):
+# the knob for jobs whose steps are so short that a Python hook per bucket shows.
+ENV_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"
+SLOT_ATTR = "_ddpdoctor_comm_hook_slot"
+BUILTIN_ATTR = "_ddpdoctor_builtin_comm_hook"
+ONCE_ERROR = "register_comm_hook or register_builtin_comm_hook can only be called once."
+
+
+class HookSlot:
+    """What ddpdoctor's comm hook delegates to (mutable: a later user registration swaps it)."""
+
+    __slots__ = ("group", "hook", "state", "user_registered")
+
+    def __init__(self, hook: Callable[..., Any], state: Any, group: Any, *, user: bool) -> None:
+        self.hook = hook
+        self.state = state
+        self.group = group
+        self.user_registered = user
+
+
+def make_comm_hook(slot: HookSlot) -> Callable[..., Any]:
+    # DDP inspects a hook: a function with a __name__, a parameter named `bucket`, and no
+    # annotations other than GradBucket / Future[Tensor] (string annotations fail its check).
+    def ddpdoctor_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
+        return record_bucket(state, bucket)
+
+    return ddpdoctor_comm_hook
+
+
+def record_bucket(slot: HookSlot, bucket: Any) -> Any:
+    """Run the delegate hook for one bucket, recorded as one all_reduce of the DDP group."""
+    runtime = core.active()
+    if runtime is None:
+        return slot.hook(slot.state, bucket)
+    try:
+        group = GROUPS.describe(slot.group)
+        tensors = summarize([bucket.buffer()])
+        index = int(bucket.index())
+    except Exception:  # noqa: BLE001 - never stand between DDP and its gradients
+        group = None
+    if group is None:
+        return slot.hook(slot.state, bucket)
+    tracker = runtime.collectives
+    rec = tracker.start("all_reduce", group, tensors, is_async=True, bucket=index)
+    token = runtime.steps.on_bucket_launch(runtime.mono_clock())
+    rec.on_end = functools.partial(runtime.steps.on_bucket_done, token)
+    if slot.hook is _default_hook() and not tensors.on_gpu:
+        return _allreduce_recorded(slot.group, bucket, tracker, rec)
+    works: list[Any] = []
+    outer_capture = NESTING.capture
+    NESTING.depth += 1
+    NESTING.capture = works
+    try:
+        future = slot.hook(slot.state, bucket)
+    except BaseException as exc:
+        tracker.end(rec, ok=False, error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        NESTING.depth -= 1
+        NESTING.capture = outer_capture
+    try:
+        completion.finish_async(tracker, rec, future, on_gpu=tensors.on_gpu, works=works)
+    except Exception:  # noqa: BLE001
+        tracker.end(rec, via="return")
+    return future
+
+
+def _default_hook() -> Callable[..., Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook
+
+
+def _allreduce_recorded(group: Any, bucket: Any, tracker: Any, rec: Any) -> Any:
+    """torch's default allreduce hook (average, then all-reduce: DDP's result without a hook),
+    with the end recorded in the one `then` callback it has anyway: on the hot path, a second
+    Python callback per bucket would cost a GIL hand-over on the communication thread."""
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.group.WORLD
+    tensor = bucket.buffer()
+    tensor.div_(pg.size())
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+    try:
+        work = pg.allreduce([tensor], opts)
+    except BaseException as exc:
+        tracker.end(rec, ok=False, error=f"{type(exc).__name__}: {exc}")
+        raise
+
+    def reduced(future: Any) -> Any:
+        try:
+            value = future.value()[0]
+        except Exception as exc:
+            tracker.end(rec, ok=False, error=f"{type(exc).__name__}: {exc}", via="future")
+            raise
+        tracker.end(rec, via="future")
+        return value
+
+    return work.get_future().then(reduced)
+
+
+def batch_size_of(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The leading dimension of the first tensor among the forward's arguments (one level deep)."""
+    for value in (*inputs, *kwargs.values()):
+        for item in _one_level(value):
+            shape = getattr(item, "shape", None)
+            if shape is not None and hasattr(item, "dtype"):
+                return int(shape[0]) if len(shape) else None
+    return None
+
+
+def _one_level(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.values()
+    if isinstance(value, list | tuple):
+        return value
+    return (value,)
+
+
+def install(runtime: core.Runtime) -> None:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original_forward = DDP.forward
+    original_register = DDP.register_comm_hook
+    original_builtin = DDP._register_builtin_comm_hook
+    if hasattr(original_forward, "__ddpdoctor_original__"):
+        return
+
+    record_buckets = os.environ.get(ENV_BUCKETS, "1").strip() != "0"
+
+    def ensure_hook(ddp: Any, rt: core.Runtime) -> None:
+        if getattr(ddp, SLOT_ATTR, None) is not None or getattr(ddp, BUILTIN_ATTR, False):
+            return
+        if not record_buckets:
+            return
+        setattr(ddp, BUILTIN_ATTR, True)  # one attempt per model, whatever happens below
+        if getattr(ddp, "_use_python_reducer", False) or getattr(
+            ddp, "_delay_all_reduce_all_params", False
+        ):
+            return  # no reducer buckets to hook
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        slot = HookSlot(allreduce_hook, ddp.process_group, ddp.process_group, user=False)
+        try:
+            original_register(ddp, slot, make_comm_hook(slot))
+        except Exception as exc:  # noqa: BLE001 - train unrecorded rather than not at all
+            rt.emit(
+                WARNING,
+                code="ddp.comm_hook_failed",
+                message=f"gradient buckets are not recorded: {type(exc).__name__}: {exc}",
+                details={},
+            )
+            return
+        setattr(ddp, BUILTIN_ATTR, False)
+        setattr(ddp, SLOT_ATTR, slot)
+
+    @functools.wraps(original_forward)
+    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        rt = core.active()
+        if rt is not None:
+            try:
+                training = bool(self.training) and torch.is_grad_enabled()
+                synced = training and bool(getattr(self, "require_backward_grad_sync", True))
+                if training:
+                    ensure_hook(self, rt)
+                if rt.cuda_device is None and self.device_ids and self.device_type == "cuda":
+                    rt.cuda_device = int(self.device_ids[0])
+                rt.steps.on_forward(
+                    rt.mono_clock(),
+                    training=training,
+                    synced=synced,
+                    batch_size=batch_size_of(inputs, kwargs) if training else None,
+                )
+            except Exception:  # noqa: BLE001 - recording must never break the forward
+                pass
+        return original_forward(self, *inputs, **kwargs)
+
+    @functools.wraps(original_register)
+    def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        slot: HookSlot | None = getattr(self, SLOT_ATTR, None)
+        if slot is None and (
+            core.active() is None
+            or not record_buckets
+            or getattr(self, "_use_python_reducer", False)
+        ):
+            return original_register(self, state, hook)
+        self._check_comm_hook(hook)
+        if slot is not None:  # ddpdoctor's hook is in place: the user's becomes its delegate
+            if slot.user_registered:
+                raise RuntimeError(ONCE_ERROR)
+            slot.hook, slot.state, slot.user_registered = hook, state, True
+        else:
+            slot = HookSlot(hook, state, self.process_group, user=True)
+            original_register(self, slot, make_comm_hook(slot))
+            setattr(self, SLOT_ATTR, slot)
+        if self.logger is not None:
+            self.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
+        return None
+
+    @functools.wraps(original_builtin)
+    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        slot: HookSlot | None = getattr(self, SLOT_ATTR, None)
+        rt = core.active()
+        if slot is not None and not slot.user_registered:
+            substitute = _python_equivalent(comm_hook_type)
+            if substitute is not None:
+                slot.hook, slot.user_registered = substitute, True
+                return None
+        if rt is not None and slot is None and record_buckets:
+            setattr(self, BUILTIN_ATTR, True)
+            rt.emit(
+                WARNING,
+                code="ddp.builtin_comm_hook",
+                message=(
+                    f"DDP uses the builtin C++ comm hook {comm_hook_type}: its gradient "
+                    "all-reduces are not recorded (other collectives still are)"
+                ),
+                details={"hook": str(comm_hook_type)},
+            )
+        return original_builtin(self, comm_hook_type)
+
+    for name, new, old in (
+        ("forward", forward, original_forward),
+        ("register_comm_hook", register_comm_hook, original_register),
+        ("_register_builtin_comm_hook", _register_builtin_comm_hook, original_builtin),
+    ):
+        new.__ddpdoctor_original__ = old  # type: ignore[attr-defined]
+        setattr(DDP, name, new)
+        runtime.on_deactivate(functools.partial(_restore, DDP, name, new, old))
+
+
+def _python_equivalent(comm_hook_type: Any) -> Callable[..., Any] | None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if comm_hook_type == dist.BuiltinCommHookType.ALLREDUCE:
+        return default_hooks.allreduce_hook
+    if comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
+        return default_hooks.fp16_compress_hook
+    return None
+
+
+def _restore(cls: Any, name: str, new: Any, old: Any) -> None:
+    if cls.__dict__.get(name) is new:
+        setattr(cls, name, old)

@@ -1,0 +1,199 @@
+"""Exceptions and exits: `error` events with the traceback, one `exit` event at the very end.
+
+- `sys.excepthook` and `threading.excepthook` write an `error` event and then call the hook that
+  was there before, so what the user sees on stderr does not change.
+- faulthandler prints the stacks of every thread on a fatal signal (SIGSEGV, SIGABRT, ...) to the
+  rank's stderr, which torchrun keeps in the rank's log.
+- At interpreter exit (atexit) the `exit` event carries the code: from `sys.exit(...)`, from an
+  uncaught exception (1), or 0. A process ended by os._exit or SIGKILL writes no exit event, and
+  that absence is how a watcher knows the rank died.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import os
+import sys
+import sysconfig
+import threading
+import traceback
+from types import TracebackType
+from typing import Any
+
+from ddpdoctor.events import ERROR
+from ddpdoctor.runtime import core
+
+MAX_TRACEBACK_CHARS = 32_000
+MAX_MESSAGE_CHARS = 4_000
+
+# Frames under these are not "the user's line": the stdlib, installed packages, these hooks.
+_LIBRARY_DIRS = tuple(
+    p
+    for p in (
+        sysconfig.get_paths().get("stdlib"),
+        sysconfig.get_paths().get("purelib"),
+        sysconfig.get_paths().get("platlib"),
+        os.path.dirname(os.path.abspath(__file__)),
+    )
+    if p
+)
+
+
+def exit_code_of(status: Any) -> int:
+    """The process exit code that `sys.exit(status)` leads to."""
+    if status is None:
+        return 0
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status
+    return 1
+
+
+def type_name(exc_type: type[BaseException]) -> str:
+    module = getattr(exc_type, "__module__", "builtins")
+    name = getattr(exc_type, "__qualname__", exc_type.__name__)
+    return name if module in ("builtins", "__main__", None) else f"{module}.{name}"
+
+
+def error_fields(
+    exc_type: type[BaseException],
+    exc: BaseException | None,
+    tb: TracebackType | None,
+    *,
+    thread: str | None,
+    fatal: bool,
+) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    if len(text) > MAX_TRACEBACK_CHARS:  # keep the end: the innermost frames and the message
+        text = "...\n" + text[-MAX_TRACEBACK_CHARS:]
+    return {
+        "exc_type": type_name(exc_type),
+        "message": str(exc)[:MAX_MESSAGE_CHARS] if exc is not None else "",
+        "traceback": text,
+        "thread": thread,
+        "fatal": fatal,
+        "location": user_location(tb),
+    }
+
+
+def user_location(tb: TracebackType | None) -> dict[str, Any] | None:
+    """The innermost frame in the user's code (not the stdlib, site-packages or these hooks)."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if not frames:
+        return None
+    chosen = frames[-1]
+    for frame in reversed(frames):
+        name = frame.filename
+        if not name.startswith("<") and not name.startswith(_LIBRARY_DIRS):
+            chosen = frame
+            break
+    return {"file": chosen.filename, "line": chosen.lineno, "function": chosen.name}
+
+
+def report_exception(
+    exc_type: type[BaseException],
+    exc: BaseException | None,
+    tb: TracebackType | None,
+    *,
+    fatal: bool,
+) -> None:
+    """Write the error event for an exception that ends the process (or a thread)."""
+    runtime = core.active()
+    if runtime is None:
+        return
+    try:
+        runtime.emit(
+            ERROR,
+            **error_fields(exc_type, exc, tb, thread=threading.current_thread().name, fatal=fatal),
+        )
+        if fatal:
+            if issubclass(exc_type, KeyboardInterrupt):
+                runtime.hint_exit(-2, "signal", "SIGINT")  # Python dies of SIGINT then
+            else:
+                runtime.hint_exit(1, "exception")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def install(runtime: core.Runtime) -> None:
+    _install_excepthooks(runtime)
+    _install_faulthandler(runtime)
+    _install_exit(runtime)
+
+
+def _install_excepthooks(runtime: core.Runtime) -> None:
+    previous = sys.excepthook
+
+    def ddpdoctor_excepthook(
+        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        report_exception(exc_type, exc, tb, fatal=True)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = ddpdoctor_excepthook
+
+    previous_thread = threading.excepthook
+
+    def ddpdoctor_thread_excepthook(args: Any) -> None:
+        if args.exc_type is not SystemExit:  # threading ignores SystemExit silently
+            runtime_now = core.active()
+            if runtime_now is not None:
+                try:
+                    name = args.thread.name if args.thread is not None else None
+                    runtime_now.emit(
+                        ERROR,
+                        **error_fields(
+                            args.exc_type,
+                            args.exc_value,
+                            args.exc_traceback,
+                            thread=name,
+                            fatal=False,
+                        ),
+                    )
+                except Exception:  # noqa: BLE001
+                    pass
+        previous_thread(args)
+
+    threading.excepthook = ddpdoctor_thread_excepthook
+
+    def undo() -> None:
+        if sys.excepthook is ddpdoctor_excepthook:
+            sys.excepthook = previous
+        if threading.excepthook is ddpdoctor_thread_excepthook:
+            threading.excepthook = previous_thread
+
+    runtime.on_deactivate(undo)
+
+
+def _install_faulthandler(runtime: core.Runtime) -> None:
+    if faulthandler.is_enabled():
+        return
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.enable(file=stream, all_threads=True)
+        except Exception:  # noqa: BLE001 - a stream without a file descriptor (captured stderr)
+            continue
+        runtime.on_deactivate(faulthandler.disable)
+        return
+
+
+def _install_exit(runtime: core.Runtime) -> None:
+    atexit.register(runtime.write_exit_event)
+    runtime.on_deactivate(lambda: atexit.unregister(runtime.write_exit_event))
+
+    original_exit = sys.exit
+
+    def exit(status: Any = None) -> None:
+        current = core.active()
+        if current is not None:
+            current.hint_exit(exit_code_of(status), "sys.exit")
+        original_exit(status)
+
+    exit.__doc__ = original_exit.__doc__
+    sys.exit = exit
+
+    def undo() -> None:
+        if sys.exit is exit:
+            sys.exit = original_exit
+
+    runtime.on_deactivate(undo)

@@ -1,0 +1,138 @@
+"""The heartbeat thread: proof of life and a view of what the rank is doing, once a second.
+
+A daemon thread, so it never keeps a finished rank alive, and one that needs only the GIL now and
+then: it keeps writing while the training thread is blocked in a C++ collective (GIL released),
+spins in a Python loop (the interpreter switches threads) or waits for I/O. It also polls the
+completion probes of collectives in flight (CUDA events, Works without a future), often while
+there are any, and checks that the event file still has a name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.events import HEARTBEAT
+from ddpdoctor.runtime.core import Runtime
+
+# How often the probes of collectives in flight are polled while there are any.
+POLL_S = 0.02
+# After the first event lands in the writer's empty queue, wait this long for the rest of a burst
+# (a step writes a few), then write them in one go.
+FLUSH_DELAY_S = 0.02
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """Resident memory of this process: /proc/self/statm (one read), else psutil."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def gpu_memory_bytes(runtime: Runtime) -> int | None:
+    """Memory torch allocated on this rank's GPU; None without CUDA in use (never starts CUDA)."""
+    torch = sys.modules.get("torch")
+    if torch is None or runtime.cuda_device is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.memory_allocated(runtime.cuda_device))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        period_s: float | None = None,
+        rss: Callable[[], int | None] = rss_bytes,
+        gpu_memory: Callable[[Runtime], int | None] = gpu_memory_bytes,
+    ) -> None:
+        self.runtime = runtime
+        self.period_s = max(0.01, period_s if period_s is not None else runtime.heartbeat_s)
+        self._rss = rss
+        self._gpu_memory = gpu_memory
+        self._stop = threading.Event()
+        self._queued = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.runtime.wake_on_queued(self._queued.set)
+        self._thread = threading.Thread(target=self._run, name="ddpdoctor-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 2.0) -> None:
+        self._stop.set()
+        self._queued.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+
+    def fields(self) -> dict[str, Any]:
+        """One heartbeat's fields (the envelope is added by the runtime)."""
+        rt = self.runtime
+        return {
+            "seq": self.beats,
+            "step": rt.steps.steps_done,
+            "epoch": rt.steps.epoch,
+            "phase": rt.phase,
+            "rss_bytes": self._rss(),
+            "gpu_mem_bytes": self._gpu_memory(rt),
+            "open": rt.collectives.oldest_open(),
+            "collectives_started": rt.collectives.started,
+            "collectives_done": rt.collectives.done,
+        }
+
+    def beat(self) -> None:
+        self.beats += 1
+        self.runtime.emit(HEARTBEAT, **self.fields())
+        writer = self.runtime.writer
+        if writer is not None:
+            writer.check_file()
+
+    def _run(self) -> None:
+        clock = self.runtime.mono_clock
+        next_beat = clock()
+        while not self._stop.is_set():
+            try:
+                self.runtime.collectives.poll()
+                self.runtime.flush()
+                now = clock()
+                if now >= next_beat:
+                    if self.runtime.finished:
+                        return
+                    self.beat()
+                    next_beat += self.period_s
+                    if next_beat <= now:  # fell behind (a stopped VM, a long GC): no burst
+                        next_beat = now + self.period_s
+            except Exception:  # noqa: BLE001 - the heartbeat must outlive any odd failure
+                pass
+            wait = next_beat - clock()
+            if self.runtime.collectives.polling:
+                wait = min(wait, POLL_S)
+            writer = self.runtime.writer
+            if writer is not None and writer.pending:  # queued while we flushed: soon again
+                wait = min(wait, FLUSH_DELAY_S)
+            if self._queued.wait(max(0.0, wait)):
+                self._queued.clear()
+                self._stop.wait(FLUSH_DELAY_S)

@@ -1,0 +1,171 @@
+"""Training steps as the hooks see them: DataLoader fetches, DDP forwards, gradient buckets.
+
+A step is everything from the first fetch (or forward) of an iteration to the first fetch (or
+forward) of the next one, and it counts only when it ran a training forward with gradient sync:
+forwards under `no_sync` accumulate into the next synced step, eval forwards are not steps. The
+`step` event is written when the step closes: at the next iteration, at a phase change, at the end
+of the loader or of the process. Its timings split the step's wall time:
+
+    data_time_s     waiting in DataLoader `__next__`
+    comm_wait_s     blocking collectives on the training thread, plus the gradient all-reduce
+                    time not hidden behind backward (last bucket launched -> last bucket done)
+    compute_time_s  the rest
+
+On a straggler the numbers tell the story: the slow rank has the most data + compute time while
+the others' comm_wait_s grows by the same amount (they wait for it inside the all-reduce).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.events import STEP
+
+
+class OpenStep:
+    """The step in progress (mutable; internal to the tracker and the bucket callbacks)."""
+
+    __slots__ = (
+        "bucket_done",
+        "bucket_launch",
+        "closed",
+        "comm_s",
+        "data_s",
+        "forwards",
+        "loss",
+        "samples",
+        "stale",
+        "start",
+        "synced",
+    )
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.data_s = 0.0
+        self.comm_s = 0.0
+        self.samples = 0
+        self.forwards = 0
+        self.synced = False
+        self.stale = False  # an eval forward ran since: the next fetch starts afresh
+        self.loss: float | None = None
+        self.bucket_launch: float | None = None
+        self.bucket_done: float | None = None
+        self.closed = False
+
+
+class StepTracker:
+    def __init__(self, emit: Callable[..., None], mono_clock: Callable[[], float]) -> None:
+        self._emit = emit
+        self._mono = mono_clock
+        self._lock = threading.RLock()
+        self._open: OpenStep | None = None
+        self._fetch_epoch: int | None = None
+        self.steps_done = 0
+        self.epoch: int | None = None
+
+    @property
+    def current(self) -> int:
+        """The number of the step in progress, or of the last one when none is."""
+        step = self._open
+        if step is not None and step.forwards:
+            return self.steps_done + 1
+        return self.steps_done
+
+    def on_fetch(self, t0: float, t1: float, *, exhausted: bool, epoch: int | None) -> None:
+        """A DataLoader `__next__` that ran from t0 to t1 (exhausted: it raised StopIteration)."""
+        with self._lock:
+            step = self._open
+            closed = self._close(step, t0) if step is not None and step.synced else None
+            if closed is not None:
+                step = None
+            if not exhausted:
+                if step is None or step.stale:
+                    step = self._open = OpenStep(t0)
+                step.data_s += max(0.0, t1 - t0)
+                self._fetch_epoch = epoch
+        if closed is not None:
+            self._emit(STEP, **closed)
+
+    def on_forward(self, t: float, *, training: bool, synced: bool, batch_size: int | None) -> None:
+        """A DDP forward: training (train mode, grad enabled), synced (not under no_sync)."""
+        with self._lock:
+            step = self._open
+            closed = self._close(step, t) if step is not None and step.synced else None
+            if closed is not None:
+                step = None
+            if not training:
+                if step is not None:
+                    step.stale = True
+            else:
+                if step is None or step.stale:
+                    step = self._open = OpenStep(t)
+                step.forwards += 1
+                if batch_size:
+                    step.samples += batch_size
+                if synced:
+                    step.synced = True
+                if self._fetch_epoch is not None:
+                    self.epoch = self._fetch_epoch
+        if closed is not None:
+            self._emit(STEP, **closed)
+
+    def on_comm_wait(self, seconds: float) -> None:
+        """Time the training thread spent blocked in a collective."""
+        step = self._open
+        if step is not None:
+            step.comm_s += seconds
+
+    def on_bucket_launch(self, t: float) -> OpenStep | None:
+        """A gradient bucket's all-reduce was launched; returns the token for on_bucket_done."""
+        step = self._open
+        if step is not None:
+            step.bucket_launch = t if step.bucket_launch is None else max(step.bucket_launch, t)
+        return step
+
+    def on_bucket_done(self, token: OpenStep | None, t: float) -> None:
+        if token is not None and not token.closed:
+            token.bucket_done = t if token.bucket_done is None else max(token.bucket_done, t)
+
+    def on_loss(self, loss: float) -> None:
+        step = self._open
+        if step is not None:
+            step.loss = loss
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def flush(self) -> None:
+        """Close a synced step now (the loop ended, the phase changed, the process is exiting)."""
+        with self._lock:
+            step = self._open
+            closed = self._close(step, self._mono()) if step is not None and step.synced else None
+        if closed is not None:
+            self._emit(STEP, **closed)
+
+    def _close(self, step: OpenStep, t: float) -> dict[str, Any]:
+        self._open = None
+        step.closed = True
+        self.steps_done += 1
+        step_time = max(0.0, t - step.start)
+        exposed = 0.0
+        if step.bucket_launch is not None and step.bucket_done is not None:
+            exposed = max(0.0, step.bucket_done - step.bucket_launch)
+        comm = min(step_time, step.comm_s + exposed)
+        data = min(step_time, step.data_s)
+        compute = max(0.0, step_time - data - comm)
+        return {
+            "step": self.steps_done,
+            "epoch": self.epoch,
+            "loss": step.loss,
+            "batch_size": step.samples or None,
+            "forwards": step.forwards,
+            "step_time_s": round(step_time, 6),
+            "data_time_s": round(data, 6),
+            "compute_time_s": round(compute, 6),
+            "comm_wait_s": round(comm, 6),
+            "samples_per_s": round(step.samples / step_time, 3)
+            if step.samples and step_time > 0
+            else None,
+        }

@@ -1,0 +1,359 @@
+"""Real torchrun, two gloo ranks, user scripts run unchanged through the bootstrap."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import textwrap
+from collections import defaultdict
+
+import pytest
+
+from ddpdoctor.events import parse_event_line
+from tests.procs import PYTHON, background, clean_env, free_port, run, wait_for
+
+pytestmark = pytest.mark.integration
+
+HEALTHY = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import ddpdoctor
+import helper  # next to this script
+
+
+class Rows(Dataset):  # defined in __main__: a spawned DataLoader worker must find it
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.full((8,), float(i) / 16)
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    seen = {"name": __name__, "argv": sys.argv, "file": __file__, "path0": sys.path[0],
+            "helper": helper.VALUE}
+    with open(os.path.join(os.environ["OUT_DIR"], f"seen-{rank}.json"), "w") as fh:
+        json.dump(seen, fh)
+
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = Rows()
+    sampler = DistributedSampler(data, shuffle=True)
+    # rank 1 loads in a spawned worker process (one is enough: each costs a torch import)
+    spawned = dict(num_workers=1, multiprocessing_context="spawn", persistent_workers=True)
+    loader = DataLoader(data, batch_size=2, sampler=sampler, **(spawned if rank == 1 else {}))
+    ddpdoctor.phase("train")
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ddpdoctor.log(loss=loss.item())
+    ddpdoctor.phase("eval")
+
+    # every kind of point-to-point call, between the two ranks
+    peer = 1 - rank
+    t = torch.ones(3)
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    else:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+    for work in [dist.isend(t.clone(), peer), dist.irecv(torch.zeros(3), peer)]:
+        work.wait()
+    ops = [dist.P2POp(dist.isend, t.clone(), peer), dist.P2POp(dist.irecv, torch.zeros(3), peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    if rank == 0:
+        dist.send_object_list([{"a": 1}], dst=1)
+    else:
+        dist.recv_object_list([None], src=0)
+    gathered = [None, None]
+    dist.all_gather_object(gathered, {"rank": rank})
+    assert gathered == [{"rank": 0}, {"rank": 1}]
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+EXIT3 = """
+import sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.barrier()
+if dist.get_rank() == 1:
+    sys.exit(3)
+while True:  # rank 0 lives on until torchrun terminates it
+    time.sleep(0.05)
+"""
+
+HANG = """
+import os, time
+import torch.distributed as dist
+
+
+def load_batch(i):
+    raise ValueError(f"corrupt record {i}")
+
+
+dist.init_process_group("gloo")
+dist.barrier()
+if dist.get_rank() == 0:
+    dist.barrier()  # waits for rank 1 forever: blocked in C++, GIL released
+else:
+    while not os.path.exists(os.environ["TRIGGER"]):  # alive, busy in Python, never there
+        time.sleep(0.05)
+    load_batch(17)
+"""
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def torchrun(script, *args, port):
+    return [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--monitor-interval",
+        "0.2",
+        "-m",
+        "ddpdoctor.runtime.bootstrap",
+        str(script),
+        *args,
+    ]
+
+
+def job_env(run_dir, **extra):
+    return clean_env({"DDPDOCTOR_RUN_DIR": str(run_dir), "DDPDOCTOR_HEARTBEAT_S": "0.2", **extra})
+
+
+def events_of(run_dir, rank):
+    path = run_dir / "events" / f"rank-{rank}.jsonl"
+    if not path.exists():
+        return []
+    return [e for e in map(parse_event_line, path.read_bytes().split(b"\n")) if e]
+
+
+def kinds(events, kind):
+    return [e for e in events if e["kind"] == kind]
+
+
+@contextlib.contextmanager
+def reaping(run_dir):
+    """Kill by pid any rank still alive at the end (torchrun may start ranks in new sessions)."""
+    try:
+        yield
+    finally:
+        for rank in (0, 1):
+            for hello in kinds(events_of(run_dir, rank), "hello")[:1]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(hello["pid"], signal.SIGKILL)
+
+
+# -- a healthy job, shared by several checks -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    base = tmp_path_factory.mktemp("healthy")
+    script = write(base / "job" / "train.py", HEALTHY)
+    write(base / "job" / "helper.py", "VALUE = 42\n")
+    run_dir = base / "run"
+    env = job_env(run_dir, OUT_DIR=str(base))
+    with reaping(run_dir):
+        result = run(
+            torchrun(script, "--lr", "0.1", port=free_port()), timeout=150, env=env, cwd=base
+        )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return base, script, run_dir, {r: events_of(run_dir, r) for r in (0, 1)}
+
+
+@pytest.mark.timeout(200)
+def test_every_rank_leaves_the_whole_trail(healthy):
+    _, _, _, events = healthy
+    for rank, trail in events.items():
+        names = [e["kind"] for e in trail]
+        assert names[0] == "hello" and names[-1] == "exit", rank
+        assert trail[-1]["code"] == 0 and trail[-1]["reason"] == "normal"
+        assert {"heartbeat", "step", "collective_start", "collective_end", "epoch"} <= set(names)
+        assert all(e["rank"] == rank for e in trail)
+        hellos = kinds(trail, "hello")
+        assert hellos[-1]["backend"] == "gloo" and hellos[-1]["world_size"] == 2
+        steps = kinds(trail, "step")
+        assert [s["step"] for s in steps] == list(range(1, 9))  # 8 per rank per 2 epochs
+        assert all(s["batch_size"] == 2 and isinstance(s["loss"], float) for s in steps)
+        assert [s["epoch"] for s in steps] == [0] * 4 + [1] * 4
+        epochs = kinds(trail, "epoch")
+        assert [(e["epoch"], e["batches"], e["samples"]) for e in epochs] == [(0, 4, 8), (1, 4, 8)]
+        assert kinds(trail, "warning") == []  # set_epoch was called every epoch
+        assert kinds(trail, "error") == []
+
+
+@pytest.mark.timeout(200)
+def test_ranks_agree_on_collective_sequence_numbers(healthy):
+    _, _, _, events = healthy
+
+    def collectives(trail):
+        return [
+            (e["group"], e["seq"], e["op"], e.get("bucket"), tuple(map(tuple, e["shapes"])))
+            for e in kinds(trail, "collective_start")
+            if not e.get("p2p")
+        ]
+
+    assert collectives(events[0]) == collectives(events[1])
+    ops = [c[2] for c in collectives(events[0])]
+    assert ops.count("all_reduce") >= 8  # the gradient buckets of 8 steps
+    assert ops[-2:] == ["all_gather_object", "barrier"]  # counted once, not their inner calls
+    buckets = [e for e in kinds(events[0], "collective_start") if "bucket" in e]
+    assert len(buckets) >= 8
+
+    def p2p(trail):
+        return [
+            (e["peer"], e["seq"], e["op"]) for e in kinds(trail, "collective_start") if e.get("p2p")
+        ]
+
+    # point-to-point calls count per peer: both ranks made the same number with each other
+    zero, one = p2p(events[0]), p2p(events[1])
+    assert [(seq, peer) for peer, seq, _ in zero if peer is not None] == [
+        (seq, 1) for seq in range(1, 6)
+    ]
+    assert [(seq, peer) for peer, seq, _ in one if peer is not None] == [
+        (seq, 0) for seq in range(1, 6)
+    ]
+    assert [op for _, _, op in zero] == [
+        "send",
+        "recv",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "send_object_list",
+    ]
+    assert [op for _, _, op in one] == [
+        "recv",
+        "send",
+        "isend",
+        "irecv",
+        "batch_isend_irecv",
+        "recv_object_list",
+    ]
+    batch = [e for e in kinds(events[0], "collective_start") if e["op"] == "batch_isend_irecv"]
+    assert batch[0]["peer"] is None and batch[0]["shapes"] == [[3], [3]]
+
+
+@pytest.mark.timeout(200)
+def test_every_collective_ends(healthy):
+    _, _, _, events = healthy
+    for trail in events.values():
+        started = defaultdict(set)
+        ended = defaultdict(set)
+        for e in kinds(trail, "collective_start"):
+            started[(e["group"], e.get("peer"), e["op"])].add(e["seq"])
+        for e in kinds(trail, "collective_end"):
+            assert e["ok"], e
+            ended[(e["group"], e.get("peer"), e["op"])].add(e["seq"])
+        assert started == ended
+        assert kinds(trail, "heartbeat")[-1]["collectives_started"] >= 1
+
+
+@pytest.mark.timeout(200)
+def test_the_script_saw_what_plain_torchrun_would_show_it(healthy):
+    base, script, _, _ = healthy
+    for rank in (0, 1):
+        seen = json.loads((base / f"seen-{rank}.json").read_text())
+        assert seen["argv"] == [str(script), "--lr", "0.1"]
+        assert seen["name"] == "__main__"
+        assert seen["file"] == str(script)
+        assert seen["path0"] == str(script.parent)
+        assert seen["helper"] == 42
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(200)
+def test_sys_exit_code_reaches_torchrun_and_the_peer_dies_of_sigterm(tmp_path):
+    script = write(tmp_path / "exit3.py", EXIT3)
+    run_dir = tmp_path / "run"
+    with reaping(run_dir):
+        result = run(torchrun(script, port=free_port()), timeout=150, env=job_env(run_dir))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "exitcode  : 3" in output, output[-3000:]
+    one = kinds(events_of(run_dir, 1), "exit")
+    assert [(e["code"], e["reason"]) for e in one] == [(3, "sys.exit")]
+    zero = kinds(events_of(run_dir, 0), "exit")
+    # torchrun terminates the survivor; it says so before dying of the signal
+    assert [(e["code"], e["reason"], e["signal"]) for e in zero] == [(-15, "signal", "SIGTERM")]
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_in_a_barrier_shows_as_in_it_while_the_other_keeps_beating(tmp_path):
+    script = write(tmp_path / "hang.py", HANG)
+    run_dir = tmp_path / "run"
+    trigger = tmp_path / "fail-now"
+    raise_line = (
+        script.read_text().splitlines().index('    raise ValueError(f"corrupt record {i}")') + 1
+    )
+
+    def in_barrier():
+        beats = kinds(events_of(run_dir, 0), "heartbeat")
+        inside = [b for b in beats if b["open"] and b["open"]["op"] == "barrier"]
+        return inside if len(inside) >= 3 else None
+
+    env = job_env(run_dir, TRIGGER=str(trigger))
+    cmd = torchrun(script, port=free_port())
+    with reaping(run_dir), background(cmd, env=env) as proc:
+        inside = wait_for(in_barrier, timeout=120, what="rank 0 to sit in the barrier")
+        # rank 0's heartbeat thread runs while its main thread is blocked in C++
+        assert inside[0]["open"]["seq"] == 2 and inside[0]["open"]["group"] == "default"
+        assert inside[-1]["seq"] > inside[0]["seq"]
+        assert len({b["open"]["since_mono"] for b in inside}) == 1
+        since = inside[0]["open"]["since_t"]
+        # rank 1 is alive (heartbeats keep coming after rank 0 entered) but never got there
+        later = [b for b in kinds(events_of(run_dir, 1), "heartbeat") if b["t"] > since]
+        assert len(later) >= 2 and all(b["open"] is None for b in later)
+        one_starts = kinds(events_of(run_dir, 1), "collective_start")
+        assert [(s["op"], s["seq"]) for s in one_starts] == [("barrier", 1)]
+
+        trigger.touch()  # now rank 1 raises: an exception on one rank
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    output = out + err
+    assert "exitcode  : 1" in output
+    assert "ValueError: corrupt record 17" in output  # the usual traceback, on the rank's stderr
+    assert "bootstrap.py" not in output
+    trail = events_of(run_dir, 1)
+    (error,) = kinds(trail, "error")
+    assert error["exc_type"] == "ValueError" and error["message"] == "corrupt record 17"
+    assert f'File "{script}", line {raise_line}, in load_batch' in error["traceback"]
+    assert error["location"] == {"file": str(script), "line": raise_line, "function": "load_batch"}
+    assert (trail[-1]["kind"], trail[-1]["code"], trail[-1]["reason"]) == ("exit", 1, "exception")
+    # rank 0: its barrier fails when rank 1 goes, or torchrun's SIGTERM comes first
+    last = events_of(run_dir, 0)[-1]
+    assert last["kind"] == "exit" and last["reason"] in ("exception", "signal")

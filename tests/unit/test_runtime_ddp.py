@@ -1,0 +1,220 @@
+"""DDP steps and gradient buckets on a real single-process gloo group."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ddpdoctor.events import parse_event_line
+from ddpdoctor.runtime import activate, api, deactivate
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def world():
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+        created = True
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def recording(tmp_path, monkeypatch, world):
+    monkeypatch.setenv("RANK", "0")
+    runtime = activate(tmp_path / "run")
+    assert runtime is not None
+    yield runtime
+    deactivate()
+
+
+def events(runtime, kind=None):
+    runtime.flush()  # hot-path events are queued for the heartbeat thread
+    raw = runtime.run_dir.events_file(0).read_bytes().split(b"\n")
+    found = [e for e in (parse_event_line(line) for line in raw) if e]
+    return [e for e in found if kind is None or e["kind"] == kind]
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def make_model(**kwargs):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return DDP(net, **kwargs)
+
+
+def train_step(model, batch=4):
+    loss = model(torch.randn(batch, 8)).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+def test_training_forwards_are_steps_with_buckets_and_timings(recording):
+    model = make_model()
+    for _ in range(3):
+        loss = train_step(model)
+        api.log(loss=loss)  # a tensor: becomes a float attached to the step
+    api.phase("eval")  # a phase change closes the last step
+    steps = events(recording, "step")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert s["batch_size"] == 4 and s["forwards"] == 1
+        assert isinstance(s["loss"], float)
+        parts = s["data_time_s"] + s["compute_time_s"] + s["comm_wait_s"]
+        assert parts == pytest.approx(s["step_time_s"], abs=1e-5)
+        assert s["samples_per_s"] == pytest.approx(4 / s["step_time_s"], rel=1e-2)
+    buckets = [e for e in events(recording, "collective_start") if "bucket" in e]
+    assert len(buckets) >= 3
+    assert all(b["op"] == "all_reduce" and b["group"] == "default" for b in buckets)
+    assert [b["seq"] for b in buckets] == list(range(1, len(buckets) + 1))
+    assert sum(buckets[0]["shapes"][0][0] for _ in [0]) > 0
+    wait_until(lambda: len(events(recording, "collective_end")) == len(buckets))
+    assert all(e["ok"] for e in events(recording, "collective_end"))
+    metrics = events(recording, "metrics")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+
+
+def test_no_sync_forwards_accumulate_into_the_next_synced_step(recording):
+    model = make_model()
+    with model.no_sync():
+        train_step(model, batch=2)
+        train_step(model, batch=3)
+    train_step(model, batch=5)
+    train_step(model, batch=4)
+    recording.steps.flush()
+    steps = events(recording, "step")
+    assert [(s["forwards"], s["batch_size"]) for s in steps] == [(3, 10), (1, 4)]
+    # no bucket all-reduce ran for the no_sync micro-batches
+    assert len([e for e in events(recording, "collective_start") if "bucket" in e]) == 2
+
+
+def test_eval_forwards_are_not_steps(recording):
+    model = make_model()
+    train_step(model)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    model.train()
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    recording.steps.flush()
+    assert [s["step"] for s in events(recording, "step")] == [1]
+
+
+def test_user_comm_hook_registered_before_the_first_forward_still_runs(recording):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model = make_model()
+    model.register_comm_hook(None, counting_hook)
+    train_step(model)
+    train_step(model)
+    assert len(calls) >= 2
+    assert len([e for e in events(recording, "collective_start") if "bucket" in e]) == len(calls)
+    assert (
+        model._get_ddp_logging_data().get("comm_hook")
+        == "test_user_comm_hook_registered_before_the_first_forward_still_runs.<locals>.counting_hook"
+    )
+
+
+def test_user_comm_hook_registered_after_training_started_replaces_the_delegate(recording):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls = []
+
+    def counting_hook(state, bucket):
+        calls.append(state)
+        return allreduce_hook(None, bucket)
+
+    model = make_model()
+    train_step(model)  # ddpdoctor's hook is registered by now
+    model.register_comm_hook("my-state", counting_hook)
+    train_step(model)
+    assert calls and set(calls) == {"my-state"}
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        model.register_comm_hook(None, counting_hook)  # as DDP itself refuses a second one
+
+
+def test_a_wrong_user_hook_is_refused_as_ddp_refuses_it(recording):
+    model = make_model()
+
+    def bad_hook(state, bucket: int):
+        return None
+
+    with pytest.raises(ValueError, match="bucket annotation"):
+        model.register_comm_hook(None, bad_hook)
+
+
+def test_builtin_cpp_hook_is_left_alone_with_a_warning(recording):
+    model = make_model()
+    model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    before = [p.detach().clone() for p in model.parameters()]
+    train_step(model)
+    assert all(p.grad is not None for p in model.parameters())
+    assert before  # trained without error
+    (warning,) = events(recording, "warning")
+    assert warning["code"] == "ddp.builtin_comm_hook"
+    assert [e for e in events(recording, "collective_start") if "bucket" in e] == []
+
+
+def test_builtin_hook_after_training_started_runs_as_its_python_twin(recording):
+    model = make_model()
+    train_step(model)
+    model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    train_step(model)
+    assert len([e for e in events(recording, "collective_start") if "bucket" in e]) >= 2
+
+
+class SlowDataset(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.randn(8)
+
+
+def test_data_wait_is_split_from_compute(recording):
+    model = make_model()
+    loader = DataLoader(SlowDataset(), batch_size=2)
+    for batch in loader:
+        model(batch).sum().backward()
+    steps = events(recording, "step")
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]  # the last closed by the loader's end
+    for s in steps[1:]:  # each fetch of 2 items sleeps >= 20 ms
+        assert s["data_time_s"] >= 0.018
+        assert s["data_time_s"] <= s["step_time_s"]
+    assert {s["epoch"] for s in steps} == {0}
+
+
+def test_bucket_recording_can_be_switched_off(tmp_path, monkeypatch, world):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("DDPDOCTOR_DDP_BUCKETS", "0")
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        train_step(model)
+        train_step(model)
+        runtime.steps.flush()
+        assert [s["step"] for s in events(runtime, "step")] == [1, 2]
+        assert events(runtime, "collective_start") == []
+        assert not hasattr(model, "_ddpdoctor_comm_hook_slot")
+    finally:
+        deactivate()

@@ -9,11 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+# Collectives whose tensors have one shape and dtype on every rank: a difference at one sequence
+# number is a mismatch. Others (object collectives, gather/scatter roots, all_to_all splits) may differ.
+SHAPE_AGREEING_OPS = frozenset(
+    {
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+    }
+)
+# How many of each rank's latest calls the mismatch rule compares across ranks.
+CALL_WINDOW = 8
+# Point-to-point ops pair two ranks: their sequence numbers are not comparable across the group.
+POINT_TO_POINT_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 
 
 class RankState(str, Enum):
@@ -51,6 +70,26 @@ class CollectiveView:
     group: str = "default"
     shapes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
+    since_t: float | None = None  # unix time the collective started on this rank
+    group_ranks: tuple[int, ...] | None = None  # members of `group` (None: the whole world)
+    done: bool = False  # completed on this rank (recent_collectives keep finished ones too)
+
+    def same_call(self, other: CollectiveView) -> bool:
+        """Whether two ranks' calls at one sequence number agree (op, and shapes/dtypes where known)."""
+        return self.signature() == other.signature()
+
+    def signature(self) -> tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]:
+        """What must agree across ranks for this call: op, plus shapes and dtypes for the ops whose
+        tensors have the same shape on every rank (object collectives, gather/scatter and all_to_all
+        legitimately differ)."""
+        sig = self.__dict__.get("_signature")
+        if sig is None:  # computed once per call record; the monitor compares it every poll
+            if self.op in SHAPE_AGREEING_OPS:
+                sig = (self.op, self.shapes, self.dtypes)
+            else:
+                sig = (self.op, (), ())
+            object.__setattr__(self, "_signature", sig)
+        return sig
 
     def describe(self) -> str:
         """ "all_reduce #41 of [10] float32", as diagnoses name a collective."""
@@ -66,6 +105,7 @@ class CollectiveView:
     def to_json(self) -> dict[str, Any]:
         return {
             "op": self.op,
+            "since_t": self.since_t,
             "seq": self.seq,
             "waiting_s": round(self.waiting_s, 3),
             "group": self.group,
@@ -107,6 +147,22 @@ class RankView:
     traceback: str | None = None  # of the error, when the rank raised
     failed_t: float | None = None  # unix time of its error / non-zero exit / disappearance
     exit_signal: str | None = None  # "SIGKILL", ... when the exit code says a signal ended it
+    exit_reason: str | None = None  # the exit event's reason: "normal", "exception", "signal", ...
+    last_event_t: float | None = None  # unix time of its latest event (heartbeats included)
+    last_progress_t: float | None = None  # ... of its latest progress (anything but a heartbeat)
+    last_heartbeat_t: float | None = None
+    fault: str | None = None  # an injected fault it recorded ("hang:rank=1,step=5")
+    warnings: tuple[tuple[str, str], ...] = ()  # (code, message) of its warning events
+    epoch_batches: int | None = None  # batches in its loader for the latest epoch it started
+    avg_data_time_s: float | None = None  # means over its recent steps (straggler analysis)
+    avg_compute_time_s: float | None = None
+    avg_comm_wait_s: float | None = None
+    avg_steps: int = 0  # how many recent steps those means cover
+    error_at: tuple[str, int] | None = None  # (file, line) of its error event
+    error_lines: tuple[LogLine, ...] = ()  # its latest warn/error log lines (stderr, NCCL)
+    # Equal for two ranks whose latest calls (recent_collectives' tail and the open one) are the
+    # same sequence; lets the mismatch rule compare one rank per class at 1000s of ranks (0: unset)
+    calls_key: int = 0
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""
@@ -137,7 +193,21 @@ class RankView:
             "error": self.error,
             "last_event": self.last_event,
             "waiting_on": list(self.waiting_on),
+            "exit_signal": self.exit_signal,
+            "fault": self.fault,
+            "failed_t": self.failed_t,
+            "last_progress_t": self.last_progress_t,
         }
+
+
+def build_frozen(cls: type[T], fields: dict[str, Any]) -> T:
+    """An instance of a frozen dataclass from a complete dict of its fields, without running the
+    generated __init__ (which sets every field through object.__setattr__): the monitor builds a
+    RankView per rank per poll, and at 1000s of ranks that init is its largest cost. Fields left
+    out take their class-level defaults; the instance is as frozen as any other."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 @dataclass(frozen=True)
@@ -178,6 +248,26 @@ class RunInfo:
 
 
 @dataclass(frozen=True)
+class Thresholds:
+    """The times that separate normal from stuck, as the monitor set them for this snapshot."""
+
+    hang_after_s: float  # a collective waited on this long (heartbeats alive) is a hang
+    waiting_after_s: float  # longer than this in a collective shows as "waiting" (not yet a hang)
+    heartbeat_stale_s: float  # no heartbeat for this long: the rank's heartbeat has stopped
+    adaptive: bool = True  # False when --hang-after set it
+    basis: str = ""  # how the hang threshold was chosen, in words
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hang_after_s": round(self.hang_after_s, 3),
+            "waiting_after_s": round(self.waiting_after_s, 3),
+            "heartbeat_stale_s": round(self.heartbeat_stale_s, 3),
+            "adaptive": self.adaptive,
+            "basis": self.basis,
+        }
+
+
+@dataclass(frozen=True)
 class Snapshot:
     run: RunInfo
     taken_t: float  # unix time the snapshot describes
@@ -190,6 +280,18 @@ class Snapshot:
     stack_status: str | None = None  # "capturing", "captured 12:01:03", "py-spy missing", ...
     culprits: frozenset[int] = field(default_factory=frozenset)
     finished: bool = False  # every rank is done / failed / gone (post-mortem view)
+    thresholds: Thresholds | None = None
+    live: bool = True  # False: nothing of the run is alive any more; times are the record's end
+    problem_started_t: float | None = None  # when the problem began (culprit's last progress, ...)
+
+    def rank(self, rank: int) -> RankView | None:
+        """The view of one rank (ranks are sorted by rank, usually dense from 0)."""
+        if 0 <= rank < len(self.ranks) and self.ranks[rank].rank == rank:
+            return self.ranks[rank]
+        for view in self.ranks:
+            if view.rank == rank:
+                return view
+        return None
 
     @property
     def elapsed_s(self) -> float | None:
@@ -217,4 +319,6 @@ class Snapshot:
             },
             "taken_t": self.taken_t,
             "finished": self.finished,
+            "live": self.live,
+            "thresholds": self.thresholds.to_json() if self.thresholds else None,
         }

@@ -1,0 +1,148 @@
+"""Run the rules on a snapshot, pick the verdict, and fold the diagnosis into the snapshot.
+
+Which problem came first decides the verdict: a collective mismatch explains the crash it causes
+on gloo; a hang that was established before any rank failed stays a hang (the failures that
+follow are the job being stopped); otherwise the first failure is a crash. Everything else
+(uneven inputs, sampler misuse, stragglers, runtime warnings, the log explainers' findings) is
+reported alongside.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ddpdoctor.findings import Finding, sort_findings
+from ddpdoctor.monitor.rules import Outcome
+from ddpdoctor.monitor.rules import crash as crash_rule
+from ddpdoctor.monitor.rules import hang as hang_rule
+from ddpdoctor.monitor.rules import mismatch as mismatch_rule
+from ddpdoctor.monitor.rules import runtime_warnings as warnings_rule
+from ddpdoctor.monitor.rules import sampler as sampler_rule
+from ddpdoctor.monitor.rules import straggler as straggler_rule
+from ddpdoctor.monitor.rules import transport as transport_rule
+from ddpdoctor.monitor.rules import uneven as uneven_rule
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+
+# A mismatch explains a crash that follows it; allow for the abort to land a little later.
+MISMATCH_EXPLAINS_CRASH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: Verdict
+    findings: tuple[Finding, ...] = ()
+    culprits: frozenset[int] = field(default_factory=frozenset)
+    started_t: float | None = None
+    onset_t: float | None = None
+    stalled: frozenset[int] = field(default_factory=frozenset)
+    waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    @property
+    def detected_after_s(self) -> float | None:
+        """Problem start to the moment the verdict's condition held (post-mortem timing)."""
+        if self.started_t is None or self.onset_t is None:
+            return None
+        return max(0.0, self.onset_t - self.started_t)
+
+
+def _primary(snap: Snapshot) -> tuple[Outcome | None, Outcome | None]:
+    """(the outcome that sets the verdict, the crash outcome if any)."""
+    crash = crash_rule.detect(snap)
+    mismatch = mismatch_rule.detect(snap)
+    if mismatch is not None and (
+        crash is None
+        or (mismatch.onset_t or 0.0) <= (crash.onset_t or 0.0) + MISMATCH_EXPLAINS_CRASH_S
+    ):
+        return mismatch, crash
+    stuck = [o for o in (hang_rule.detect(snap), transport_rule.detect(snap)) if o is not None]
+    if stuck:
+        first = min(stuck, key=lambda o: o.onset_t or 0.0)
+        if crash is None or (first.onset_t or 0.0) <= (crash.onset_t or 0.0):
+            return first, crash
+    return crash, crash
+
+
+def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagnosis:
+    primary, crash = _primary(snap)
+    verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
+    findings: list[Finding] = list(primary.findings) if primary is not None else []
+    if primary is not None and crash is not None and primary is not crash:
+        root = crash_rule.root_cause(snap)
+        if (
+            primary.verdict is Verdict.MISMATCH
+            and root
+            and not crash_rule.looks_like_consequence(root)
+        ):
+            findings.extend(crash.findings)  # the crash the mismatch caused, as evidence
+        else:
+            what = "mismatch" if primary.verdict is Verdict.MISMATCH else "hang"
+            findings.append(
+                crash_rule.consequences(
+                    crash_rule.failures(snap), None, after=f"the {what} (the job was stopped)"
+                )
+            )
+    secondary: list[Finding] = []
+    for outcome in (
+        uneven_rule.detect(snap, verdict),
+        sampler_rule.detect(snap),
+        straggler_rule.detect(snap),
+        warnings_rule.detect(snap),
+    ):
+        if outcome is not None:
+            secondary.extend(outcome.findings)
+    secondary.extend(extra_findings)
+    seen = {(f.id, f.summary) for f in findings}
+    for finding in sort_findings(secondary):
+        if (finding.id, finding.summary) not in seen:
+            seen.add((finding.id, finding.summary))
+            findings.append(finding)
+    if primary is None or primary.verdict is None:
+        return Diagnosis(verdict=verdict, findings=tuple(findings))
+    return Diagnosis(
+        verdict=verdict,
+        findings=tuple(findings),
+        culprits=primary.culprits,
+        started_t=primary.started_t,
+        onset_t=primary.onset_t,
+        stalled=primary.stalled,
+        waiting_on=primary.waiting_on,
+    )
+
+
+def apply_diagnosis(
+    snap: Snapshot, diagnosis: Diagnosis, *, detected_after_s: float | None = None
+) -> Snapshot:
+    """The snapshot with the verdict, findings and culprits set and the culprits shown stalled."""
+    ranks = list(snap.ranks)
+    if diagnosis.stalled or diagnosis.waiting_on:
+        waiting = dict(diagnosis.waiting_on)
+        for i, view in enumerate(ranks):
+            if view.rank in diagnosis.stalled and not view.state.finished:
+                ranks[i] = replace(view, state=RankState.STALLED)
+            elif view.rank in waiting and not view.state.finished:
+                ranks[i] = replace(view, state=RankState.WAITING, waiting_on=waiting[view.rank])
+    return replace(
+        snap,
+        ranks=tuple(ranks),
+        verdict=diagnosis.verdict,
+        findings=diagnosis.findings,
+        culprits=diagnosis.culprits,
+        detected_after_s=detected_after_s
+        if detected_after_s is not None
+        else diagnosis.detected_after_s,
+        problem_started_t=diagnosis.started_t,
+    )
+
+
+def diagnose_run_dir(
+    path: str | os.PathLike[str] | Path, *, hang_after: float | None = None
+) -> Snapshot:
+    """The post-mortem of a finished run or a copied run directory (reads everything once;
+    writes nothing). A run directory that is not one raises UsageError."""
+    from ddpdoctor.monitor.monitor import Monitor
+
+    monitor = Monitor(path, hang_after=hang_after, capture_stacks=False, write_diagnosis=False)
+    return monitor.close()

@@ -1,0 +1,62 @@
+"""Diagnosis rules: each a pure function of a Snapshot that returns an Outcome (or None).
+
+A rule never reads files or clocks: everything it needs is in the snapshot (per-rank state, the
+collectives each rank started, times, thresholds, stacks), so every rule is tested on snapshots
+built by hand. ddpdoctor.monitor.diagnose runs them and picks the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpdoctor.findings import Finding
+from ddpdoctor.monitor.snapshot import Verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rule concluded."""
+
+    rule: str
+    findings: tuple[Finding, ...] = ()
+    verdict: Verdict | None = None  # the problem verdict this rule establishes, if any
+    culprits: frozenset[int] = field(default_factory=frozenset)
+    started_t: float | None = None  # when the problem began (culprit's last progress, ...)
+    onset_t: float | None = None  # when the verdict's condition first held
+    stalled: frozenset[int] = field(default_factory=frozenset)  # ranks to show as stalled
+    waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (rank, culprits it waits on)
+
+
+def fmt_ranks(ranks) -> str:
+    """ "rank 3" / "ranks 0, 2, 5" / "ranks 0-511" for long runs of consecutive ranks."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for r in [*ordered[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(
+            str(start)
+            if start == prev
+            else f"{start}-{prev}"
+            if prev > start + 1
+            else f"{start}, {prev}"
+        )
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(parts)
+
+
+def fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min"

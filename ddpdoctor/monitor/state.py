@@ -1,0 +1,400 @@
+"""RunState: every event and log line of a run folded into per-rank state; `snapshot(now)` freezes it.
+
+`apply(event)` takes one event of any rank (in file order per rank); `apply_log_lines()` takes new
+lines of a log file. `snapshot(now)` builds the frozen Snapshot the rules, the TUI and the text
+view share: per rank its state, progress, timings, the collective in progress and whom it waits on.
+The diagnosis (verdict, findings, culprits) is added by ddpdoctor.monitor.diagnose.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from ddpdoctor import events as ev
+from ddpdoctor.monitor.rank_tracker import RankTracker, num
+from ddpdoctor.monitor.snapshot import (
+    POINT_TO_POINT_OPS,
+    CollectiveView,
+    LogLine,
+    RankState,
+    RankView,
+    RunInfo,
+    Snapshot,
+    Thresholds,
+    Verdict,
+    build_frozen,
+)
+from ddpdoctor.monitor.thresholds import compute_thresholds
+from ddpdoctor.monitor.torchrun_logs import (
+    AGENT_LOG,
+    NCCL_LOG,
+    RANK_LOG,
+    AgentLogParser,
+    LogSource,
+    signal_name,
+)
+
+LOG_RING = 1000  # recent log lines kept for the logs panel
+MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank
+# torchrun --tee copies every rank line into its own output as "[default3]:...": already read
+# from the rank's own log file, so not shown twice.
+_TEE_PREFIX = "[default"
+_CLASSIFIED_LEVELS = ("error", "warn")
+
+Classifier = Callable[[str], Any]  # text -> LineClass(level, finding_id) | None
+
+
+class RunState:
+    def __init__(self, info: RunInfo, *, classify: Classifier | None = None) -> None:
+        self.info = info
+        self.classify = classify
+        self.ranks: dict[int, RankTracker] = {}
+        self.alive: dict[int, bool | None] = {}
+        self.step_times: deque[float] = deque(maxlen=256)
+        self.waits: deque[tuple[float, float]] = deque(maxlen=1024)  # (start t, duration)
+        self.training_start_t: float | None = None
+        self.last_t: float | None = None  # latest event time of the whole run
+        self.logs: deque[LogLine] = deque(maxlen=LOG_RING)
+        self.by_local: dict[tuple[str, int], int] = {}  # (host, local_rank) -> rank
+        self.by_pid: dict[tuple[str, int], int] = {}  # (host, pid) -> rank
+        self.agents: dict[str, AgentLogParser] = {}
+        self.agent_files: dict[str, str] = {}  # host -> torchrun.log path (relative)
+        self.events_applied = 0
+
+    # -- input -----------------------------------------------------------------------------
+
+    def tracker(self, rank: int) -> RankTracker:
+        tracker = self.ranks.get(rank)
+        if tracker is None:
+            tracker = self.ranks[rank] = RankTracker(rank)
+        return tracker
+
+    def apply(self, event: dict[str, Any], where: tuple[str, int] | None = None) -> None:
+        """Fold one event in (events of one rank must come in file order)."""
+        rank = event["rank"]
+        if rank < 0:
+            return
+        tracker = self.tracker(rank)
+        tracker.apply(event, where)
+        self.events_applied += 1
+        kind = event["kind"]
+        t = num(event.get("t"))
+        if t is not None and (self.last_t is None or t > self.last_t):
+            self.last_t = t
+        if kind == ev.STEP:
+            if tracker.step_time_s is not None:
+                self.step_times.append(tracker.step_time_s)
+            self._training_started(t)
+        elif kind == ev.PHASE and event.get("phase") == "train":
+            self._training_started(t)
+        elif kind == ev.COLLECTIVE_END and event.get("ok", True) is not False:
+            duration = num(event.get("duration_s"))
+            if duration is not None and t is not None:
+                self.waits.append((t - duration, duration))
+        elif kind == ev.HELLO:
+            if tracker.host is not None and tracker.local_rank is not None:
+                self.by_local[(tracker.host, tracker.local_rank)] = rank
+            if tracker.host is not None and tracker.pid is not None:
+                self.by_pid[(tracker.host, tracker.pid)] = rank
+
+    def _training_started(self, t: float | None) -> None:
+        if t is not None and (self.training_start_t is None or t < self.training_start_t):
+            self.training_start_t = t
+
+    def apply_log_lines(self, source: LogSource, lines: Iterable[tuple[int, str]]) -> int:
+        """New lines of one log file: into the ring (classified) and into the rank's error lines.
+        Returns how many were warnings or errors (every line counts when nothing classifies)."""
+        if source.kind == AGENT_LOG:
+            parser = self.agents.setdefault(source.host or "", AgentLogParser())
+            self.agent_files[source.host or ""] = source.rel
+        rank = self.rank_of(source)
+        label = source.label(rank)
+        notable = 0
+        for line_no, text in lines:
+            if source.kind == AGENT_LOG:
+                parser.feed(text, line_no)
+                if text.startswith(_TEE_PREFIX):
+                    continue
+            if not text.strip():
+                continue
+            level, finding_id = "info", None
+            if self.classify is not None:
+                found = self.classify(text)
+                if found is not None:
+                    level = getattr(found, "level", "info") or "info"
+                    finding_id = getattr(found, "finding_id", None)
+            line = LogLine(label, text, rank, level, source.rel, line_no, finding_id)
+            self.logs.append(line)
+            if level in _CLASSIFIED_LEVELS or self.classify is None:
+                notable += 1
+                if rank is not None and level in _CLASSIFIED_LEVELS:
+                    self.tracker(rank).add_error_line(line)
+        return notable
+
+    def rank_of(self, source: LogSource) -> int | None:
+        """The global rank a log file belongs to (None for shared logs or while unknown)."""
+        if source.kind == RANK_LOG and source.host is not None and source.local_rank is not None:
+            rank = self.by_local.get((source.host, source.local_rank))
+            if rank is None and (self.info.nnodes or 1) == 1 and len(self.agent_files) <= 1:
+                rank = source.local_rank  # one node: torchrun numbers local ranks as global ones
+            return rank
+        if source.kind == NCCL_LOG and source.host is not None and source.pid is not None:
+            return self.by_pid.get((source.host, source.pid))
+        return None
+
+    def set_alive(self, rank: int, alive: bool | None) -> None:
+        self.alive[rank] = alive
+
+    # -- derived ---------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        sizes = [t.world_size for t in self.ranks.values() if t.world_size]
+        known = max(sizes, default=0)
+        return max(known, self.info.world_size or 0, max(self.ranks, default=-1) + 1)
+
+    @property
+    def training_started(self) -> bool:
+        return self.training_start_t is not None
+
+    def thresholds(self, hang_after: float | None) -> Thresholds:
+        periods = [t.heartbeat_period for t in self.ranks.values() if t.heartbeat_period]
+        start = self.training_start_t
+        training_waits = (d for s, d in self.waits if start is not None and s >= start)
+        return compute_thresholds(
+            hang_after=hang_after,
+            step_times=list(self.step_times),
+            training_waits=training_waits,
+            all_waits=[d for _, d in self.waits],
+            heartbeat_period=max(periods) if periods else None,
+            training_started=self.training_started,
+        )
+
+    def agent_exit(self, tracker: RankTracker):
+        """torchrun's record of this rank's exit (matched by pid, else by rank), if any."""
+        if not self.agents:
+            return None
+        for parser in self.agents.values():
+            if tracker.pid is not None and tracker.pid in parser.exits:
+                return parser.exits[tracker.pid]
+        for parser in self.agents.values():
+            for found in parser.exits.values():
+                if found.rank == tracker.rank and tracker.pid is None:
+                    return found
+        return None
+
+    # -- snapshot --------------------------------------------------------------------------
+
+    def snapshot(
+        self, now: float, *, live: bool = True, hang_after: float | None = None
+    ) -> Snapshot:
+        thresholds = self.thresholds(hang_after)
+        world = self.world_size
+        views = [self._view(r, now, live, thresholds) for r in range(world)]
+        if not live:
+            views = self._settle_post_mortem(views)
+        views = self._fill_waiting_on(views)
+        all_finished = bool(views) and all(v.state.finished for v in views)
+        finished = all_finished or (not live and bool(views))
+        verdict = Verdict.RUNNING
+        if all_finished and all(v.state is RankState.DONE for v in views):
+            verdict = Verdict.HEALTHY
+        return Snapshot(
+            run=self.info if self.info.world_size else replace(self.info, world_size=world),
+            taken_t=now,
+            ranks=tuple(views),
+            verdict=verdict,
+            logs=tuple(self.logs),
+            finished=finished,
+            thresholds=thresholds,
+            live=live,
+        )
+
+    def _view(self, rank: int, now: float, live: bool, th: Thresholds) -> RankView:
+        tracker = self.ranks.get(rank)
+        if tracker is None:
+            tracker = RankTracker(rank)  # no events yet: starting (or never started)
+        state, failed_t, exit_code, exit_signal = self._state(tracker, now, live, th)
+        collective = tracker.current_collective()
+        if collective is None and state.finished and tracker.failed_collective is not None:
+            collective = tracker.failed_collective  # what it waited in when it failed
+        elif collective is not None:
+            end = now
+            if state.finished:
+                end = failed_t or tracker.exit_t or tracker.last_event_t or now
+            since = collective.since_t if collective.since_t is not None else end
+            collective = CollectiveView(  # (not dataclasses.replace: this runs per rank per poll)
+                collective.op,
+                collective.seq,
+                max(0.0, end - since),
+                collective.group,
+                collective.shapes,
+                collective.dtypes,
+                collective.since_t,
+                collective.group_ranks,
+            )
+        hb_age = None
+        if tracker.last_heartbeat_t is not None:
+            hb_age = max(0.0, now - tracker.last_heartbeat_t)
+        data, compute, comm, n = tracker.own_work_means()
+        return build_frozen(
+            RankView,
+            dict(
+                rank=rank,
+                state=state,
+                host=tracker.host,
+                pid=tracker.pid,
+                local_rank=tracker.local_rank,
+                phase=tracker.phase,
+                step=tracker.step,
+                total_steps=self.info.total_steps,
+                epoch=tracker.epoch,
+                loss=tracker.loss,
+                step_time_s=tracker.step_time_s,
+                data_time_s=tracker.data_time_s,
+                compute_time_s=tracker.compute_time_s,
+                comm_wait_s=tracker.comm_wait_s,
+                samples_per_s=tracker.samples_per_s,
+                collective=collective,
+                collectives_done=tracker.collectives_done,
+                heartbeat_age_s=hb_age,
+                alive=self.alive.get(rank),
+                exit_code=exit_code,
+                error=tracker.error,
+                last_event=tracker.last_event,
+                rss_bytes=tracker.rss_bytes,
+                gpu_mem_bytes=tracker.gpu_mem_bytes,
+                step_times=tuple(tracker.step_times),
+                group_seqs=tuple(tracker.group_seqs.items()),
+                recent_collectives=tuple(tracker.recent),
+                traceback=tracker.traceback,
+                failed_t=failed_t,
+                exit_signal=exit_signal,
+                exit_reason=tracker.exit_reason,
+                last_event_t=tracker.last_event_t,
+                last_progress_t=tracker.last_progress_t,
+                last_heartbeat_t=tracker.last_heartbeat_t,
+                fault=tracker.fault,
+                warnings=tuple(tracker.warnings.items()),
+                epoch_batches=tracker.epoch_batches,
+                avg_data_time_s=data,
+                avg_compute_time_s=compute,
+                avg_comm_wait_s=comm,
+                avg_steps=n,
+                error_at=tracker.error_at,
+                error_lines=tuple(tracker.error_lines),
+                calls_key=tracker.calls_key(),
+            ),
+        )
+
+    def _state(
+        self, tracker: RankTracker, now: float, live: bool, th: Thresholds
+    ) -> tuple[RankState, float | None, int | None, str | None]:
+        """(state, failed_t, exit_code, exit_signal) of one rank at `now`."""
+        if tracker.exit_code is not None:
+            if tracker.exit_code == 0 and tracker.error_t is None:
+                return RankState.DONE, None, 0, None
+            return RankState.FAILED, tracker.failed_t, tracker.exit_code, tracker.exit_signal
+        if tracker.error_t is not None:
+            return RankState.FAILED, tracker.error_t, None, None
+        agent = self.agent_exit(tracker)
+        vanished_t = tracker.last_event_t
+        if agent is not None:
+            if tracker.agent_exit_code is None:
+                tracker.agent_exit_code = agent.exit_code
+                host = next((h for h, p in self.agents.items() if agent.pid in p.exits), "")
+                if agent.line_no is not None and host in self.agent_files:
+                    tracker.add_error_line(
+                        LogLine(
+                            f"torchrun {host}",
+                            f"torchrun: rank {tracker.rank} exitcode {agent.exit_code}"
+                            + (f" ({agent.signal})" if agent.signal else ""),
+                            tracker.rank,
+                            "error",
+                            self.agent_files[host],
+                            agent.line_no,
+                        )
+                    )
+            state = RankState.DONE if agent.exit_code == 0 else RankState.GONE
+            return (
+                state,
+                vanished_t if state is RankState.GONE else None,
+                agent.exit_code,
+                agent.signal,
+            )
+        if self.alive.get(tracker.rank) is False:
+            return RankState.GONE, vanished_t, None, None
+        if tracker.events_seen == 0:
+            return RankState.STARTING, None, None, None
+        last_sign = tracker.last_heartbeat_t or tracker.last_event_t
+        if last_sign is not None and now - last_sign > th.heartbeat_stale_s:
+            if not live:
+                return RankState.GONE, vanished_t, None, None  # its record ends before the run's
+            if self.alive.get(tracker.rank) is not True:
+                return RankState.STALLED, None, None, None  # heartbeat stopped
+        collective = tracker.current_collective()
+        if collective is not None:
+            since = collective.since_t if collective.since_t is not None else now
+            if now - since >= th.waiting_after_s:
+                return RankState.WAITING, None, None, None
+            return RankState.IN_COLLECTIVE, None, None, None
+        if tracker.step is None and tracker.phase in (None, "init"):
+            return RankState.STARTING, None, None, None
+        if tracker.last_progress_t is not None and now - tracker.last_progress_t > th.hang_after_s:
+            return RankState.STALLED, None, None, None
+        return RankState.RUNNING, None, None, None
+
+    def _settle_post_mortem(self, views: list[RankView]) -> list[RankView]:
+        """The record has ended: a rank with no exit while every other rank ended is gone."""
+        out = []
+        for view in views:
+            if not view.state.finished and view.state is not RankState.STARTING:
+                others = [v for v in views if v.rank != view.rank]
+                if others and all(v.state.finished for v in others):
+                    view = replace(
+                        view,
+                        state=RankState.GONE,
+                        failed_t=view.last_event_t,
+                        exit_signal=view.exit_signal or signal_name(view.exit_code),
+                    )
+            out.append(view)
+        return out
+
+    def _fill_waiting_on(self, views: list[RankView]) -> list[RankView]:
+        """For each rank waiting in a collective: the group members that have not reached it."""
+        waiting = [v for v in views if v.state is RankState.WAITING and v.collective is not None]
+        if not waiting:
+            return views
+        world = list(range(len(views)))
+        cache: dict[tuple[str, tuple[int, ...] | None], tuple[list[int], list[int]]] = {}
+        for view in waiting:
+            coll = view.collective
+            assert coll is not None
+            if coll.op in POINT_TO_POINT_OPS:
+                continue
+            members = coll.group_ranks if coll.group != ev.DEFAULT_GROUP else None
+            key = (coll.group, members)
+            if key not in cache:
+                pairs = sorted(
+                    (views[m].seq_in(coll.group), m)
+                    for m in (members if members is not None else world)
+                    if 0 <= m < len(views)
+                )
+                cache[key] = ([p[0] for p in pairs], [p[1] for p in pairs])
+            seqs, ranks = cache[key]
+            behind = ranks[: bisect.bisect_left(seqs, coll.seq)][:MAX_WAITING_ON]
+            if behind:
+                views[view.rank] = replace(view, waiting_on=tuple(sorted(behind)))
+        return views
+
+
+def waiting_collective(view: RankView) -> CollectiveView | None:
+    """The collective a rank waits in, ignoring point-to-point ops (their seqs do not compare)."""
+    coll = view.collective
+    if coll is None or coll.op in POINT_TO_POINT_OPS:
+        return None
+    return coll

@@ -1,0 +1,173 @@
+"""Incremental readers of growing files: one FileTail per file, one RunTailer per run directory.
+
+Each file is read by byte offset from where the last read stopped, so a poll costs a stat per file
+plus whatever is new. The last line of a file may be torn (a writer between write() and flush):
+its bytes wait in a buffer until their newline arrives. A file that shrinks (truncation) or whose
+inode changes (rotation: a new file under the same name) is read again from the start.
+Files are opened only while they are read, so a run of 1024 ranks does not hold 1024 descriptors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpdoctor.monitor.torchrun_logs import LogSource, classify_log_path
+from ddpdoctor.rundir import RunDir
+
+# A poll reads at most this much of one file; the rest waits for the next poll, so one huge
+# NCCL log cannot make a poll slow.
+MAX_READ_BYTES = 4 << 20
+# A "line" with no newline this long is cut and emitted, so a runaway writer cannot grow memory.
+MAX_PARTIAL_BYTES = 1 << 20
+
+
+@dataclass
+class FileTail:
+    """Follows one file. `read()` returns the complete new lines as (line number, bytes)."""
+
+    path: Path | str
+    offset: int = 0
+    inode: int | None = None
+    line_no: int = 0  # lines emitted so far (1-based numbers for the next ones follow it)
+    partial: bytes = b""
+    resets: int = 0  # truncations / rotations seen
+
+    def _reset(self) -> None:
+        self.offset = 0
+        self.line_no = 0
+        self.partial = b""
+        self.resets += 1
+
+    def read(self, max_bytes: int = MAX_READ_BYTES) -> list[tuple[int, bytes]]:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []  # not there (yet, or any more): nothing new
+        if (self.inode is not None and st.st_ino != self.inode) or st.st_size < self.offset:
+            self._reset()
+        self.inode = st.st_ino
+        if st.st_size == self.offset:
+            return []
+        # Ask for exactly what is new: read(n) allocates n bytes up front, so a large fixed n
+        # would cost a big allocation per file per poll.
+        want = min(max_bytes, st.st_size - self.offset)
+        try:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self.offset)
+                data = fh.read(want)
+        except OSError:
+            return []
+        self.offset += len(data)
+        return self._split(data)
+
+    def _split(self, data: bytes) -> list[tuple[int, bytes]]:
+        chunk = self.partial + data if self.partial else data
+        parts = chunk.split(b"\n")
+        self.partial = parts.pop()  # b"" when the chunk ended with a newline
+        if len(self.partial) > MAX_PARTIAL_BYTES:
+            parts.append(self.partial)
+            self.partial = b""
+        out: list[tuple[int, bytes]] = []
+        for raw in parts:
+            self.line_no += 1
+            out.append((self.line_no, raw[:-1] if raw.endswith(b"\r") else raw))
+        return out
+
+
+@dataclass(frozen=True)
+class EventLines:
+    """New lines of one rank's event file (`rel`: its path relative to the run directory)."""
+
+    rel: str
+    lines: list[tuple[int, bytes]]
+
+
+@dataclass(frozen=True)
+class LogLines:
+    """New lines of one log file, with what the path says about it."""
+
+    source: LogSource
+    lines: list[tuple[int, str]]
+
+
+@dataclass
+class TailBatch:
+    events: list[EventLines] = field(default_factory=list)
+    logs: list[LogLines] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.events and not self.logs
+
+
+class RunTailer:
+    """Tails every file of a run directory: events, torchrun's per-rank logs, the launcher's
+    torchrun.log and NCCL logs. Files that appear later are picked up at the next discovery."""
+
+    def __init__(self, run: RunDir, *, discover_every_s: float = 1.0, read_logs: bool = True):
+        self.run = run
+        self.read_logs = read_logs
+        self.discover_every_s = discover_every_s
+        self._events: dict[str, tuple[FileTail, str]] = {}  # path -> (tail, relative path)
+        self._logs: dict[str, tuple[FileTail, LogSource]] = {}
+        self._last_discovery: float | None = None
+
+    def discover(self, now: float) -> None:
+        self._last_discovery = now
+        for key, name in _list_files(self.run.events_dir, suffix=".jsonl"):
+            if key not in self._events and name.startswith("rank-"):
+                self._events[key] = (FileTail(key), f"events/{name}")
+        if not self.read_logs:
+            return
+        for base in (self.run.logs_dir, self.run.nccl_dir):
+            for path in _walk_files(base):
+                key = str(path)
+                if key in self._logs:
+                    continue
+                rel = path.relative_to(self.run.path)
+                source = classify_log_path(rel.parts)
+                if source is not None:
+                    self._logs[key] = (FileTail(path), source)
+
+    def poll(self, now: float) -> TailBatch:
+        """Everything new since the last poll (discovering new files at most every second)."""
+        if self._last_discovery is None or now - self._last_discovery >= self.discover_every_s:
+            self.discover(now)
+        batch = TailBatch()
+        for tail, rel in self._events.values():
+            lines = tail.read()
+            if lines:
+                batch.events.append(EventLines(rel, lines))
+        for tail, source in self._logs.values():
+            raw = tail.read()
+            if raw:
+                text = [(n, b.decode("utf-8", errors="replace")) for n, b in raw]
+                batch.logs.append(LogLines(source, text))
+        return batch
+
+    @property
+    def event_files(self) -> int:
+        return len(self._events)
+
+
+def _list_files(folder: Path, *, suffix: str) -> Iterator[tuple[str, str]]:
+    """(path, name) of the files in `folder` ending in `suffix` (strings: cheap for 1000s)."""
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if entry.name.endswith(suffix) and entry.is_file():
+                    yield entry.path, entry.name
+    except OSError:
+        return
+
+
+def _walk_files(folder: Path) -> Iterator[Path]:
+    if not folder.is_dir():
+        return
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            if name.endswith(".log"):
+                yield Path(root) / name

@@ -1,0 +1,254 @@
+"""Every injection of the reference job and every sample job, run for real (torchrun, 2 gloo ranks,
+`ddpdoctor run --no-tui`), gets the right verdict and culprit; the healthy and slow jobs (two
+healthy scripts and the slow-rank script) get no false alarm. Thirteen runs in all, four at a time.
+
+All runs start in one module fixture, a few at a time (each spends much of its time waiting), and
+the tests read their diagnosis.json. Runs that are not about the default hang threshold use a small
+--hang-after so that they end quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.monitor import diagnose_run_dir
+from tests.procs import REPO, clean_env, ddpdoctor_cmd, kill_group
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+PARALLEL = 4
+RUN_TIMEOUT_S = 150
+SAMPLES = REPO / "sample_jobs"
+REFERENCE = ["--steps", "8"]
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    args: tuple[str, ...]
+
+
+JOBS = [
+    Job("hang", (*REFERENCE, "--inject", "hang:rank=1,step=4")),  # default threshold
+    # slow from step 2 and a crash at step 8 on the same rank: a straggler finding, then the crash
+    Job(
+        "crash",
+        (
+            "--steps",
+            "12",
+            "--inject",
+            "slow:rank=1,step=2,seconds=0.2",
+            "--inject",
+            "crash:rank=1,step=8",
+        ),
+    ),
+    Job("exit", (*REFERENCE, "--inject", "exit:rank=1,step=4")),
+    Job("mismatch", (*REFERENCE, "--inject", "mismatch:rank=1,step=4", "--hang-after", "3")),
+    Job("shape", (*REFERENCE, "--inject", "shape:rank=1,step=4", "--hang-after", "3")),
+    *[
+        Job(f"sample-{name}", ("--hang-after", "3", "--", str(SAMPLES / f"{name}.py")))
+        for name in (
+            "healthy",
+            "missing_set_epoch",
+            "slow_rank",
+            "exception_on_one_rank",
+            "rank0_only_barrier",
+            "stuck_dataloader",
+            "uneven_data",
+            "allreduce_size_mismatch",
+        )
+    ],
+]
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+    run_dir: Path
+    diagnosis: dict
+
+    def ids(self) -> list[str]:
+        return [f["id"] for f in self.diagnosis["findings"]]
+
+    def finding(self, finding_id: str) -> dict:
+        return next(f for f in self.diagnosis["findings"] if f["id"] == finding_id)
+
+
+def _start(job: Job, base: Path) -> tuple[subprocess.Popen, Path]:
+    run_dir = base / job.name
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--backend", "gloo",
+        "--run-dir", str(run_dir), *job.args,
+    )  # fmt: skip
+    log = open(base / f"{job.name}.out", "w")  # noqa: SIM115 - closed with the process below
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=base, start_new_session=True
+    )
+    proc.log = log  # type: ignore[attr-defined]
+    return proc, run_dir
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, Result]:
+    base = tmp_path_factory.mktemp("diagnose-jobs")
+    pending = list(JOBS)
+    running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+    done: dict[str, Result] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < PARALLEL:
+                job = pending.pop(0)
+                proc, run_dir = _start(job, base)
+                running[job.name] = (proc, run_dir, time.monotonic())
+            for name, (proc, run_dir, started) in list(running.items()):
+                if proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
+                    continue
+                kill_group(proc)
+                proc.log.close()  # type: ignore[attr-defined]
+                del running[name]
+                output = (base / f"{name}.out").read_text(errors="replace")
+                path = run_dir / "diagnosis.json"
+                diagnosis = json.loads(path.read_text()) if path.exists() else {}
+                done[name] = Result(proc.returncode, output, run_dir, diagnosis)
+            time.sleep(0.2)
+    finally:
+        for proc, _, _ in running.values():
+            kill_group(proc)
+    return done
+
+
+def get(results: dict[str, Result], name: str) -> Result:
+    result = results[name]
+    assert result.diagnosis, f"{name}: no diagnosis.json\n{result.output[-3000:]}"
+    return result
+
+
+@pytest.mark.parametrize("name", ["sample-healthy", "sample-missing_set_epoch"])
+def test_healthy_jobs_get_no_alarm(results, name):
+    r = get(results, name)
+    assert r.returncode == 0, r.output[-3000:]
+    assert r.diagnosis["verdict"] == "healthy" and r.diagnosis["culprits"] == []
+    assert not [f for f in r.diagnosis["findings"] if f["severity"] == "error"]
+    assert "straggler" not in r.ids()
+    assert "HEALTHY: all 2 ranks finished" in r.output
+
+
+def test_missing_set_epoch_is_reported_before_it_bites(results):
+    r = get(results, "sample-missing_set_epoch")
+    assert r.finding("sampler.set_epoch_missing")["severity"] == "warning"
+
+
+def test_slow_rank_is_a_straggler_not_a_hang(results):
+    r = get(results, "sample-slow_rank")
+    assert r.returncode == 0 and r.diagnosis["verdict"] == "healthy", r.output[-3000:]
+    straggler = r.finding("straggler")
+    assert straggler["ranks"] == [1]
+    assert "rank 1 is a straggler" in straggler["summary"]
+
+
+def test_injected_slow_rank_is_named_as_the_straggler(results):
+    """--inject slow: rank 1 sleeps in every step, so the others wait for it in the all-reduce
+    (the same run crashes later on purpose; the straggler finding is there alongside)."""
+    straggler = get(results, "crash").finding("straggler")
+    assert straggler["ranks"] == [1] and straggler["severity"] == "warning"
+
+
+def test_injected_hang_is_found_with_the_default_threshold(results):
+    r = get(results, "hang")
+    d = r.diagnosis
+    assert r.returncode == 1 and d["verdict"] == "hang" and d["culprits"] == [1]
+    hang = r.finding("hang")
+    assert hang["summary"].startswith("rank 1 never reached all_reduce #")
+    assert "last event fault hang" in hang["summary"] and "_inject_hang" in hang["summary"]
+    assert 4.0 <= d["detected_after_s"] <= 20.0  # the default adapts; PyTorch's waits 1800 s
+    assert any(1 in s["ranks"] for s in d["stacks"])
+    assert "HANG: culprit rank 1" in r.output
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict", "first"),
+    [
+        ("crash", "crash", "crash"),
+        ("exit", "crash", "died"),
+        ("mismatch", "mismatch", "mismatch"),
+        ("shape", "mismatch", "mismatch"),
+        ("sample-exception_on_one_rank", "crash", "crash"),
+        ("sample-stuck_dataloader", "hang", "hang"),
+    ],
+)
+def test_faults_get_their_verdict_and_rank_1_as_culprit(results, name, verdict, first):
+    r = get(results, name)
+    assert r.returncode == 1, r.output[-3000:]
+    assert r.diagnosis["verdict"] == verdict and r.diagnosis["culprits"] == [1]
+    assert r.ids()[0] == first
+    assert r.diagnosis["detected_after_s"] is not None
+
+
+def test_crash_names_the_exception_and_labels_the_peer_as_a_consequence(results):
+    r = get(results, "crash")
+    crash = r.finding("crash")
+    assert (
+        crash["summary"].startswith("rank 1 failed first") and "InjectedCrash" in crash["summary"]
+    )
+    assert crash["evidence"][0]["file"] == "events/rank-1.jsonl"
+    assert r.finding("crash.consequence")["ranks"] == [0]
+    assert r.diagnosis["detected_after_s"] <= 3.0 + 2.0  # poll and heartbeat slack
+
+
+def test_mismatch_names_both_sides(results):
+    text = get(results, "mismatch").finding("mismatch")["summary"]
+    assert "rank 1: barrier #" in text and "rank 0: all_reduce #" in text
+    shape = get(results, "shape").finding("mismatch")["summary"]
+    assert "rank 0: all_reduce #" in shape and "rank 1: all_reduce #" in shape
+
+
+def test_rank0_only_barrier_is_a_mismatch_with_rank_0_as_culprit(results):
+    r = get(results, "sample-rank0_only_barrier")
+    assert r.returncode == 1 and r.diagnosis["verdict"] == "mismatch"
+    assert r.diagnosis["culprits"] == [0]
+    assert "rank 0: barrier #" in r.finding("mismatch")["summary"]
+
+
+def test_uneven_data_is_called_uneven_inputs(results):
+    r = get(results, "sample-uneven_data")
+    assert r.returncode == 1 and r.diagnosis["verdict"] in ("mismatch", "hang")
+    uneven = r.finding("uneven_inputs")
+    assert uneven["ranks"] == [1] and "Join" in uneven["fix"]
+
+
+def test_allreduce_size_mismatch_names_both_sides(results):
+    r = get(results, "sample-allreduce_size_mismatch")
+    assert r.returncode == 1 and r.diagnosis["verdict"] == "mismatch"
+    text = r.finding("mismatch")["summary"]
+    assert "all_reduce #" in text and "rank 0" in text and "rank 1" in text
+    assert "died" in r.ids()  # the rank that aborted on gloo's size check
+
+
+def test_post_mortem_of_a_copied_run_directory(results, tmp_path):
+    """The hung run's directory, copied as if from another machine: same verdict and culprit."""
+    source = get(results, "hang").run_dir
+    copy = tmp_path / "mailed-in"
+    shutil.copytree(source, copy)
+    (copy / "diagnosis.json").unlink()
+    for events in (copy / "events").glob("rank-*.jsonl"):
+        lines = []
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("kind") == "hello":
+                event["host"] = "cluster-node-17"
+            lines.append(json.dumps(event))
+        events.write_text("\n".join(lines) + "\n")
+    snap = diagnose_run_dir(copy)
+    assert snap.verdict.value == "hang" and snap.culprits == {1}
+    assert all(r.alive is None for r in snap.ranks)
+    assert snap.findings[0].summary.startswith("rank 1 never reached all_reduce #")
+    assert snap.stacks  # the capture stored in the run directory
+    assert not (copy / "diagnosis.json").exists()

@@ -7,7 +7,25 @@ rules; log explainers; py-spy stacks. Never imports textual: everything here wor
 
 from __future__ import annotations
 
-from ddpdoctor.monitor.diagnose import diagnose_run_dir
-from ddpdoctor.monitor.monitor import Monitor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddpdoctor.monitor.diagnose import diagnose_run_dir
+    from ddpdoctor.monitor.monitor import Monitor
 
 __all__ = ["Monitor", "diagnose_run_dir"]
+
+# Lazy, so that importing a submodule (the log explainers, the snapshot types) does not load the
+# whole monitor and psutil with it.
+_LAZY = {"Monitor": "ddpdoctor.monitor.monitor", "diagnose_run_dir": "ddpdoctor.monitor.diagnose"}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ddpdoctor.monitor' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -188,6 +188,10 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
         ("gloo.peer_closed", "warning", (0,), [18]),
         ("torchrun.sigterm_peers", "info", (), [2]),
     ],
+    "local/torchrun-stopped-sigterm.log": [
+        ("torchrun.sigterm_peers", "info", (), [7, 8]),
+        ("torchrun.stopped", "info", (), [10, 37]),
+    ],
     "local/run-gloo-size-mismatch": [
         ("gloo.size_mismatch", "error", (0,), [2, 3]),
         ("torchrun.signal", "error", (0,), [3, 29, 38, 40]),

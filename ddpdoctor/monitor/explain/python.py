@@ -22,6 +22,7 @@ from ddpdoctor.monitor.explain.rules import (
     ranks_text,
     rule,
 )
+from ddpdoctor.monitor.torchrun_logs import signal_name
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -286,6 +287,21 @@ def _candidate(group: _Group) -> Candidate:
             summary=f"{who} stopped on Ctrl-C (KeyboardInterrupt){where}",
             fix="Nothing to fix if you interrupted the job.",
             ranks=tuple(sorted(group.ranks)),
+            evidence=evidence.evidence(),
+        )
+        return Candidate(finding)
+    if short_type == "SignalException":
+        # torchrun's agent raises this when it is itself stopped (Ctrl-C, a scheduler's time limit,
+        # ddpdoctor stopping a hung job): the stop came from outside, the traceback is no bug.
+        signal = re.search(r"got signal: (\d+)", first.message)
+        name = (signal_name(-int(signal.group(1))) if signal else None) or "a signal"
+        finding = Finding(
+            id="torchrun.stopped",
+            severity=Severity.INFO,
+            summary=f"torchrun was stopped from outside by {name}; its traceback is not a bug",
+            fix="Nothing to fix in the job for this line: look at why it was stopped (Ctrl-C, the "
+            "scheduler's time limit, or a hang that ddpdoctor stopped) and at the ranks' own errors.",
+            ranks=(),
             evidence=evidence.evidence(),
         )
         return Candidate(finding)

@@ -8,12 +8,12 @@ exit code is a signal: -9 SIGKILL (OOM killer or an external kill), -6 SIGABRT, 
 from __future__ import annotations
 
 import re
-import signal
 from dataclasses import dataclass, field
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.explain.lines import SourceLine
 from ddpdoctor.monitor.explain.rules import Candidate, EvidenceList, ranks_text, rule
+from ddpdoctor.monitor.torchrun_logs import signal_name
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -77,7 +77,7 @@ RULES = (
         INFO,
         r"Sending process (?P<pid>\d+) closing signal SIGTERM",
         ["closing signal SIGTERM"],
-        "torchrun stopped the remaining ranks with SIGTERM after a rank failed: a consequence",
+        "torchrun stopped its ranks with SIGTERM (after a rank failed, or because torchrun itself was stopped): a consequence",
         "Look at the Root Cause rank of torchrun's failure table, not at the ranks it stopped.",
         consequence=True,
         examples=(
@@ -103,10 +103,7 @@ class _Failure:
     def signal_name(self) -> str | None:
         if self.code is None or self.code >= 0:
             return None
-        try:
-            return signal.Signals(-self.code).name
-        except ValueError:
-            return f"signal {-self.code}"
+        return signal_name(self.code)
 
     def describe(self) -> str:
         where = f"rank {self.rank}" if self.rank is not None else "a rank"

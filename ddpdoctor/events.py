@@ -74,6 +74,20 @@ exit               signal ("SIGTERM", ...) when reason is "signal"; code is then
                    signal number, as torchrun reports it. Reasons: "normal" (code 0), "sys.exit",
                    "exception" (code 1), "signal". Written at interpreter exit; a rank ended by
                    os._exit or SIGKILL writes none, and that absence means it died.
+
+More on when the runtime writes (refining the timing note above):
+
+collective_start   of every op but a DDP gradient bucket is written at once: on disk, behind
+                   everything queued before it, before the call is entered. A rank that dies in
+                   the call (gloo aborts the process with SIGABRT on a size mismatch) has said
+                   what it called and with which shapes. Gradient buckets' starts and all ends
+                   are queued.
+(queued events)    while they keep coming (a training loop) the heartbeat thread writes them in
+                   bursts every ~0.1 s; the first one after a quiet spell within ~20 ms.
+phase              until the script names a phase itself (ddpdoctor.phase), the runtime names it:
+                   "train" at a training forward of a DDP model (train mode, grad enabled), "eval"
+                   at any other forward (model.eval(), torch.no_grad()). From the script's first
+                   phase() on, only the script's phases are written.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ or, for a user's script, unchanged:
 Once active, every rank records (the schema is ddpdoctor/events.py):
 
     writer.py       one JSON object a line, flushed per line, never raising into training
+    records.py      hot-path events as tuples, encoded by the writer thread
     heartbeat.py    a daemon thread: step, phase, open collective, memory, once a second
     c10d_hooks.py   every torch.distributed collective and point-to-point call, numbered
     completion.py   when an op is over (return, future, Work, CUDA event)
@@ -17,6 +18,7 @@ Once active, every rank records (the schema is ddpdoctor/events.py):
     data_hooks.py   DataLoader waits, epochs, the DistributedSampler set_epoch audit
     exit_hooks.py   error events (excepthooks), faulthandler, the exit event
     signals.py      SIGTERM: an exit event, then the default death
+    ptrace.py       lets py-spy of the same user attach (Yama ptrace_scope=1)
     api.py          phase() / log() / warn() / fault() for scripts that want to say more
 
 Importing this package does not import torch; activate() does (a rank imports it anyway).

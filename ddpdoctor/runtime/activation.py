@@ -2,7 +2,8 @@
 
 `activate()` installs everything in this order: exit and exception hooks first (so a failure in
 what follows is still recorded), then the torch hooks (collectives, DDP, data), the SIGTERM guard,
-the fork guard, the `hello` event, and last the heartbeat thread.
+the fork guard, the permission for py-spy to attach (ptrace.py), the `hello` event, and last the
+heartbeat thread.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from ddpdoctor.events import WARNING
 from ddpdoctor.rundir import ENV_RUN_DIR
-from ddpdoctor.runtime import core, exit_hooks
+from ddpdoctor.runtime import core, exit_hooks, ptrace
 from ddpdoctor.runtime.heartbeat import Heartbeat
 from ddpdoctor.runtime.info import env_int
 from ddpdoctor.runtime.signals import SigtermGuard
@@ -65,9 +66,10 @@ def start(
         exit_hooks.install(runtime)
         _install_torch_hooks(runtime)
         _install_process_guards(runtime)
+        ptrace.allow_any_tracer()  # py-spy of the same user may attach under ptrace_scope=1
         runtime.say_hello()
         _hello_again_if_initialized(runtime)
-        heartbeat = Heartbeat(runtime)
+        heartbeat = runtime.heartbeat = Heartbeat(runtime)
         heartbeat.start()
         runtime.on_deactivate(heartbeat.stop)
         return runtime

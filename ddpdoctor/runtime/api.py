@@ -17,8 +17,8 @@ import math
 from types import TracebackType
 from typing import Any
 
-from ddpdoctor.events import FAULT, METRICS, WARNING
-from ddpdoctor.runtime import core
+from ddpdoctor.events import FAULT, WARNING
+from ddpdoctor.runtime import core, records
 
 # Envelope names a metric must not overwrite; such metrics are written as "user_<name>".
 _RESERVED = frozenset({"v", "t", "mono", "rank", "kind"})
@@ -57,7 +57,10 @@ _NO_SCOPE = PhaseScope(None, None)
 
 
 def phase(name: str) -> PhaseScope:
-    """Enter phase `name` ("init", "data", "train", "eval", "checkpoint", ... or your own)."""
+    """Enter phase `name` ("init", "data", "train", "eval", "checkpoint", ... or your own).
+
+    Until a script calls this, ddpdoctor names the phase itself from the DDP forwards ("train",
+    "eval"); from the first call on, the script's phases are the only ones."""
     runtime = core.active()
     if runtime is None:
         return _NO_SCOPE
@@ -83,7 +86,8 @@ def log(**metrics: Any) -> None:
             runtime.steps.set_epoch(epoch)
         if values.get("step") is None:
             values["step"] = runtime.steps.current
-        runtime.emit(METRICS, **values)
+        # a hot-path record: the JSON is made by the writer thread
+        runtime.record((records.metrics, runtime.wall_clock(), runtime.mono_clock(), values))
     except Exception:  # noqa: BLE001
         pass
 

@@ -19,6 +19,7 @@ from typing import Any
 from ddpdoctor.events import DEFAULT_GROUP
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
+from ddpdoctor.runtime.records import CollectiveDesc
 
 WRAPPED_MARK = "__ddpdoctor_original__"
 
@@ -109,12 +110,16 @@ class GroupNames:
 
     def __init__(self) -> None:
         self._cache: dict[int, tuple[Any, GroupInfo]] = {}
+        self._c10d: Any = None
 
     def describe(self, group: Any) -> GroupInfo | None:
         """None when this rank is not a member (torch then returns without communicating) or when
         there is no process group yet (torch raises, and the call is not a collective)."""
-        from torch.distributed import distributed_c10d as c10d
+        c10d = self._c10d
+        if c10d is None:
+            from torch.distributed import distributed_c10d as c10d
 
+            self._c10d = c10d
         world = c10d.GroupMember.WORLD
         if group is None:
             group = world
@@ -165,25 +170,25 @@ def tensors_of(value: Any) -> list[Any]:
 
 
 def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
-    spec = bound.spec
 
     @functools.wraps(func)
     def recorded(*args: Any, **kwargs: Any) -> Any:
-        runtime = core.active()
+        runtime = core._active
         if runtime is None or NESTING.depth:
             result = func(*args, **kwargs)
             if NESTING.capture is not None and result is not None:
                 NESTING.capture.append(result)
             return result
         try:
-            call = _describe(bound, args, kwargs)
+            desc = describe_call(bound, args, kwargs)
         except Exception:  # noqa: BLE001 - describing must never stop the call itself
-            call = None
-        if call is None:
+            desc = None
+        if desc is None:
             return func(*args, **kwargs)
-        group, tensors, is_async, peer = call
         tracker = runtime.collectives
-        rec = tracker.start(spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer)
+        # written before the call is entered: a rank that dies in it (gloo aborts the process on
+        # a size mismatch) has said what it was calling, with which shapes
+        rec = tracker.begin(desc)
         NESTING.depth += 1
         t0 = runtime.mono_clock()
         try:
@@ -194,14 +199,17 @@ def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
         finally:
             NESTING.depth -= 1
         try:
-            if is_async:
-                completion.finish_async(tracker, rec, result, on_gpu=tensors.on_gpu)
+            if desc.is_async:
+                completion.finish_async(tracker, rec, result, on_gpu=desc.on_gpu)
             else:
-                if threading.current_thread() is threading.main_thread():
+                if threading.get_ident() == threading.main_thread().ident:
                     runtime.steps.on_comm_wait(runtime.mono_clock() - t0)
-                completion.finish_blocking(
-                    tracker, rec, on_gpu=tensors.on_gpu, cuda_marker=runtime.cuda_marker
-                )
+                if desc.on_gpu:
+                    completion.finish_blocking(
+                        tracker, rec, on_gpu=True, cuda_marker=runtime.cuda_marker
+                    )
+                else:
+                    tracker.end(rec)  # a blocking CPU op is over when it returns
         except Exception:  # noqa: BLE001
             tracker.end(rec, via="return")
         return result
@@ -210,30 +218,61 @@ def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
     return recorded
 
 
-def _describe(
+# Descriptions of the calls made so far, by what tells them apart: op, group object, the tensor's
+# shape, dtype and device type, async, peer. A loop makes the same few calls again and again; a hit
+# costs a dict lookup instead of describing the group and the tensors anew.
+_CALLS: dict[Any, CollectiveDesc] = {}
+MAX_CALLS = 512
+
+
+def forget_calls() -> None:
+    """Process groups come and go (destroy, init again): describe every call afresh."""
+    _CALLS.clear()
+
+
+def describe_call(
     bound: BoundOp, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[GroupInfo, TensorSummary, bool, int | None] | None:
+) -> CollectiveDesc | None:
+    """How the events describe this call; None when it is no collective for this rank."""
     spec = bound.spec
     if spec.name == "batch_isend_irecv":
         ops = bound.arg("p2p_op_list", args, kwargs) or []
         group = GROUPS.describe(getattr(ops[0], "group", None) if ops else None)
-        return (group, summarize(tensors_of(ops)), True, None) if group else None
-    group = GROUPS.describe(bound.arg("group", args, kwargs))
-    if group is None:
-        return None
-    tensors = (
-        summarize(tensors_of(bound.arg(spec.tensors, args, kwargs)))
-        if spec.tensors
-        else (TensorSummary())
-    )
+        if group is None:
+            return None
+        tensors = summarize(tensors_of(ops))
+        return CollectiveDesc(spec.name, group, tensors, is_async=True, p2p=True)
+    group_arg = bound.arg("group", args, kwargs)
+    value = bound.arg(spec.tensors, args, kwargs) if spec.tensors else None
     is_async = spec.always_async or bool(bound.arg("async_op", args, kwargs))
     peer = None
     for name in spec.peers:
-        value = bound.arg(name, args, kwargs)
-        if value is not None:
-            peer = int(value)
+        given = bound.arg(name, args, kwargs)
+        if given is not None:
+            peer = int(given)
             break
-    return group, tensors, is_async, peer
+    key: Any = None
+    if value is None:
+        key = (spec.name, group_arg, None, is_async, peer)
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):  # one tensor: the common case
+        key = (spec.name, group_arg, (*value.shape, value.dtype, value.is_cuda), is_async, peer)
+    if key is not None:
+        try:
+            desc = _CALLS.get(key)
+        except TypeError:  # an unhashable stand-in for a group
+            desc, key = None, None
+        if desc is not None:
+            return desc
+    group = GROUPS.describe(group_arg)
+    if group is None:
+        return None
+    tensors = summarize(tensors_of(value)) if spec.tensors else TensorSummary()
+    desc = CollectiveDesc(spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer)
+    if key is not None:
+        if len(_CALLS) >= MAX_CALLS:
+            _CALLS.clear()
+        _CALLS[key] = desc
+    return desc
 
 
 def install(runtime: core.Runtime) -> None:
@@ -311,6 +350,7 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
 
         @functools.wraps(init)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            forget_calls()
             result = init(*args, **kwargs)
             current = core.active()
             if current is not None:
@@ -328,6 +368,7 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
             current = core.active()
             if current is not None:
                 current.steps.flush()
+            forget_calls()
             return destroy(*args, **kwargs)
 
         setattr(destroy_process_group, WRAPPED_MARK, destroy)

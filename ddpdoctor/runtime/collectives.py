@@ -1,8 +1,10 @@
 """Bookkeeping of collectives: sequence numbers, the ones in flight, and their start/end events.
 
 Torch-free on purpose: the hooks (c10d_hooks, ddp_hooks) describe a call in plain values and this
-module numbers it, writes `collective_start`, and writes `collective_end` when the call returns, its
-future completes, or a probe polled by the heartbeat thread says it is done.
+module numbers it, records `collective_start`, and records `collective_end` when the call returns,
+its future completes, or a probe polled by the heartbeat thread says it is done. Both are
+hot-path records (records.py): the start of a DDP gradient bucket is queued like the ends, the
+start of every other call is on disk before the call is entered.
 
 Sequence numbers count per process and per group, starting at 1, and only the outermost call (an
 all_gather_object is one collective, not the all_gathers inside it), so two ranks that made the
@@ -13,13 +15,15 @@ otherwise fall "behind" those that do.
 
 from __future__ import annotations
 
-import itertools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.events import COLLECTIVE_END, COLLECTIVE_START, DEFAULT_GROUP
+from ddpdoctor.events import DEFAULT_GROUP
+from ddpdoctor.runtime import records
+from ddpdoctor.runtime.records import CollectiveDesc, Record
 
 Probe = Callable[[], bool]
 
@@ -44,63 +48,85 @@ class TensorSummary:
 class OpenCollective:
     """One collective between its start and end events (mutable: it ends once, from any thread)."""
 
-    __slots__ = (
-        "done",
-        "group",
-        "id",
-        "on_end",
-        "op",
-        "p2p",
-        "peer",
-        "seq",
-        "start_mono",
-        "start_t",
-    )
+    __slots__ = ("desc", "done", "on_end", "seq", "start_mono", "start_t", "step")
 
-    def __init__(
-        self,
-        op: str,
-        seq: int,
-        group: GroupInfo,
-        start_t: float,
-        start_mono: float,
-        *,
-        p2p: bool,
-        peer: int | None,
-        ident: int,
-    ):
-        self.op = op
+    def __init__(self, desc: CollectiveDesc, seq: int, start_t: float, start_mono: float) -> None:
+        self.desc = desc
         self.seq = seq
-        self.group = group
         self.start_t = start_t
         self.start_mono = start_mono
-        self.p2p = p2p
-        self.peer = peer
-        self.id = ident
         self.done = False
-        # Called with the monotonic end time (a DDP bucket tells its step when it finished).
+        # The training step a DDP bucket belongs to (steps.OpenStep): told when the bucket ends.
+        self.step: Any = None
+        # Called with the monotonic end time, for anything else that wants to know.
         self.on_end: Callable[[float], None] | None = None
+
+    @property
+    def op(self) -> str:
+        return self.desc.op
+
+    @property
+    def group(self) -> GroupInfo:
+        return self.desc.group
+
+    @property
+    def p2p(self) -> bool:
+        return self.desc.p2p
+
+    @property
+    def peer(self) -> int | None:
+        return self.desc.peer
+
+
+# Distinct calls whose descriptions are kept (a loop calls the same few again and again).
+MAX_DESCRIPTIONS = 512
 
 
 class CollectiveTracker:
-    """Numbers collectives, writes their events, and remembers the ones still in flight."""
+    """Numbers collectives, records their events, and remembers the ones still in flight.
+
+    `record(record, immediate)` takes the hot-path records of records.py: `immediate` asks for
+    the line to be on disk before the call returns (the writer drains its queue first)."""
 
     def __init__(
         self,
-        emit: Callable[..., None],
+        record: Callable[[Record, bool], None],
         mono_clock: Callable[[], float],
         wall_clock: Callable[[], float],
     ) -> None:
-        self._emit = emit
+        self._record = record
         self._mono = mono_clock
         self._wall = wall_clock
         self._lock = threading.RLock()
         self._seqs: dict[Any, int] = {}
-        self._open: dict[int, OpenCollective] = {}
+        self._open: dict[OpenCollective, None] = {}  # insertion ordered: the oldest first
         self._watched: list[tuple[OpenCollective, Probe, str]] = []
-        self._ids = itertools.count(1)
+        self._descriptions: dict[Any, CollectiveDesc] = {}
         self.started = 0
         self.done = 0
+
+    def describe(
+        self,
+        op: str,
+        group: GroupInfo,
+        tensors: TensorSummary,
+        *,
+        is_async: bool,
+        bucket: int | None = None,
+        p2p: bool = False,
+        peer: int | None = None,
+    ) -> CollectiveDesc:
+        """The description of a call, encoded once per distinct call."""
+        key = (op, group, tensors, is_async, bucket, p2p, peer)
+        desc = self._descriptions.get(key)
+        if desc is None:
+            desc = CollectiveDesc(
+                op, group, tensors, is_async=is_async, bucket=bucket, p2p=p2p, peer=peer
+            )
+            if len(self._descriptions) >= MAX_DESCRIPTIONS:
+                self._descriptions.clear()
+            self._descriptions[key] = desc
+        return desc
 
     def start(
         self,
@@ -113,66 +139,52 @@ class CollectiveTracker:
         p2p: bool = False,
         peer: int | None = None,
     ) -> OpenCollective:
-        key: Any = (group.name, "p2p", peer) if p2p else group.name
+        desc = self.describe(
+            op, group, tensors, is_async=is_async, bucket=bucket, p2p=p2p, peer=peer
+        )
+        return self.begin(desc)
+
+    def begin(self, desc: CollectiveDesc) -> OpenCollective:
+        """Number a call of `desc` and record its start (the hot path of every collective)."""
         now, wall_t = self._mono(), self._wall()
+        key = desc.seq_key
         with self._lock:
             seq = self._seqs.get(key, 0) + 1
             self._seqs[key] = seq
-            rec = OpenCollective(
-                op, seq, group, wall_t, now, p2p=p2p, peer=peer, ident=next(self._ids)
-            )
-            self._open[rec.id] = rec
+            rec = OpenCollective(desc, seq, wall_t, now)
+            self._open[rec] = None
             self.started += 1
-        fields: dict[str, Any] = {
-            "op": op,
-            "seq": seq,
-            "group": group.name,
-            "group_size": group.size,
-            "group_ranks": list(group.ranks) if group.ranks is not None else None,
-            "shapes": [list(s) for s in tensors.shapes],
-            "dtypes": list(tensors.dtypes),
-            "numel": tensors.numel,
-            "async": is_async,
-        }
-        if bucket is not None:
-            fields["bucket"] = bucket
-        if p2p:
-            fields["p2p"] = True
-            fields["peer"] = peer
-        self._emit(COLLECTIVE_START, **fields)
+        self._record((records.collective_start, wall_t, now, desc, seq), desc.immediate)
         return rec
 
     def end(
         self, rec: OpenCollective, *, ok: bool = True, error: str | None = None, via: str = "return"
     ) -> float | None:
-        """Write the end event once; the duration in seconds, or None when it had ended already."""
+        """Record the end once; the duration in seconds, or None when it had ended already."""
         now = self._mono()
         with self._lock:
             if rec.done:
                 return None
             rec.done = True
-            self._open.pop(rec.id, None)
+            self._open.pop(rec, None)
             self.done += 1
-        duration = max(0.0, now - rec.start_mono)
+        step = rec.step
+        if step is not None and not step.closed:
+            done = step.bucket_done
+            step.bucket_done = now if done is None or now > done else done
         if rec.on_end is not None:
             try:
                 rec.on_end(now)
             except Exception:  # noqa: BLE001
                 pass
-        fields: dict[str, Any] = {
-            "op": rec.op,
-            "seq": rec.seq,
-            "group": rec.group.name,
-            "duration_s": round(duration, 6),
-            "ok": ok,
-            "error": error,
-            "via": via,
-        }
-        if rec.p2p:
-            fields["p2p"] = True
-            fields["peer"] = rec.peer
-        self._emit(COLLECTIVE_END, **fields)
-        return duration
+        if not ok and error is None:
+            error = "failed"
+        duration = now - rec.start_mono
+        self._record(
+            (records.collective_end, self._wall(), now, rec.desc, rec.seq, duration, error, via),
+            False,
+        )
+        return duration if duration > 0.0 else 0.0
 
     def watch(self, rec: OpenCollective, probe: Probe, via: str) -> None:
         """End `rec` when `probe()` turns true; the heartbeat thread polls it (see poll)."""
@@ -186,6 +198,8 @@ class CollectiveTracker:
 
     def poll(self) -> int:
         """Check every watched probe once; end those that are done. Returns how many ended."""
+        if not self._watched:
+            return 0
         with self._lock:
             watched = list(self._watched)
         finished: list[tuple[OpenCollective, bool, str | None, str]] = []
@@ -212,22 +226,23 @@ class CollectiveTracker:
 
     def open_now(self) -> list[OpenCollective]:
         with self._lock:
-            return sorted(self._open.values(), key=lambda r: r.start_mono)
+            return sorted(self._open, key=lambda r: r.start_mono)
 
     def oldest_open(self) -> dict[str, Any] | None:
         """The collective in progress for the longest time, as the heartbeat reports it."""
         with self._lock:
             if not self._open:
                 return None
-            rec = min(self._open.values(), key=lambda r: r.start_mono)
+            rec = min(self._open, key=lambda r: r.start_mono)
+        desc = rec.desc
         return {
-            "op": rec.op,
+            "op": desc.op,
             "seq": rec.seq,
-            "group": rec.group.name,
+            "group": desc.group.name,
             "since_t": rec.start_t,
             "since_mono": rec.start_mono,
-            "p2p": rec.p2p,
-            "peer": rec.peer,
+            "p2p": desc.p2p,
+            "peer": desc.peer,
         }
 
     def last_seqs(self) -> dict[str, int]:
@@ -244,15 +259,27 @@ def summarize(tensors: Sequence[Any], *, limit: int = 8) -> TensorSummary:
     on_gpu = False
     for i, t in enumerate(tensors):
         try:
-            shape = tuple(int(d) for d in t.shape)
-            n = 1
-            for d in shape:
-                n *= d
-            numel += n
+            shape = tuple(map(int, t.shape))
+            numel += math.prod(shape)
             if i < limit:
                 shapes.append(shape)
-                dtypes.append(str(t.dtype).removeprefix("torch."))
+                dtypes.append(dtype_name(t.dtype))
             on_gpu = on_gpu or bool(getattr(t, "is_cuda", False))
         except Exception:  # noqa: BLE001 - an odd object is described as nothing
             continue
     return TensorSummary(tuple(shapes), tuple(dtypes), numel if tensors else None, on_gpu)
+
+
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """ "float32" for torch.float32 (remembered: dtypes are few and str() is not free)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype).removeprefix("torch.")
+        try:
+            _DTYPE_NAMES[dtype] = name
+        except TypeError:  # an unhashable stand-in
+            pass
+    return name

@@ -12,25 +12,37 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdoctor.events import ERROR, EXIT, FAULT, HEARTBEAT, HELLO, PHASE, SCHEMA_VERSION, WARNING
 from ddpdoctor.rundir import RunDir
 from ddpdoctor.runtime import info
 from ddpdoctor.runtime.collectives import CollectiveTracker
 from ddpdoctor.runtime.completion import CudaMarker, default_cuda_marker
+from ddpdoctor.runtime.records import Record
 from ddpdoctor.runtime.steps import StepTracker
 from ddpdoctor.runtime.writer import EventWriter
+
+if TYPE_CHECKING:
+    from ddpdoctor.runtime.heartbeat import Heartbeat
 
 # Events kept in memory while the rank is not known yet (no $RANK: it comes from the process
 # group later). Beyond this, the oldest heartbeats would only repeat themselves: drop new ones.
 MAX_EVENTS_BEFORE_RANK = 2000
 
 # Written at once, with everything queued before them: what must be on disk before whatever comes
-# next (a fault's os._exit, the end of the process). The rest (collectives, steps, metrics) is
-# queued on the hot path and written by the heartbeat thread within milliseconds.
+# next (a fault's os._exit, the end of the process). The rest (steps, metrics, phases, the ends
+# of collectives and gradient buckets) is queued on the hot path and written by the heartbeat
+# thread within milliseconds; the start of a collective says itself whether it waits
+# (records.CollectiveDesc.immediate).
 WRITE_NOW = frozenset({HELLO, HEARTBEAT, WARNING, FAULT, ERROR, EXIT})
 
+# The phases ddpdoctor sets by itself (from DDP forwards) until the script names one.
+AUTO_TRAIN = "train"
+AUTO_EVAL = "eval"
+
+# The runtime of this process. Hooks on the hot path read this attribute directly (a module
+# attribute costs less than a call); everything else calls active().
 _active: Runtime | None = None
 
 
@@ -71,22 +83,26 @@ class Runtime:
         self.wall_clock = wall_clock
         self.mono_clock = mono_clock
         self.phase = "init"
+        # True until the script names a phase itself (ddpdoctor.phase): until then the DDP hooks
+        # set "train" and "eval" from what the forwards do.
+        self.auto_phase = True
         self.backend: str | None = None
         self.cuda_device: int | None = None  # the GPU this rank uses, once known
         self.cuda_marker: CudaMarker | None = default_cuda_marker
         self.script: str | None = None  # what the bootstrap runs (a path, or "-m module")
         self.exit_hint: ExitHint | None = None
+        self.heartbeat: Heartbeat | None = None  # its thread, once activate() started it
         self.finished = False
         self._finishing = False
-        self.collectives = CollectiveTracker(self.emit, mono_clock, wall_clock)
-        self.steps = StepTracker(self.emit, mono_clock)
+        self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
+        self.steps = StepTracker(self.record, mono_clock, wall_clock)
         self._lock = threading.RLock()
         self._writer: EventWriter | None = None
-        self._early: list[dict[str, Any]] = []
+        self._early: list[dict[str, Any] | Record] = []
         self._undo: list[Callable[[], None]] = []
         self._on_first_queued: Callable[[], None] | None = None
         if rank is not None:
-            self._writer = EventWriter(self.run_dir.events_file(rank))
+            self._writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -105,12 +121,9 @@ class Runtime:
             event.update(fields)
             writer = self._writer
             if writer is None:
-                with self._lock:
-                    if self._writer is None:
-                        if len(self._early) < MAX_EVENTS_BEFORE_RANK:
-                            self._early.append(event)
-                        return
-                    writer = self._writer
+                writer = self._keep_early(event)
+                if writer is None:
+                    return
             if kind in WRITE_NOW:
                 writer.write(event)
             else:
@@ -118,13 +131,34 @@ class Runtime:
         except Exception:  # noqa: BLE001 - recording must never break training
             pass
 
+    def record(self, record: Record, immediate: bool = False) -> None:
+        """A hot-path event (a record of records.py): queued for the writer thread, or, when
+        `immediate`, on disk (after everything queued before it) when this returns."""
+        writer = self._writer
+        if writer is None:
+            writer = self._keep_early(record)
+            if writer is None:
+                return
+        if immediate:
+            writer.write(record)
+        else:
+            writer.enqueue(record)
+
+    def _keep_early(self, event: dict[str, Any] | Record) -> EventWriter | None:
+        """Keep an event until the rank is known; the writer instead when it just became known."""
+        with self._lock:
+            writer = self._writer
+            if writer is None and not self.finished and len(self._early) < MAX_EVENTS_BEFORE_RANK:
+                self._early.append(event)
+            return writer
+
     def flush(self) -> None:
         """Write the queued events now (the heartbeat thread does this every few milliseconds)."""
         writer = self._writer
         if writer is not None:
             writer.flush()
 
-    def wake_on_queued(self, callback: Callable[[], None]) -> None:
+    def wake_on_queued(self, callback: Callable[[], None] | None) -> None:
         """Call `callback` when an event lands in an empty queue (the heartbeat's flush nudge)."""
         self._on_first_queued = callback
         if self._writer is not None:
@@ -140,13 +174,14 @@ class Runtime:
             if self._writer is not None:
                 return
             self.rank = rank
-            writer = EventWriter(self.run_dir.events_file(rank))
+            writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
             writer.on_first_queued = self._on_first_queued
-            self._writer = writer
             early, self._early = self._early, []
-        for event in early:
-            event["rank"] = rank
-            writer.enqueue(event)
+            for event in early:
+                if isinstance(event, dict):
+                    event["rank"] = rank
+                writer.enqueue(event)
+            self._writer = writer
         writer.flush()
 
     # -- state ---------------------------------------------------------------------------------
@@ -179,8 +214,12 @@ class Runtime:
             self.cuda_device = device
         self.say_hello()
 
-    def set_phase(self, name: str) -> str:
-        """Enter a phase; return the one it replaces. A phase change ends a finished step."""
+    def set_phase(self, name: str, *, auto: bool = False) -> str:
+        """Enter a phase; return the one it replaces. A phase change ends a finished step.
+
+        A phase the script names (`auto` false) turns ddpdoctor's own guesses off for good."""
+        if not auto:
+            self.auto_phase = False
         previous = self.phase
         if name != previous:
             self.steps.flush()

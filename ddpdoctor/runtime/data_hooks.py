@@ -144,7 +144,7 @@ def install(runtime: core.Runtime) -> None:
 
     @functools.wraps(original_next)
     def __next__(self: Any) -> Any:
-        rt = core.active()
+        rt = core._active
         if rt is None:
             return original_next(self)
         clock = rt.mono_clock
@@ -152,9 +152,9 @@ def install(runtime: core.Runtime) -> None:
         try:
             batch = original_next(self)
         except StopIteration:
-            rt.steps.on_fetch(t0, clock(), exhausted=True, epoch=None)
+            rt.steps.on_fetch(t0, clock(), True, None)
             raise
-        rt.steps.on_fetch(t0, clock(), exhausted=False, epoch=getattr(self, EPOCH_ATTR, None))
+        rt.steps.on_fetch(t0, clock(), False, self.__dict__.get(EPOCH_ATTR))
         return batch
 
     @functools.wraps(original_iter)

@@ -4,6 +4,10 @@ Steps: a forward in training mode with grad enabled is a training forward; with
 `require_backward_grad_sync` (not under `no_sync`) it is the one that syncs gradients and makes
 a step. Eval forwards are not steps.
 
+Phases: until the script names a phase itself (`ddpdoctor.phase(...)`), a training forward puts
+the rank in phase "train" and an eval forward (`model.eval()` or `torch.no_grad()`) in "eval", so
+a script that never heard of ddpdoctor still shows what it does.
+
 Buckets: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
 records each bucket (op "all_reduce", `bucket` index) and delegates to the hook that would
 otherwise run: torch's default allreduce hook (the same result as DDP without a hook), or the one
@@ -13,6 +17,9 @@ it replaces the hook ddpdoctor delegates to. Either way the user's call works as
 ddpdoctor. A builtin C++ hook (`_register_builtin_comm_hook`) cannot be wrapped: it is left alone
 and a `warning` event says that the model's buckets go unrecorded; registered after ddpdoctor's
 hook, it runs as its Python equivalent instead, since DDP would refuse a second registration.
+
+The hook runs once per bucket per step, so it does little: a bucket's description (shape, dtype,
+group, as event text) is made once per bucket and kept in the model's HookSlot.
 """
 
 from __future__ import annotations
@@ -26,55 +33,101 @@ from ddpdoctor.events import WARNING
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
+from ddpdoctor.runtime.records import CollectiveDesc
 
 # "0" leaves DDP's own C++ all-reduce alone (no comm hook, buckets unrecorded; steps still are):
 # the knob for jobs whose steps are so short that a Python hook per bucket shows.
 ENV_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"
+# On a DDP model: its HookSlot once ddpdoctor's hook is registered, False when ddpdoctor keeps
+# its hands off (a builtin hook, no reducer, a failed registration); absent before the decision.
 SLOT_ATTR = "_ddpdoctor_comm_hook_slot"
-BUILTIN_ATTR = "_ddpdoctor_builtin_comm_hook"
 ONCE_ERROR = "register_comm_hook or register_builtin_comm_hook can only be called once."
+# Bucket descriptions kept per model (a bucket is described again after DDP rebuilds them).
+MAX_BUCKET_DESCRIPTIONS = 1024
+
+
+def _allreduce_hook() -> Callable[..., Any]:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook
 
 
 class HookSlot:
-    """What ddpdoctor's comm hook delegates to (mutable: a later user registration swaps it)."""
+    """What ddpdoctor's comm hook delegates to (mutable: a later user registration swaps it),
+    and what it learned about the model's buckets."""
 
-    __slots__ = ("group", "hook", "state", "user_registered")
+    __slots__ = (
+        "buckets",
+        "group",
+        "hook",
+        "is_default",
+        "opts",
+        "pg",
+        "state",
+        "user_registered",
+        "world",
+    )
 
     def __init__(self, hook: Callable[..., Any], state: Any, group: Any, *, user: bool) -> None:
+        self.group = group
+        self.buckets: dict[Any, CollectiveDesc] = {}
+        self.pg: Any = None  # resolved at the first bucket, with world and opts
+        self.world = 1
+        self.opts: Any = None
+        self.delegate_to(hook, state, user=user)
+
+    def delegate_to(self, hook: Callable[..., Any], state: Any, *, user: bool) -> None:
         self.hook = hook
         self.state = state
-        self.group = group
         self.user_registered = user
+        # torch's default hook is run inline, with the end recorded in its one callback
+        self.is_default = hook is _allreduce_hook()
+
+    def describe(self, key: tuple[int, int, Any], buffer: Any) -> CollectiveDesc | None:
+        """A bucket's description, made once (key: index, numel, dtype of its flat buffer)."""
+        group = GROUPS.describe(self.group)
+        if group is None:
+            return None
+        if self.pg is None:
+            import torch.distributed as dist
+
+            pg = self.group if self.group is not None else dist.group.WORLD
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            if hasattr(opts, "asyncOp"):
+                opts.asyncOp = True
+            self.world, self.opts, self.pg = int(pg.size()), opts, pg
+        desc = CollectiveDesc(
+            "all_reduce", group, summarize([buffer]), is_async=True, bucket=key[0]
+        )
+        if len(self.buckets) >= MAX_BUCKET_DESCRIPTIONS:
+            self.buckets.clear()
+        self.buckets[key] = desc
+        return desc
 
 
-def make_comm_hook(slot: HookSlot) -> Callable[..., Any]:
-    # DDP inspects a hook: a function with a __name__, a parameter named `bucket`, and no
-    # annotations other than GradBucket / Future[Tensor] (string annotations fail its check).
-    def ddpdoctor_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
-        return record_bucket(state, bucket)
-
-    return ddpdoctor_comm_hook
-
-
-def record_bucket(slot: HookSlot, bucket: Any) -> Any:
+# DDP inspects a hook: a function with a __name__, a parameter named `bucket`, and no annotations
+# other than GradBucket / Future[Tensor] (string annotations fail its check): none here.
+def ddpdoctor_comm_hook(slot, bucket):  # type: ignore[no-untyped-def]
     """Run the delegate hook for one bucket, recorded as one all_reduce of the DDP group."""
-    runtime = core.active()
+    runtime = core._active
     if runtime is None:
         return slot.hook(slot.state, bucket)
     try:
-        group = GROUPS.describe(slot.group)
-        tensors = summarize([bucket.buffer()])
-        index = int(bucket.index())
+        buffer = bucket.buffer()
+        key = (bucket.index(), buffer.numel(), buffer.dtype)
+        desc = slot.buckets.get(key)
+        if desc is None:
+            desc = slot.describe(key, buffer)
     except Exception:  # noqa: BLE001 - never stand between DDP and its gradients
-        group = None
-    if group is None:
+        desc = None
+    if desc is None:
         return slot.hook(slot.state, bucket)
     tracker = runtime.collectives
-    rec = tracker.start("all_reduce", group, tensors, is_async=True, bucket=index)
-    token = runtime.steps.on_bucket_launch(runtime.mono_clock())
-    rec.on_end = functools.partial(runtime.steps.on_bucket_done, token)
-    if slot.hook is _default_hook() and not tensors.on_gpu:
-        return _allreduce_recorded(slot.group, bucket, tracker, rec)
+    rec = tracker.begin(desc)
+    rec.step = runtime.steps.on_bucket_launch(rec.start_mono)
+    if slot.is_default and not desc.on_gpu:
+        return _allreduce_recorded(slot, buffer, tracker, rec)
     works: list[Any] = []
     outer_capture = NESTING.capture
     NESTING.depth += 1
@@ -88,33 +141,19 @@ def record_bucket(slot: HookSlot, bucket: Any) -> Any:
         NESTING.depth -= 1
         NESTING.capture = outer_capture
     try:
-        completion.finish_async(tracker, rec, future, on_gpu=tensors.on_gpu, works=works)
+        completion.finish_async(tracker, rec, future, on_gpu=desc.on_gpu, works=works)
     except Exception:  # noqa: BLE001
         tracker.end(rec, via="return")
     return future
 
 
-def _default_hook() -> Callable[..., Any]:
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    return allreduce_hook
-
-
-def _allreduce_recorded(group: Any, bucket: Any, tracker: Any, rec: Any) -> Any:
+def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> Any:
     """torch's default allreduce hook (average, then all-reduce: DDP's result without a hook),
     with the end recorded in the one `then` callback it has anyway: on the hot path, a second
     Python callback per bucket would cost a GIL hand-over on the communication thread."""
-    import torch.distributed as dist
-
-    pg = group if group is not None else dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.div_(pg.size())
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.SUM
-    if hasattr(opts, "asyncOp"):
-        opts.asyncOp = True
+    buffer.div_(slot.world)
     try:
-        work = pg.allreduce([tensor], opts)
+        work = slot.pg.allreduce([buffer], slot.opts)
     except BaseException as exc:
         tracker.end(rec, ok=False, error=f"{type(exc).__name__}: {exc}")
         raise
@@ -160,22 +199,18 @@ def install(runtime: core.Runtime) -> None:
         return
 
     record_buckets = os.environ.get(ENV_BUCKETS, "1").strip() != "0"
+    tensor_type = torch.Tensor
+    grad_enabled = torch.is_grad_enabled
 
     def ensure_hook(ddp: Any, rt: core.Runtime) -> None:
-        if getattr(ddp, SLOT_ATTR, None) is not None or getattr(ddp, BUILTIN_ATTR, False):
-            return
-        if not record_buckets:
-            return
-        setattr(ddp, BUILTIN_ATTR, True)  # one attempt per model, whatever happens below
+        setattr(ddp, SLOT_ATTR, False)  # one attempt per model, whatever happens below
         if getattr(ddp, "_use_python_reducer", False) or getattr(
             ddp, "_delay_all_reduce_all_params", False
         ):
             return  # no reducer buckets to hook
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        slot = HookSlot(allreduce_hook, ddp.process_group, ddp.process_group, user=False)
+        slot = HookSlot(_allreduce_hook(), ddp.process_group, ddp.process_group, user=False)
         try:
-            original_register(ddp, slot, make_comm_hook(slot))
+            original_register(ddp, slot, ddpdoctor_comm_hook)
         except Exception as exc:  # noqa: BLE001 - train unrecorded rather than not at all
             rt.emit(
                 WARNING,
@@ -184,47 +219,55 @@ def install(runtime: core.Runtime) -> None:
                 details={},
             )
             return
-        setattr(ddp, BUILTIN_ATTR, False)
         setattr(ddp, SLOT_ATTR, slot)
 
     @functools.wraps(original_forward)
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        rt = core.active()
+        rt = core._active
         if rt is not None:
             try:
-                training = bool(self.training) and torch.is_grad_enabled()
-                synced = training and bool(getattr(self, "require_backward_grad_sync", True))
-                if training:
-                    ensure_hook(self, rt)
+                if self.training and grad_enabled():
+                    if record_buckets and self.__dict__.get(SLOT_ATTR) is None:
+                        ensure_hook(self, rt)
+                    if rt.auto_phase and rt.phase != core.AUTO_TRAIN:
+                        rt.set_phase(core.AUTO_TRAIN, auto=True)
+                    first = inputs[0] if inputs else None
+                    if isinstance(first, tensor_type):
+                        batch = first.shape[0] if first.ndim else None
+                    else:
+                        batch = batch_size_of(inputs, kwargs)
+                    synced = self.require_backward_grad_sync
+                    rt.steps.on_forward(rt.mono_clock(), True, synced, batch)
+                else:
+                    if rt.auto_phase and rt.phase != core.AUTO_EVAL:
+                        rt.set_phase(core.AUTO_EVAL, auto=True)
+                    rt.steps.on_forward(rt.mono_clock(), False, False, None)
                 if rt.cuda_device is None and self.device_ids and self.device_type == "cuda":
                     rt.cuda_device = int(self.device_ids[0])
-                rt.steps.on_forward(
-                    rt.mono_clock(),
-                    training=training,
-                    synced=synced,
-                    batch_size=batch_size_of(inputs, kwargs) if training else None,
-                )
             except Exception:  # noqa: BLE001 - recording must never break the forward
                 pass
         return original_forward(self, *inputs, **kwargs)
 
     @functools.wraps(original_register)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
-        slot: HookSlot | None = getattr(self, SLOT_ATTR, None)
-        if slot is None and (
-            core.active() is None
-            or not record_buckets
-            or getattr(self, "_use_python_reducer", False)
+        slot = self.__dict__.get(SLOT_ATTR)
+        if slot is False or (
+            slot is None
+            and (
+                core.active() is None
+                or not record_buckets
+                or getattr(self, "_use_python_reducer", False)
+            )
         ):
             return original_register(self, state, hook)
         self._check_comm_hook(hook)
         if slot is not None:  # ddpdoctor's hook is in place: the user's becomes its delegate
             if slot.user_registered:
                 raise RuntimeError(ONCE_ERROR)
-            slot.hook, slot.state, slot.user_registered = hook, state, True
+            slot.delegate_to(hook, state, user=True)
         else:
             slot = HookSlot(hook, state, self.process_group, user=True)
-            original_register(self, slot, make_comm_hook(slot))
+            original_register(self, slot, ddpdoctor_comm_hook)
             setattr(self, SLOT_ATTR, slot)
         if self.logger is not None:
             self.logger._set_comm_hook_name(getattr(hook, "__qualname__", repr(hook)))
@@ -232,15 +275,15 @@ def install(runtime: core.Runtime) -> None:
 
     @functools.wraps(original_builtin)
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
-        slot: HookSlot | None = getattr(self, SLOT_ATTR, None)
+        slot = self.__dict__.get(SLOT_ATTR)
         rt = core.active()
-        if slot is not None and not slot.user_registered:
+        if isinstance(slot, HookSlot) and not slot.user_registered:
             substitute = _python_equivalent(comm_hook_type)
             if substitute is not None:
-                slot.hook, slot.user_registered = substitute, True
+                slot.delegate_to(substitute, slot.state, user=True)
                 return None
         if rt is not None and slot is None and record_buckets:
-            setattr(self, BUILTIN_ATTR, True)
+            setattr(self, SLOT_ATTR, False)
             rt.emit(
                 WARNING,
                 code="ddp.builtin_comm_hook",

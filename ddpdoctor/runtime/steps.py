@@ -11,6 +11,9 @@ of the loader or of the process. Its timings split the step's wall time:
                     time not hidden behind backward (last bucket launched -> last bucket done)
     compute_time_s  the rest
 
+The training thread only adds up times; the `step` event is a hot-path record (records.py) whose
+split is worked out by the writer thread.
+
 On a straggler the numbers tell the story: the slow rank has the most data + compute time while
 the others' comm_wait_s grows by the same amount (they wait for it inside the all-reduce).
 """
@@ -18,10 +21,11 @@ the others' comm_wait_s grows by the same amount (they wait for it inside the al
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
 
-from ddpdoctor.events import STEP
+from ddpdoctor.runtime import records
+from ddpdoctor.runtime.records import Record
 
 
 class OpenStep:
@@ -56,9 +60,15 @@ class OpenStep:
 
 
 class StepTracker:
-    def __init__(self, emit: Callable[..., None], mono_clock: Callable[[], float]) -> None:
-        self._emit = emit
+    def __init__(
+        self,
+        record: Callable[[Record], None],
+        mono_clock: Callable[[], float],
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._record = record
         self._mono = mono_clock
+        self._wall = wall_clock
         self._lock = threading.RLock()
         self._open: OpenStep | None = None
         self._fetch_epoch: int | None = None
@@ -73,27 +83,29 @@ class StepTracker:
             return self.steps_done + 1
         return self.steps_done
 
-    def on_fetch(self, t0: float, t1: float, *, exhausted: bool, epoch: int | None) -> None:
+    def on_fetch(self, t0: float, t1: float, exhausted: bool, epoch: int | None) -> None:
         """A DataLoader `__next__` that ran from t0 to t1 (exhausted: it raised StopIteration)."""
+        closed = None
         with self._lock:
             step = self._open
-            closed = self._close(step, t0) if step is not None and step.synced else None
-            if closed is not None:
+            if step is not None and step.synced:
+                closed = self._close(step, t0)
                 step = None
             if not exhausted:
                 if step is None or step.stale:
                     step = self._open = OpenStep(t0)
-                step.data_s += max(0.0, t1 - t0)
+                step.data_s += t1 - t0
                 self._fetch_epoch = epoch
         if closed is not None:
-            self._emit(STEP, **closed)
+            self._record(closed)
 
-    def on_forward(self, t: float, *, training: bool, synced: bool, batch_size: int | None) -> None:
+    def on_forward(self, t: float, training: bool, synced: bool, batch_size: int | None) -> None:
         """A DDP forward: training (train mode, grad enabled), synced (not under no_sync)."""
+        closed = None
         with self._lock:
             step = self._open
-            closed = self._close(step, t) if step is not None and step.synced else None
-            if closed is not None:
+            if step is not None and step.synced:
+                closed = self._close(step, t)
                 step = None
             if not training:
                 if step is not None:
@@ -109,7 +121,7 @@ class StepTracker:
                 if self._fetch_epoch is not None:
                     self.epoch = self._fetch_epoch
         if closed is not None:
-            self._emit(STEP, **closed)
+            self._record(closed)
 
     def on_comm_wait(self, seconds: float) -> None:
         """Time the training thread spent blocked in a collective."""
@@ -118,15 +130,19 @@ class StepTracker:
             step.comm_s += seconds
 
     def on_bucket_launch(self, t: float) -> OpenStep | None:
-        """A gradient bucket's all-reduce was launched; returns the token for on_bucket_done."""
+        """A gradient bucket's all-reduce was launched; returns the step it belongs to (the
+        bucket's end sets its bucket_done: see collectives.CollectiveTracker.end)."""
         step = self._open
         if step is not None:
-            step.bucket_launch = t if step.bucket_launch is None else max(step.bucket_launch, t)
+            launched = step.bucket_launch
+            if launched is None or t > launched:
+                step.bucket_launch = t
         return step
 
     def on_bucket_done(self, token: OpenStep | None, t: float) -> None:
         if token is not None and not token.closed:
-            token.bucket_done = t if token.bucket_done is None else max(token.bucket_done, t)
+            done = token.bucket_done
+            token.bucket_done = t if done is None or t > done else done
 
     def on_loss(self, loss: float) -> None:
         step = self._open
@@ -138,34 +154,32 @@ class StepTracker:
 
     def flush(self) -> None:
         """Close a synced step now (the loop ended, the phase changed, the process is exiting)."""
+        closed = None
         with self._lock:
             step = self._open
-            closed = self._close(step, self._mono()) if step is not None and step.synced else None
+            if step is not None and step.synced:
+                closed = self._close(step, self._mono())
         if closed is not None:
-            self._emit(STEP, **closed)
+            self._record(closed)
 
-    def _close(self, step: OpenStep, t: float) -> dict[str, Any]:
+    def _close(self, step: OpenStep, t: float) -> Record:
         self._open = None
         step.closed = True
         self.steps_done += 1
-        step_time = max(0.0, t - step.start)
         exposed = 0.0
-        if step.bucket_launch is not None and step.bucket_done is not None:
-            exposed = max(0.0, step.bucket_done - step.bucket_launch)
-        comm = min(step_time, step.comm_s + exposed)
-        data = min(step_time, step.data_s)
-        compute = max(0.0, step_time - data - comm)
-        return {
-            "step": self.steps_done,
-            "epoch": self.epoch,
-            "loss": step.loss,
-            "batch_size": step.samples or None,
-            "forwards": step.forwards,
-            "step_time_s": round(step_time, 6),
-            "data_time_s": round(data, 6),
-            "compute_time_s": round(compute, 6),
-            "comm_wait_s": round(comm, 6),
-            "samples_per_s": round(step.samples / step_time, 3)
-            if step.samples and step_time > 0
-            else None,
-        }
+        launched, done = step.bucket_launch, step.bucket_done
+        if launched is not None and done is not None and done > launched:
+            exposed = done - launched
+        return (
+            records.step,
+            self._wall(),
+            self._mono(),
+            self.steps_done,
+            self.epoch,
+            step.loss,
+            step.samples,
+            step.forwards,
+            t - step.start,
+            step.data_s,
+            step.comm_s + exposed,
+        )

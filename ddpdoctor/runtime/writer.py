@@ -7,13 +7,17 @@ tailing the file sees whole lines (at worst a torn last line while a write is un
 Two ways in:
 - write(): now, on the caller's thread (hello, warning, fault, error, exit, heartbeat: the events
   that must be on disk before what comes next, a fault's os._exit for one).
-- enqueue(): the hot path (collectives, steps, metrics): a deque append (and a wake-up of the
-  heartbeat thread when the queue was empty). The heartbeat thread drains the queue within
-  ~20 ms (flush()), so encoding and the system call happen off the training thread, mostly while
-  it computes without the GIL. Every write() drains the queue first, so the file keeps the order
-  in which events happened. A process killed outright (SIGKILL, os._exit, a segfault) loses at
-  most the last ~20 ms of queued events; every other end writes an exit or error event, which
-  drains the queue.
+- enqueue(): the hot path (gradient buckets, collective ends, steps, metrics): a deque append
+  (and a wake-up of the heartbeat thread when the queue was empty). The heartbeat thread drains
+  the queue within ~20 ms (flush()), so encoding and the system call happen off the training
+  thread, mostly while it computes without the GIL. Every write() drains the queue first, so the
+  file keeps the order in which events happened. A process killed outright (SIGKILL, os._exit, a
+  segfault, gloo's abort) loses at most the last ~20 ms of queued events; every other end writes
+  an exit or error event, which drains the queue. (The start of every collective but a gradient
+  bucket is written at once, before the call: see records.CollectiveDesc.immediate.)
+
+An event is a dict (encoded with json) or a hot-path record of ddpdoctor/runtime/records.py (a
+tuple that encodes itself, with the writer's rank).
 
 When writing fails (a full disk, a removed run directory, a read-only filesystem) the writer prints
 ONE warning on stderr and stops writing; training goes on. It tries again now and then, because a
@@ -32,6 +36,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.runtime.records import Record
+
 # After a failed write, wait this long before trying the file again (quietly).
 RETRY_AFTER_S = 30.0
 # Queued events beyond this (a writer that cannot keep up, or no heartbeat thread) are dropped.
@@ -46,30 +52,26 @@ _LINE_BREAKERS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85"
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False)
 
 
-def encode_line(event: dict[str, Any]) -> bytes:
-    """One event as one line of JSON (what encode_event writes, plus the newline)."""
-    text = _ENCODER.encode(event)
-    if not text.isascii():
-        text = text.translate(_LINE_BREAKERS)
-    return (text + "\n").encode("utf-8", errors="replace")
-
-
 class EventWriter:
     """Appends events to one file. Thread-safe; every method swallows its own errors."""
 
-    def __init__(self, path: str | os.PathLike[str], *, clock=time.monotonic) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, rank: int = 0, clock=time.monotonic
+    ) -> None:
         self.path = Path(path)
+        self.rank = rank  # what the records' lines say (dict events carry their own)
         self._clock = clock
         # Re-entrant: a signal handler may write the exit event while the interrupted thread
         # holds the lock in the middle of a write.
         self._lock = threading.RLock()
-        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._queue: collections.deque[dict[str, Any] | Record] = collections.deque()
         self._fd: int | None = None
         self._closed = False
         self._warned = False
         self._retry_at = 0.0
         self.lines_written = 0
         self.lines_dropped = 0
+        self.enqueued = 0  # events that went through enqueue(), ever
         # Called when an event lands in an empty queue (the heartbeat thread wakes to flush).
         self.on_first_queued: Callable[[], None] | None = None
 
@@ -83,17 +85,24 @@ class EventWriter:
         """Events queued and not written yet."""
         return len(self._queue)
 
-    def enqueue(self, event: dict[str, Any]) -> None:
+    def enqueue(self, event: dict[str, Any] | Record) -> None:
         """Queue an event for the next flush (the hot path: no encoding, no system call)."""
-        if self._closed or len(self._queue) >= MAX_QUEUED:
+        queue = self._queue
+        self.enqueued += 1
+        if queue:
+            if len(queue) < MAX_QUEUED and not self._closed:
+                queue.append(event)
+            else:
+                self.lines_dropped += 1
+            return
+        if self._closed:
             self.lines_dropped += 1
             return
-        was_empty = not self._queue
-        self._queue.append(event)
-        if was_empty and self.on_first_queued is not None:
+        queue.append(event)
+        if self.on_first_queued is not None:
             self.on_first_queued()
 
-    def write(self, event: dict[str, Any]) -> bool:
+    def write(self, event: dict[str, Any] | Record) -> bool:
         """Write the queued events and then this one, now; True when this one reached the file."""
         with self._lock:
             return self._write_locked(event)
@@ -105,26 +114,46 @@ class EventWriter:
         with self._lock:
             return self._write_locked(None)
 
-    def _write_locked(self, event: dict[str, Any] | None) -> bool:
-        chunks: list[bytes] = []
-        while self._queue:
-            chunks.append(self._encode(self._queue.popleft()))
-        if event is not None:
-            chunks.append(self._encode(event))
-        data = b"".join(chunks)
-        lines = len(chunks)
-        if not data:
-            return event is None
+    def _write_locked(self, event: dict[str, Any] | Record | None) -> bool:
+        queue, encode = self._queue, self._encode
+        if queue:
+            texts: list[str] = []
+            while queue:
+                text = encode(queue.popleft())
+                if text is not None:
+                    texts.append(text)
+            if event is not None:
+                text = encode(event)
+                if text is None:
+                    event = None  # reported; what was queued still goes out
+                else:
+                    texts.append(text)
+            lines = len(texts)
+            if not lines:
+                return event is None
+            joined = "\n".join(texts) + "\n"
+        elif event is not None:  # the usual direct write: one line, nothing queued
+            text = encode(event)
+            if text is None:
+                return False
+            lines, joined = 1, text + "\n"
+        else:
+            return True
+        if not joined.isascii():
+            joined = joined.translate(_LINE_BREAKERS)
+        data = joined.encode("utf-8", errors="replace")
         if self._closed or (self._retry_at and self._clock() < self._retry_at):
             self.lines_dropped += lines
             return False
         try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            view = memoryview(data)
-            while view:  # a regular file takes it in one go; loop for odd filesystems
-                written = os.write(self._fd, view)
-                view = view[written:]
+            fd = self._fd
+            if fd is None:
+                fd = self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            written = os.write(fd, data)
+            if written < len(data):  # a regular file takes it in one go; odd filesystems may not
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
         except OSError as exc:
             self._drop_fd()
             self._retry_at = self._clock() + RETRY_AFTER_S
@@ -135,12 +164,18 @@ class EventWriter:
         self.lines_written += lines
         return True
 
-    def _encode(self, event: dict[str, Any]) -> bytes:
+    def _encode(self, event: dict[str, Any] | Record) -> str | None:
+        """One event's line of JSON text (no newline), or None when it cannot be encoded."""
         try:
-            return encode_line(event)
+            if type(event) is tuple:
+                return event[0](event, self.rank)
+            return _ENCODER.encode(event)
         except Exception as exc:  # noqa: BLE001 - a value json cannot handle must not stop training
-            self._fail(f"cannot encode a {event.get('kind')!r} event: {exc}")
-            return b""
+            kind = (
+                event.get("kind") if isinstance(event, dict) else getattr(event[0], "__name__", "")
+            )
+            self._fail(f"cannot encode a {kind!r} event: {exc}")
+            return None
 
     def check_file(self) -> None:
         """Notice a run directory removed under us (writes to an unlinked file succeed silently).

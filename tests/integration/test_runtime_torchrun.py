@@ -1,4 +1,15 @@
-"""Real torchrun, two gloo ranks, user scripts run unchanged through the bootstrap."""
+"""Real torchrun, two gloo ranks, user scripts run unchanged through the bootstrap.
+
+Three jobs, started side by side when the module's first test runs (each is mostly torch imports
+and waiting), each shared by several checks:
+
+    healthy    DDP training (a spawned DataLoader worker on rank 1), eval forwards, every kind of
+               point-to-point call, all_gather_object, barrier; then rank 1 sys.exit(3)s and
+               torchrun terminates rank 0
+    hang       rank 0 blocked in a barrier while rank 1 stays busy in Python, until the test
+               makes rank 1 raise
+    mismatch   an all_reduce whose size differs across ranks: gloo aborts (SIGABRT)
+"""
 
 from __future__ import annotations
 
@@ -6,18 +17,29 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from ddpdoctor.events import parse_event_line
-from tests.procs import PYTHON, background, clean_env, free_port, run, wait_for
+from tests.procs import (
+    PYTHON,
+    Finished,
+    background,
+    clean_env,
+    free_port,
+    kill_group,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
 HEALTHY = """
-import json, os, sys
+import json, os, sys, time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -51,7 +73,7 @@ def main():
     # rank 1 loads in a spawned worker process (one is enough: each costs a torch import)
     spawned = dict(num_workers=1, multiprocessing_context="spawn", persistent_workers=True)
     loader = DataLoader(data, batch_size=2, sampler=sampler, **(spawned if rank == 1 else {}))
-    ddpdoctor.phase("train")
+    # no ddpdoctor.phase() anywhere: the phases come from what the forwards do
     for epoch in range(2):
         sampler.set_epoch(epoch)
         for x in loader:
@@ -60,7 +82,10 @@ def main():
             loss.backward()
             opt.step()
             ddpdoctor.log(loss=loss.item())
-    ddpdoctor.phase("eval")
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(2, 8))
+        model.train()
 
     # every kind of point-to-point call, between the two ranks
     peer = 1 - rank
@@ -85,22 +110,14 @@ def main():
     assert gathered == [{"rank": 0}, {"rank": 1}]
     dist.barrier()
     dist.destroy_process_group()
+    if rank == 1:
+        sys.exit(3)  # torchrun reports the code, and terminates rank 0
+    while True:  # rank 0 lives on until torchrun's SIGTERM
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":
     main()
-"""
-
-EXIT3 = """
-import sys, time
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-dist.barrier()
-if dist.get_rank() == 1:
-    sys.exit(3)
-while True:  # rank 0 lives on until torchrun terminates it
-    time.sleep(0.05)
 """
 
 HANG = """
@@ -120,6 +137,20 @@ else:
     while not os.path.exists(os.environ["TRIGGER"]):  # alive, busy in Python, never there
         time.sleep(0.05)
     load_batch(17)
+"""
+
+# The classic bug behind a size mismatch: a count per class, sized by what each rank happened
+# to see (bincount without minlength). gloo aborts a rank on the size it receives.
+MISMATCH = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.barrier()
+labels = torch.tensor([0, 3, 7] if rank == 0 else [1, 9])
+counts = torch.bincount(labels).float()  # 8 entries on rank 0, 10 on rank 1
+dist.all_reduce(counts)
 """
 
 
@@ -176,31 +207,77 @@ def reaping(run_dir):
                     os.kill(hello["pid"], signal.SIGKILL)
 
 
-# -- a healthy job, shared by several checks -------------------------------------------------
+# -- the module's three torchrun jobs, started side by side -----------------------------------
+
+
+@dataclass
+class Job:
+    """One torchrun job running in the background; finish() waits for it (once)."""
+
+    base: Path
+    script: Path
+    run_dir: Path
+    proc: subprocess.Popen
+    result: Finished | None = None
+
+    def finish(self, timeout: float) -> Finished:
+        if self.result is None:
+            try:
+                out, err = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_group(self.proc)
+                out, err = self.proc.communicate()
+                raise AssertionError(f"{self.script.name} timed out:\n{err[-3000:]}") from None
+            self.result = Finished(self.proc.returncode, out, err, 0.0)
+        return self.result
+
+    def events(self, rank):
+        return events_of(self.run_dir, rank)
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory):
-    base = tmp_path_factory.mktemp("healthy")
-    script = write(base / "job" / "train.py", HEALTHY)
-    write(base / "job" / "helper.py", "VALUE = 42\n")
-    run_dir = base / "run"
-    env = job_env(run_dir, OUT_DIR=str(base))
-    with reaping(run_dir):
-        result = run(
-            torchrun(script, "--lr", "0.1", port=free_port()), timeout=150, env=env, cwd=base
-        )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return base, script, run_dir, {r: events_of(run_dir, r) for r in (0, 1)}
+def jobs(tmp_path_factory):
+    """Every job of this module, started at once: they spend most of their time importing torch
+    and waiting on each other, so side by side they take little longer than the slowest alone."""
+    base = tmp_path_factory.mktemp("torchrun")
+    scripts = {
+        "healthy": write(base / "healthy" / "job" / "train.py", HEALTHY),
+        "hang": write(base / "hang" / "hang.py", HANG),
+        "mismatch": write(base / "mismatch" / "mismatch.py", MISMATCH),
+    }
+    write(base / "healthy" / "job" / "helper.py", "VALUE = 42\n")
+    args = {"healthy": ("--lr", "0.1")}
+    extra = {
+        "healthy": {"OUT_DIR": str(base / "healthy")},
+        "hang": {"TRIGGER": str(base / "hang" / "fail-now")},
+    }
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for name, script in scripts.items():
+            home = base / name
+            run_dir = home / "run"
+            stack.enter_context(reaping(run_dir))
+            cmd = torchrun(script, *args.get(name, ()), port=free_port())
+            proc = stack.enter_context(
+                background(cmd, env=job_env(run_dir, **extra.get(name, {})), cwd=home)
+            )
+            started[name] = Job(home, script, run_dir, proc)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def healthy(jobs):
+    job = jobs["healthy"]
+    result = job.finish(timeout=170)
+    return job, result, {r: job.events(r) for r in (0, 1)}
 
 
 @pytest.mark.timeout(200)
 def test_every_rank_leaves_the_whole_trail(healthy):
-    _, _, _, events = healthy
+    _, _, events = healthy
     for rank, trail in events.items():
         names = [e["kind"] for e in trail]
         assert names[0] == "hello" and names[-1] == "exit", rank
-        assert trail[-1]["code"] == 0 and trail[-1]["reason"] == "normal"
         assert {"heartbeat", "step", "collective_start", "collective_end", "epoch"} <= set(names)
         assert all(e["rank"] == rank for e in trail)
         hellos = kinds(trail, "hello")
@@ -216,8 +293,39 @@ def test_every_rank_leaves_the_whole_trail(healthy):
 
 
 @pytest.mark.timeout(200)
+def test_phases_follow_the_forwards_of_a_script_that_names_none(healthy):
+    _, _, events = healthy
+    for trail in events.values():
+        phases = [(e["phase"], e["previous"]) for e in kinds(trail, "phase")]
+        assert phases == [
+            ("train", "init"),
+            ("eval", "train"),
+            ("train", "eval"),
+            ("eval", "train"),
+        ]
+        # the first step event comes after the switch to train, the last before the last eval
+        order = [e["kind"] if e["kind"] != "phase" else e["phase"] for e in trail]
+        assert order.index("train") < order.index("step")
+        beats = {b["phase"] for b in kinds(trail, "heartbeat")}
+        assert beats <= {"init", "train", "eval"}
+
+
+@pytest.mark.timeout(200)
+def test_sys_exit_code_reaches_torchrun_and_the_peer_dies_of_sigterm(healthy):
+    _, result, events = healthy
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "exitcode  : 3" in output, output[-3000:]
+    one = kinds(events[1], "exit")
+    assert [(e["code"], e["reason"]) for e in one] == [(3, "sys.exit")]
+    zero = kinds(events[0], "exit")
+    # torchrun terminates the survivor; it says so before dying of the signal
+    assert [(e["code"], e["reason"], e["signal"]) for e in zero] == [(-15, "signal", "SIGTERM")]
+
+
+@pytest.mark.timeout(200)
 def test_ranks_agree_on_collective_sequence_numbers(healthy):
-    _, _, _, events = healthy
+    _, _, events = healthy
 
     def collectives(trail):
         return [
@@ -268,7 +376,7 @@ def test_ranks_agree_on_collective_sequence_numbers(healthy):
 
 @pytest.mark.timeout(200)
 def test_every_collective_ends(healthy):
-    _, _, _, events = healthy
+    _, _, events = healthy
     for trail in events.values():
         started = defaultdict(set)
         ended = defaultdict(set)
@@ -283,9 +391,10 @@ def test_every_collective_ends(healthy):
 
 @pytest.mark.timeout(200)
 def test_the_script_saw_what_plain_torchrun_would_show_it(healthy):
-    base, script, _, _ = healthy
+    job, _, _ = healthy
+    script = job.script
     for rank in (0, 1):
-        seen = json.loads((base / f"seen-{rank}.json").read_text())
+        seen = json.loads((job.base / f"seen-{rank}.json").read_text())
         assert seen["argv"] == [str(script), "--lr", "0.1"]
         assert seen["name"] == "__main__"
         assert seen["file"] == str(script)
@@ -297,26 +406,10 @@ def test_the_script_saw_what_plain_torchrun_would_show_it(healthy):
 
 
 @pytest.mark.timeout(200)
-def test_sys_exit_code_reaches_torchrun_and_the_peer_dies_of_sigterm(tmp_path):
-    script = write(tmp_path / "exit3.py", EXIT3)
-    run_dir = tmp_path / "run"
-    with reaping(run_dir):
-        result = run(torchrun(script, port=free_port()), timeout=150, env=job_env(run_dir))
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert "exitcode  : 3" in output, output[-3000:]
-    one = kinds(events_of(run_dir, 1), "exit")
-    assert [(e["code"], e["reason"]) for e in one] == [(3, "sys.exit")]
-    zero = kinds(events_of(run_dir, 0), "exit")
-    # torchrun terminates the survivor; it says so before dying of the signal
-    assert [(e["code"], e["reason"], e["signal"]) for e in zero] == [(-15, "signal", "SIGTERM")]
-
-
-@pytest.mark.timeout(200)
-def test_a_rank_in_a_barrier_shows_as_in_it_while_the_other_keeps_beating(tmp_path):
-    script = write(tmp_path / "hang.py", HANG)
-    run_dir = tmp_path / "run"
-    trigger = tmp_path / "fail-now"
+def test_a_rank_in_a_barrier_shows_as_in_it_while_the_other_keeps_beating(jobs):
+    job = jobs["hang"]
+    run_dir, script = job.run_dir, job.script
+    trigger = job.base / "fail-now"
     raise_line = (
         script.read_text().splitlines().index('    raise ValueError(f"corrupt record {i}")') + 1
     )
@@ -326,25 +419,22 @@ def test_a_rank_in_a_barrier_shows_as_in_it_while_the_other_keeps_beating(tmp_pa
         inside = [b for b in beats if b["open"] and b["open"]["op"] == "barrier"]
         return inside if len(inside) >= 3 else None
 
-    env = job_env(run_dir, TRIGGER=str(trigger))
-    cmd = torchrun(script, port=free_port())
-    with reaping(run_dir), background(cmd, env=env) as proc:
-        inside = wait_for(in_barrier, timeout=120, what="rank 0 to sit in the barrier")
-        # rank 0's heartbeat thread runs while its main thread is blocked in C++
-        assert inside[0]["open"]["seq"] == 2 and inside[0]["open"]["group"] == "default"
-        assert inside[-1]["seq"] > inside[0]["seq"]
-        assert len({b["open"]["since_mono"] for b in inside}) == 1
-        since = inside[0]["open"]["since_t"]
-        # rank 1 is alive (heartbeats keep coming after rank 0 entered) but never got there
-        later = [b for b in kinds(events_of(run_dir, 1), "heartbeat") if b["t"] > since]
-        assert len(later) >= 2 and all(b["open"] is None for b in later)
-        one_starts = kinds(events_of(run_dir, 1), "collective_start")
-        assert [(s["op"], s["seq"]) for s in one_starts] == [("barrier", 1)]
+    inside = wait_for(in_barrier, timeout=150, what="rank 0 to sit in the barrier")
+    # rank 0's heartbeat thread runs while its main thread is blocked in C++
+    assert inside[0]["open"]["seq"] == 2 and inside[0]["open"]["group"] == "default"
+    assert inside[-1]["seq"] > inside[0]["seq"]
+    assert len({b["open"]["since_mono"] for b in inside}) == 1
+    since = inside[0]["open"]["since_t"]
+    # rank 1 is alive (heartbeats keep coming after rank 0 entered) but never got there
+    later = [b for b in kinds(events_of(run_dir, 1), "heartbeat") if b["t"] > since]
+    assert len(later) >= 2 and all(b["open"] is None for b in later)
+    one_starts = kinds(events_of(run_dir, 1), "collective_start")
+    assert [(s["op"], s["seq"]) for s in one_starts] == [("barrier", 1)]
 
-        trigger.touch()  # now rank 1 raises: an exception on one rank
-        out, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    output = out + err
+    trigger.touch()  # now rank 1 raises: an exception on one rank
+    result = job.finish(timeout=120)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
     assert "exitcode  : 1" in output
     assert "ValueError: corrupt record 17" in output  # the usual traceback, on the rank's stderr
     assert "bootstrap.py" not in output
@@ -357,3 +447,30 @@ def test_a_rank_in_a_barrier_shows_as_in_it_while_the_other_keeps_beating(tmp_pa
     # rank 0: its barrier fails when rank 1 goes, or torchrun's SIGTERM comes first
     last = events_of(run_dir, 0)[-1]
     assert last["kind"] == "exit" and last["reason"] in ("exception", "signal")
+
+
+@pytest.mark.timeout(200)
+def test_a_size_mismatch_leaves_each_ranks_call_on_disk(jobs):
+    job = jobs["mismatch"]
+    result = job.finish(timeout=170)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Received data size doesn't match expected size" in output, output[-3000:]
+    assert "exitcode  : -6" in output  # gloo aborted a rank (SIGABRT)
+    trails = {rank: job.events(rank) for rank in (0, 1)}
+    calls = {
+        rank: [
+            (e["seq"], e["shapes"], e["dtypes"], e["numel"])
+            for e in kinds(trail, "collective_start")
+            if e["op"] == "all_reduce"
+        ]
+        for rank, trail in trails.items()
+    }
+    # what the monitor needs to name it: the same call (#2) with different shapes
+    assert calls == {0: [(2, [[8]], ["float32"], 8)], 1: [(2, [[10]], ["float32"], 10)]}
+    # gloo aborts the rank that received too much, sometimes both; a survivor fails on the
+    # closed connection. An aborted rank writes no more: its start was on disk before the call.
+    aborted = [rank for rank, trail in trails.items() if not kinds(trail, "exit")]
+    assert aborted
+    for rank in aborted:
+        assert kinds(trails[rank], "collective_start")[-1]["op"] == "all_reduce"

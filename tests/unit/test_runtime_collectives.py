@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Any, ClassVar
 
 import pytest
 
 from ddpdoctor.events import parse_event_line
 from ddpdoctor.runtime import activate, deactivate
 from ddpdoctor.runtime.c10d_hooks import GROUPS, OP_SPECS, WRAPPED_MARK
+from ddpdoctor.runtime.collectives import TensorSummary
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -188,3 +190,51 @@ def test_blocking_time_counts_as_comm_wait_of_the_step(recording):
     (step,) = events(recording, "step")
     durations = sum(e["duration_s"] for e in events(recording, "collective_end"))
     assert step["comm_wait_s"] == pytest.approx(durations, abs=5e-3)
+
+
+class SeesTheFile(torch.Tensor):
+    """A tensor that reads the event file when torch.distributed's own code first touches it:
+    that is, after ddpdoctor's hook ran and before the collective itself."""
+
+    path: ClassVar[Any] = None
+    seen: ClassVar[list[bytes]] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "all_reduce" and not cls.seen:
+            cls.seen.append(cls.path.read_bytes())
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_collectives_start_is_on_disk_before_it_is_entered(recording):
+    recording.heartbeat.stop()  # nothing else writes the queue in this test
+    recording.collectives.start(  # a gradient bucket: waits in the queue
+        "all_reduce", GROUPS.describe(None), TensorSummary(((6,),), ("float32",), 6),
+        is_async=True, bucket=0,
+    )  # fmt: skip
+    SeesTheFile.path = recording.run_dir.events_file(0)
+    SeesTheFile.seen = []
+    dist.all_reduce(torch.ones(10).as_subclass(SeesTheFile))
+    (before,) = SeesTheFile.seen
+    on_disk = [parse_event_line(line) for line in before.splitlines()]
+    starts = [(e["op"], e["seq"], e.get("bucket"), e["shapes"]) for e in on_disk[-2:]]
+    # the queue went out first (order kept), then the call's own start, with its shape
+    assert starts == [("all_reduce", 1, 0, [[6]]), ("all_reduce", 2, None, [[10]])]
+    assert "collective_end" not in [e["kind"] for e in on_disk]
+
+
+def test_repeated_calls_keep_their_own_shapes(recording):
+    for n in (3, 5, 3, 5):
+        dist.all_reduce(torch.ones(n))
+    dist.all_reduce(torch.ones(3, dtype=torch.float64))
+    dist.all_reduce(torch.ones(3), async_op=True).wait()
+    starts = events(recording, "collective_start")
+    assert [(e["shapes"], e["dtypes"], e["async"]) for e in starts] == [
+        ([[3]], ["float32"], False),
+        ([[5]], ["float32"], False),
+        ([[3]], ["float32"], False),
+        ([[5]], ["float32"], False),
+        ([[3]], ["float64"], False),
+        ([[3]], ["float32"], True),
+    ]
+    assert [e["seq"] for e in starts] == [1, 2, 3, 4, 5, 6]

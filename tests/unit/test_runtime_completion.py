@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from ddpdoctor.runtime import completion
 from ddpdoctor.runtime.collectives import CollectiveTracker, GroupInfo, TensorSummary, summarize
+from ddpdoctor.runtime.records import as_event
 
 
 class Recorder:
+    """Stands in for Runtime.record: the events the records encode to, and how they were sent."""
+
     def __init__(self):
         self.events = []
 
-    def __call__(self, kind, **fields):
-        self.events.append({"kind": kind, **fields})
+    def __call__(self, record, immediate=False):
+        self.events.append({**as_event(record), "immediate": immediate})
 
     def ends(self):
         return [e for e in self.events if e["kind"] == "collective_end"]
@@ -191,6 +194,43 @@ def test_an_op_ends_once_and_calls_its_end_callback():
     assert tracker.end(rec, ok=False, error="late") is None
     assert len(events.ends()) == 1 and seen == [101.0]
     assert (tracker.started, tracker.done) == (1, 1)
+
+
+def test_only_gradient_buckets_wait_in_the_queue():
+    tracker, events, _ = tracker_and_events()
+    group, tensors = GroupInfo("default", 2), TensorSummary(((4,),), ("float32",), 4)
+    call = tracker.start("all_reduce", group, tensors, is_async=False)
+    bucket = tracker.start("all_reduce", group, tensors, is_async=True, bucket=0)
+    send = tracker.start("send", group, tensors, is_async=False, p2p=True, peer=1)
+    for rec in (call, bucket, send):
+        tracker.end(rec)
+    sent = [(e["kind"], e["op"], e.get("bucket"), e["immediate"]) for e in events.events]
+    # the start of the call a rank may die in must be on disk before the call; the rest can wait
+    assert sent == [
+        ("collective_start", "all_reduce", None, True),
+        ("collective_start", "all_reduce", 0, False),
+        ("collective_start", "send", None, True),
+        ("collective_end", "all_reduce", None, False),
+        ("collective_end", "all_reduce", None, False),
+        ("collective_end", "send", None, False),
+    ]
+    assert [e["seq"] for e in events.events if e["kind"] == "collective_start"] == [1, 2, 1]
+
+
+def test_a_distinct_call_is_described_once():
+    tracker, _, _ = tracker_and_events()
+    group = GroupInfo("default", 2)
+    first = tracker.start(
+        "all_reduce", group, TensorSummary(((4,),), ("float32",), 4), is_async=False
+    )
+    again = tracker.start(
+        "all_reduce", group, TensorSummary(((4,),), ("float32",), 4), is_async=False
+    )
+    other = tracker.start(
+        "all_reduce", group, TensorSummary(((5,),), ("float32",), 5), is_async=False
+    )
+    assert first.desc is again.desc and other.desc is not first.desc
+    assert (first.seq, again.seq, other.seq) == (1, 2, 3)
 
 
 def test_p2p_ops_number_per_peer_apart_from_collectives():

@@ -8,6 +8,7 @@ import pytest
 
 from ddpdoctor.events import parse_event_line
 from ddpdoctor.runtime import activate, api, deactivate
+from ddpdoctor.runtime.ddp_hooks import SLOT_ATTR
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -215,6 +216,59 @@ def test_bucket_recording_can_be_switched_off(tmp_path, monkeypatch, world):
         runtime.steps.flush()
         assert [s["step"] for s in events(runtime, "step")] == [1, 2]
         assert events(runtime, "collective_start") == []
-        assert not hasattr(model, "_ddpdoctor_comm_hook_slot")
+        assert not hasattr(model, SLOT_ATTR)
     finally:
         deactivate()
+
+
+def test_a_bucket_is_described_once_and_its_events_say_the_same(recording):
+    model = make_model()
+    for _ in range(4):
+        train_step(model)
+    slot = getattr(model, SLOT_ATTR)
+    descriptions = dict(slot.buckets)
+    train_step(model)
+    assert slot.buckets == descriptions  # nothing new: every bucket was known
+    buckets = [e for e in events(recording, "collective_start") if "bucket" in e]
+    numel = sum(p.numel() for p in model.parameters())
+    assert sum(b["numel"] for b in buckets[-len(descriptions) :]) == numel
+    assert {(b["bucket"], tuple(b["shapes"][0]), b["dtypes"][0]) for b in buckets} == {
+        (index, (n,), "float32") for index, n, _dtype in descriptions
+    }
+
+
+def phases(runtime):
+    return [(e["phase"], e["previous"]) for e in events(runtime, "phase")]
+
+
+def test_phase_follows_the_forwards_until_the_script_names_one(recording):
+    model = make_model()
+    assert recording.phase == "init"
+    train_step(model)
+    train_step(model)
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+        model(torch.randn(4, 8))
+    assert recording.phase == "eval"
+    model.train()
+    with torch.no_grad():  # a forward without gradients is no training step either
+        model(torch.randn(4, 8))
+    train_step(model)
+    assert phases(recording) == [("train", "init"), ("eval", "train"), ("train", "eval")]
+    beat = recording.heartbeat.fields()
+    assert beat["phase"] == "train"
+    api.phase("validate")  # the script's own phase wins from here on
+    train_step(model)
+    model.eval()
+    model(torch.randn(4, 8))
+    assert recording.phase == "validate"
+    assert phases(recording)[-1] == ("validate", "train")
+    assert [s["step"] for s in events(recording, "step")] == [1, 2, 3, 4]
+
+
+def test_a_phase_set_before_training_is_kept(recording):
+    api.phase("warmup")
+    train_step(make_model())
+    assert recording.phase == "warmup"
+    assert phases(recording) == [("warmup", "init")]

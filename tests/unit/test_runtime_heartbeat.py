@@ -136,3 +136,35 @@ def test_queued_events_are_written_long_before_the_next_beat(tmp_path):
             time.sleep(0.005)
     finally:
         heartbeat.stop()
+
+
+def test_a_steady_stream_is_written_without_waking_the_thread_for_each_burst(beating):
+    path = beating.run_dir.events_file(0)
+    writer = beating.writer
+
+    def written():
+        return path.read_bytes().count(b'"metrics"') if path.exists() else 0
+
+    deadline = time.monotonic() + 10
+    sent = 0
+    woken_while_flowing = []
+    while written() < 3 or writer.on_first_queued is not None:  # until it flushes on a timer
+        assert time.monotonic() < deadline, "never switched to timed flushes"
+        beating.emit("metrics", i=sent)
+        sent += 1
+        time.sleep(0.002)
+    for _ in range(20):  # the stream goes on: the training thread does not wake anyone
+        woken_while_flowing.append(writer.on_first_queued)
+        beating.emit("metrics", i=sent)
+        sent += 1
+        time.sleep(0.002)
+    assert woken_while_flowing == [None] * 20
+    deadline = time.monotonic() + 10
+    while written() < sent or writer.on_first_queued is None:  # quiet: all out, re-armed
+        assert time.monotonic() < deadline, "the last events were not written"
+        time.sleep(0.01)
+    beating.emit("metrics", i=sent)  # a lone event after a quiet spell still goes out soon
+    deadline = time.monotonic() + 10
+    while written() < sent + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)

@@ -7,6 +7,9 @@ import threading
 import pytest
 
 from ddpdoctor.events import parse_event_line
+from ddpdoctor.runtime import records
+from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
+from ddpdoctor.runtime.records import CollectiveDesc
 from ddpdoctor.runtime.writer import EventWriter
 
 
@@ -134,3 +137,33 @@ def test_queued_events_keep_their_order_behind_a_direct_write(tmp_path):
     assert writer.flush() is True and writer.pending == 0
     assert [parse_event_line(x)["kind"] for x in lines_of(path)][-1] == "step"
     assert len(lines_of(path)) == 4
+
+
+def test_hot_path_records_are_encoded_with_the_writers_rank_in_order(tmp_path):
+    path = tmp_path / "rank-3.jsonl"
+    writer = EventWriter(path, rank=3)
+    desc = CollectiveDesc(
+        "all_reduce",
+        GroupInfo("gr\u2028oup", 2),
+        TensorSummary(((2, 3),), ("bfloat16",), 6),
+        is_async=True,
+        bucket=1,
+    )
+    writer.enqueue((records.collective_start, 100.5, 7.25, desc, 4))
+    writer.enqueue({"rank": 3, "kind": "metrics", "loss": 0.5})
+    writer.write((records.collective_end, 100.75, 7.5, desc, 4, 0.25, 'Err: "x"\n', "future"))
+    lines = lines_of(path)
+    assert len(lines) == 3  # the odd character in the group name does not split a line
+    start, metrics, end = (parse_event_line(line) for line in lines)
+    assert start == {
+        "v": 1, "t": 100.5, "mono": 7.25, "rank": 3, "kind": "collective_start",
+        "op": "all_reduce", "seq": 4, "group": "gr\u2028oup", "group_size": 2,
+        "group_ranks": None, "shapes": [[2, 3]], "dtypes": ["bfloat16"], "numel": 6,
+        "async": True, "bucket": 1,
+    }  # fmt: skip
+    assert metrics["kind"] == "metrics"
+    assert end == {
+        "v": 1, "t": 100.75, "mono": 7.5, "rank": 3, "kind": "collective_end",
+        "op": "all_reduce", "seq": 4, "group": "gr\u2028oup", "duration_s": 0.25,
+        "ok": False, "error": 'Err: "x"\n', "via": "future",
+    }  # fmt: skip

@@ -1,0 +1,316 @@
+"""What the in-rank runtime costs per training step, measured on its hot path in one process.
+
+    python benchmarks/runtime_hotpath.py [--rounds 30] [--block 40] [--hidden 128] [--profile]
+                                         [--log] [--sync] [--step-ms 4]
+
+A single-process gloo "world" trains the model of sample_jobs/healthy.py (32 -> hidden -> 4, a
+DataLoader with a DistributedSampler, SGD), whose steps of a millisecond or two are the worst case
+for a fixed per-step cost. Four variants run side by side, interleaved in blocks of `--block` steps
+(the order rotates every round, so they share the machine's load alike), each on its own model:
+
+    plain          DDP as torch ships it (its C++ all-reduce), no runtime
+    comm hook      torch's Python allreduce comm hook registered, no runtime
+    runtime, no buckets  the runtime active with DDPDOCTOR_DDP_BUCKETS=0 (steps, data, phases)
+    runtime        the runtime fully active (every gradient bucket recorded)
+
+Reported per variant, in µs per step: the wall time of a step (the mean over a block: a flush
+of the writer thread lands on a few steps, and a median step would hide it), the CPU time of the
+whole process (all threads: the runtime's heartbeat / writer thread counts) and of the training
+thread alone, each with its difference to plain and to the comm hook (the median over rounds of
+the difference within a round, which cancels the drift of a shared machine's load). `--profile`
+adds a cProfile of the runtime's own functions on the fully active variant (call counts per
+step, and where the time goes).
+
+`--log` adds a `ddpdoctor.log(loss=...)` per step (the reference job logs every step), `--sync` an
+all_reduce of the loss (a collective of the script's own, written to disk before it is entered).
+
+To compare two versions of ddpdoctor, put the other one first on the path:
+`PYTHONPATH=/elsewhere python benchmarks/runtime_hotpath.py` runs /elsewhere/ddpdoctor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("ddpdoctor") is None:  # not installed: run from the checkout
+    sys.path.insert(0, str(REPO))
+
+
+SETTLE_STEPS = 5
+
+
+@dataclass
+class Variant:
+    name: str
+    runtime: bool  # the runtime is active while this variant trains
+    buckets: bool = True  # DDPDOCTOR_DDP_BUCKETS
+    comm_hook: bool = False  # torch's Python allreduce hook, registered by hand
+    model: Any = None
+    optimizer: Any = None
+    # per timed block (one per round), in µs per step: its wall time (the mean: a flush of the
+    # writer thread lands on a few steps, and the median step would hide it), the CPU time of
+    # the whole process (every thread) and of the training thread alone
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    thread_cpu: list[float] = field(default_factory=list)
+    steps: int = 0
+
+
+def make_loader(batch_size: int) -> Any:
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 32, generator=g)
+    y = (x @ torch.randn(32, 4, generator=g)).argmax(dim=1)
+    data = TensorDataset(x, y)
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+    return DataLoader(data, batch_size=batch_size, sampler=sampler), sampler
+
+
+def batches(loader: Any, sampler: Any) -> Iterator[Any]:
+    """Endless batches; every pass over the loader is a new epoch (set_epoch, as jobs do)."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def build(variant: Variant, hidden: int) -> None:
+    import torch
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 4)))
+    if variant.comm_hook:
+        model.register_comm_hook(None, allreduce_hook)
+    variant.model = model
+    variant.optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+# What every step does besides training (--log, --sync): set by main().
+LOG_EVERY_STEP = False
+SYNC_EVERY_STEP = False
+
+
+def train(variant: Variant, data: Iterator[Any], steps: int, record: bool = True) -> None:
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import ddpdoctor
+
+    model, optimizer = variant.model, variant.optimizer
+    cpu0, thread0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+    for _ in range(steps):
+        x, y = next(data)
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if SYNC_EVERY_STEP:  # a blocking collective of the script's own (written at once)
+            dist.all_reduce(loss.detach())
+        if LOG_EVERY_STEP:  # a no-op without the runtime
+            ddpdoctor.log(loss=loss.item())
+    if record:
+        variant.wall.append((time.perf_counter() - wall0) / steps * 1e6)
+        variant.cpu.append((time.process_time() - cpu0) / steps * 1e6)
+        variant.thread_cpu.append((time.thread_time() - thread0) / steps * 1e6)
+        variant.steps += steps
+
+
+class Session:
+    """Turns the runtime on and off between blocks (each activation appends to the same file)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.current: tuple[bool, bool] | None = None
+
+    def run_dir_of(self, variant: Variant) -> Path:
+        return self.run_dir / ("buckets" if variant.buckets else "no-buckets")
+
+    def enter(self, variant: Variant) -> bool:
+        """Switch the runtime as the variant wants it; True when something changed."""
+        from ddpdoctor import runtime
+
+        wanted = (variant.runtime, variant.buckets)
+        if self.current == wanted:
+            return False
+        runtime.deactivate()
+        if variant.runtime:
+            os.environ["DDPDOCTOR_DDP_BUCKETS"] = "1" if variant.buckets else "0"
+            if runtime.activate(self.run_dir_of(variant)) is None:
+                raise RuntimeError("the runtime did not activate")
+        self.current = wanted
+        return True
+
+    def leave(self) -> None:
+        from ddpdoctor import runtime
+
+        runtime.deactivate()
+        self.current = None
+
+
+def paired(v: Variant, ref: Variant, metric: str) -> float:
+    """The median over rounds of v's figure minus ref's in the same round (the load drifts
+    between rounds; within one, the variants ran back to back)."""
+    return statistics.median(
+        a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True)
+    )
+
+
+def report(variants: list[Variant], step_ms: float) -> dict[str, Any]:
+    by_name = {v.name: v for v in variants}
+    plain, hook, full = by_name["plain"], by_name["comm hook"], by_name["runtime"]
+    metrics = (
+        ("wall", "wall µs/step"),
+        ("cpu", "CPU µs/step, process"),
+        ("thread_cpu", "training thread"),
+    )
+    header = "".join(f"{title:>27}" for _, title in metrics)
+    print(f"{'':22}{header}")
+    print(f"{'variant':22}" + f"{'median':>11}{'vs plain':>9}{'vs hook':>8}" * len(metrics))
+    result: dict[str, Any] = {}
+    for v in variants:
+        row = f"{v.name:22}"
+        result[v.name] = {}
+        for metric, _ in metrics:
+            value = statistics.median(getattr(v, metric))
+            vs_plain, vs_hook = paired(v, plain, metric), paired(v, hook, metric)
+            row += f"{value:11.0f}{vs_plain:+9.0f}{vs_hook:+8.0f}"
+            result[v.name][metric] = {"median": value, "vs_plain": vs_plain, "vs_hook": vs_hook}
+        print(row)
+    extra = paired(full, plain, "wall")
+    over_hook = paired(full, hook, "wall")
+    print(
+        f"full runtime: {extra:+.0f} µs/step over plain DDP = {100 * extra / (step_ms * 1000):.1f}%"
+        f" of a {step_ms:g} ms step; {over_hook:+.0f} µs/step over torch's Python comm hook"
+    )
+    return result
+
+
+def events_per_step(run_dir: Path, steps: int) -> str:
+    import collections
+    import json
+
+    path = run_dir / "events" / "rank-0.jsonl"
+    counts: collections.Counter[str] = collections.Counter()
+    for line in path.read_bytes().splitlines():
+        try:
+            counts[json.loads(line)["kind"]] += 1
+        except (ValueError, KeyError):
+            continue
+    return ", ".join(f"{k} {n / steps:.2f}" for k, n in sorted(counts.items()))
+
+
+def profile(variant: Variant, session: Session, data: Iterator[Any], steps: int) -> None:
+    session.enter(variant)
+    train(variant, data, 50, record=False)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    train(variant, data, steps, record=False)
+    profiler.disable()
+    session.leave()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():
+        if "ddpdoctor" in filename or "default_hooks" in filename:
+            where = f"{Path(filename).name}:{line}({name})"
+            rows.append((tottime, cumtime, calls, where))
+    rows.sort(reverse=True)
+    print(f"\ncProfile of the runtime's functions ({steps} steps; times inflated by the profiler)")
+    print(f"{'calls/step':>10} {'own µs/step':>12} {'cum µs/step':>12}  function")
+    for tottime, cumtime, calls, where in rows[:25]:
+        print(
+            f"{calls / steps:10.2f} {tottime / steps * 1e6:12.1f} {cumtime / steps * 1e6:12.1f}  "
+            f"{where}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30, help="rounds of blocks per variant")
+    parser.add_argument("--block", type=int, default=40, help="steps per block")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden width of the model")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--profile", action="store_true", help="cProfile the runtime's functions")
+    parser.add_argument(
+        "--log", action="store_true", help="every variant calls ddpdoctor.log(loss=...) each step"
+    )
+    parser.add_argument(
+        "--sync", action="store_true", help="every variant all-reduces its loss each step"
+    )
+    parser.add_argument(
+        "--step-ms", type=float, default=4.0, help="the step time the overhead is judged against"
+    )
+    args = parser.parse_args(argv)
+    global LOG_EVERY_STEP, SYNC_EVERY_STEP
+    LOG_EVERY_STEP, SYNC_EVERY_STEP = args.log, args.sync
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun gives each rank
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["RANK"] = "0"
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    variants = [
+        Variant("plain", runtime=False),
+        Variant("comm hook", runtime=False, comm_hook=True),
+        Variant("runtime, no buckets", runtime=True, buckets=False),
+        Variant("runtime", runtime=True),
+    ]
+    loader, sampler = make_loader(args.batch_size)
+    data = batches(loader, sampler)
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-hotpath-") as tmp:
+        session = Session(Path(tmp) / "run")
+        for v in variants:
+            build(v, args.hidden)
+            session.enter(v)
+            train(v, data, 30, record=False)  # warm-up: first-call costs, hook registration
+        extras = "".join(
+            f", {what} every step"
+            for flag, what in ((args.log, "log()"), (args.sync, "all_reduce"))
+            if flag
+        )
+        print(
+            f"runtime hot path: {args.rounds} rounds x {args.block} steps per variant, "
+            f"hidden {args.hidden}, batch {args.batch_size}{extras}, torch {torch.__version__}"
+        )
+        for r in range(args.rounds):
+            shift = r % len(variants)
+            for v in variants[shift:] + variants[:shift]:
+                if session.enter(v):
+                    # not timed: what a switch costs (the new heartbeat thread's first beat, the
+                    # hello events), which a real run pays once
+                    train(v, data, SETTLE_STEPS, record=False)
+                train(v, data, args.block)
+        session.leave()
+        report(variants, args.step_ms)
+        full = variants[-1]
+        untimed = 30 + SETTLE_STEPS * args.rounds  # warm-up and settling steps write events too
+        per_step = events_per_step(session.run_dir_of(full), full.steps + untimed)
+        print(f"events per step of the full runtime: {per_step}")
+        if args.profile:
+            profile(variants[-1], session, data, 500)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from ddpdoctor.rundir import ENV_RUN_DIR
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -151,3 +155,16 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "c
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def job_processes(run_dir: Path) -> list[psutil.Process]:
+    """Processes still carrying this run's DDPDOCTOR_RUN_DIR: torchrun, ranks, loader workers."""
+    target = str(run_dir.resolve())
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(ENV_RUN_DIR) == target:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found

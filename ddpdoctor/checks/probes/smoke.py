@@ -63,29 +63,33 @@ class RealSmokeProbe:
         return importlib.util.find_spec("torch") is not None
 
     def visible_gpus(self, env: Mapping[str, str]) -> int:
-        """GPUs NVML sees, narrowed by CUDA_VISIBLE_DEVICES (no torch import)."""
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            try:
-                count = int(pynvml.nvmlDeviceGetCount())
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - no driver, no library, no GPU: all mean zero GPUs
-            return 0
-        mask = env.get("CUDA_VISIBLE_DEVICES")
-        if mask is None:
-            return count
-        visible = 0
-        for entry in (e.strip() for e in mask.split(",")):
-            if not entry or entry.startswith("-"):
-                break  # CUDA stops at the first invalid entry
-            visible += 1
-        return min(visible, count)
+        return nvml_visible_gpus(env)
 
     def run(self, request: SmokeRequest) -> SmokeReport:
         return _Supervisor(request).run()
+
+
+def nvml_visible_gpus(env: Mapping[str, str]) -> int:
+    """GPUs NVML sees, narrowed by CUDA_VISIBLE_DEVICES (no torch import); 0 on any NVML error."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no library, no GPU: all mean zero GPUs
+        return 0
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return count
+    visible = 0
+    for entry in (e.strip() for e in mask.split(",")):
+        if not entry or entry.startswith("-"):
+            break  # CUDA stops at the first invalid entry
+        visible += 1
+    return min(visible, count)
 
 
 @dataclass

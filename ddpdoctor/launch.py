@@ -1,0 +1,287 @@
+"""`ddpdoctor run`, start to finish: run directory, run.json, preflight doctor, torchrun, watching.
+
+    plan (launch_plan.py) -> RunDir + run.json -> doctor -> Job (job.py: torchrun + its workers)
+        -> Monitor polled through SupervisedRun (supervise.py) by the TUI or the headless loop
+        -> final snapshot, diagnosis.json, the closing summary, and the exit code
+
+Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor failed a check, the job hung,
+mismatched or crashed, or exited non-zero; 2 a usage error (raised before anything starts); 130 the
+user interrupted it. The job never outlives this function (see Job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from ddpdoctor.console import make_console, symbols_for
+from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.job import STOP_GRACE_S, Job
+from ddpdoctor.launch_plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.torchrun_logs import AgentLogParser, signal_name
+from ddpdoctor.rundir import RunDir, write_json_atomic
+from ddpdoctor.supervise import StopPolicy, SupervisedRun
+from ddpdoctor.torchrun_cmd import job_env, torchrun_argv
+
+POLL_S = 0.5
+
+
+@dataclass
+class Interrupts:
+    signum: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    final: Snapshot
+    job_returncode: int | None
+    stopped_for: Verdict | None
+    interrupted: bool
+
+
+def launch(plan: LaunchPlan) -> int:
+    run_dir = RunDir.create(plan.run_dir)
+    console = make_console(sys.stderr if plan.json else sys.stdout)
+    torch_version = installed_torch_version()
+    argv = torchrun_argv(
+        nproc_per_node=plan.nproc_per_node,
+        rendezvous=plan.rendezvous,
+        log_dir=run_dir.host_logs_dir(),
+        program=plan.program,
+    )
+    # On several nodes sharing the run directory, the first node describes the run.
+    if plan.rendezvous.node_rank in (None, 0) or not run_dir.run_json.exists():
+        document = run_json_document(
+            plan, run_dir=run_dir.path, torchrun=argv, torch_version=torch_version
+        )
+        write_json_atomic(run_dir.run_json, document)
+    if plan.doctor and not preflight(plan, run_dir, console):
+        console.print(f"run directory: {run_dir.path}", markup=False)
+        if plan.json:
+            doc = {
+                "schema_version": 1,
+                "verdict": None,
+                "doctor": json.loads(run_dir.doctor_json.read_text()),
+                "job": {"exit_code": int(ExitCode.PROBLEMS), "started": False},
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return int(ExitCode.PROBLEMS)
+    env = job_env(os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version)
+    outcome, agent_exits = run_job(plan, run_dir, console, argv, env)
+    code = exit_code_for(outcome)
+    for text in closing_lines(outcome, agent_exits, run_dir=run_dir, exit_code=code):
+        console.print(text, highlight=False, markup=False)
+    if plan.json:
+        sys.stdout.write(json.dumps(json_document(outcome, agent_exits, code), indent=2) + "\n")
+        sys.stdout.flush()
+    return int(code)
+
+
+def run_job(
+    plan: LaunchPlan, run_dir: RunDir, console: Console, argv: list[str], env: dict[str, str]
+) -> tuple[Outcome, dict[int, Any]]:
+    """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
+    print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
+    from ddpdoctor.monitor import Monitor
+    from ddpdoctor.monitor.headless import HeadlessView
+
+    use_tui = plan.tui_allowed and sys.stdout.isatty() and sys.stdin.isatty()
+    lines: queue.Queue[str] = queue.Queue()
+    agent = AgentLogParser()
+    agent_lock = threading.Lock()
+
+    def on_agent_line(line: str) -> None:
+        with agent_lock:
+            agent.feed(line)
+
+    job = Job(
+        argv,
+        env,
+        agent_log=run_dir.host_logs_dir() / "torchrun.log",
+        on_line=None if use_tui else lines.put,
+        on_agent_line=on_agent_line,
+    )
+    monitor = Monitor(run_dir, hang_after=plan.hang_after)
+    supervised = SupervisedRun(monitor, job, StopPolicy(keep_running=plan.keep_running))
+    # After the TUI has closed, the same diagnosis is printed once more as plain text.
+    view = HeadlessView(console, live=console.is_terminal and not use_tui)
+    interrupts = Interrupts()
+    try:
+        job.start()
+        with forward_signals(job, interrupts, leave_tui=use_tui):
+            if use_tui:
+                from ddpdoctor.tui import run_tui
+
+                # A signal ends the app by KeyboardInterrupt (Textual restores the terminal).
+                with contextlib.suppress(KeyboardInterrupt):
+                    title = f"ddpdoctor run: {plan.job_name}"
+                    run_tui(supervised, mode="run", job=job, title=title)
+            else:
+                watch_headless(supervised, job, view, lines)
+        end_job(job)
+    finally:
+        job.kill()
+    final = monitor.close()
+    view.close(final)
+    outcome = Outcome(
+        final=final,
+        job_returncode=job.returncode(),
+        stopped_for=supervised.stopped_for,
+        interrupted=interrupts.signum is not None,
+    )
+    with agent_lock:
+        return outcome, dict(agent.exits)
+
+
+def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
+    """Run the doctor for this job; False (after printing why) when a check fails."""
+    from ddpdoctor.checks.context import DoctorOptions
+    from ddpdoctor.checks.render import render_report
+    from ddpdoctor.commands.doctor import run_doctor
+
+    options = DoctorOptions(
+        nproc=plan.nproc_per_node,
+        nnodes=plan.max_nodes,
+        backend=plan.backend,
+        master_addr=plan.rendezvous.master_addr,
+        master_port=plan.rendezvous.master_port,
+        workers=plan.workers,
+    )
+    report = run_doctor(None, options, show_progress=not plan.json)
+    write_json_atomic(run_dir.doctor_json, report.to_json())
+    render_report(report, console, symbols=symbols_for(console.file))
+    if report.counts["fail"]:
+        console.print(
+            "ddpdoctor run: the doctor failed a check, so the job was not started: "
+            "apply the fixes above, or rerun with --no-doctor to launch anyway",
+            markup=False,
+        )
+        return False
+    console.print()
+    return True
+
+
+def watch_headless(supervised: SupervisedRun, job: Job, view: Any, lines: queue.Queue[str]) -> None:
+    """Pass the job's output through and poll the monitor until torchrun has exited."""
+    view.update(supervised.poll())
+    next_poll = time.monotonic() + POLL_S
+    while job.returncode() is None:
+        try:
+            view.job_output(lines.get(timeout=max(0.0, next_poll - time.monotonic())))
+            continue
+        except queue.Empty:
+            pass
+        view.update(supervised.poll())
+        next_poll = time.monotonic() + POLL_S
+    job.wait_output(timeout=10.0)
+    with contextlib.suppress(queue.Empty):
+        while True:
+            view.job_output(lines.get_nowait())
+    view.update(supervised.poll())
+
+
+def end_job(job: Job) -> None:
+    """The views return when the job ended, or the user quit the TUI: then the job must end too."""
+    if job.returncode() is None:
+        job.stop()
+        job.wait(timeout=STOP_GRACE_S + 5.0)
+
+
+@contextlib.contextmanager
+def forward_signals(job: Job, interrupts: Interrupts, *, leave_tui: bool = False) -> Iterator[None]:
+    """Ctrl-C and SIGTERM to the launcher go to the job (it runs in its own session). Under the
+    TUI (where Ctrl-C is a key, so a signal comes from outside) the app is left at once too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        first = interrupts.signum is None
+        interrupts.signum = signum
+        job.interrupt(signum)
+        if leave_tui and first:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def exit_code_for(outcome: Outcome) -> ExitCode:
+    if outcome.interrupted:
+        return ExitCode.INTERRUPTED
+    if outcome.stopped_for is not None or outcome.final.verdict.is_problem:
+        return ExitCode.PROBLEMS
+    if outcome.job_returncode not in (0, None):
+        return ExitCode.PROBLEMS
+    return ExitCode.OK
+
+
+def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
+    """One line per rank that did not end cleanly, from its events, else from torchrun's table."""
+    lines: list[str] = []
+    described: set[int] = set()
+    for rank in final.ranks:
+        signame = rank.exit_signal or signal_name(rank.exit_code)
+        if rank.exit_code not in (None, 0):
+            how = f"ended by {signame}" if signame else f"exited with code {rank.exit_code}"
+            lines.append(f"rank {rank.rank} {how}")
+        elif rank.state is RankState.GONE:
+            lines.append(
+                f"rank {rank.rank} died without an exit event"
+                + (f" ({signame})" if signame else "")
+            )
+        else:
+            continue
+        described.add(rank.rank)
+    for exit_ in sorted(agent_exits.values(), key=lambda e: (e.rank is None, e.rank or 0)):
+        if exit_.rank is None or exit_.rank in described or exit_.exit_code == 0:
+            continue
+        how = f"ended by {exit_.signal}" if exit_.signal else f"exited with code {exit_.exit_code}"
+        lines.append(f"rank {exit_.rank} {how} (torchrun)")
+        described.add(exit_.rank)
+    return lines
+
+
+def closing_lines(
+    outcome: Outcome, agent_exits: dict[int, Any], *, run_dir: RunDir, exit_code: ExitCode
+) -> list[str]:
+    lines = rank_exit_lines(outcome.final, agent_exits)
+    if outcome.stopped_for is not None:
+        lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
+    elif outcome.interrupted:
+        lines.append("interrupted: the job was stopped")
+    if not lines and outcome.job_returncode not in (0, None):
+        lines.append(f"torchrun exited with code {outcome.job_returncode}")
+    lines.append(f"run directory: {run_dir.path}")
+    lines.append(f"verdict: {outcome.final.verdict.value} (exit code {int(exit_code)})")
+    return lines
+
+
+def json_document(outcome: Outcome, agent_exits: dict[int, Any], code: ExitCode) -> dict[str, Any]:
+    """The final diagnosis (diagnosis.json) plus how the job ended, for `run --json`."""
+    doc = outcome.final.diagnosis_json()
+    doc["job"] = {
+        "exit_code": int(code),
+        "started": True,
+        "torchrun_exit_code": outcome.job_returncode,
+        "stopped_for": outcome.stopped_for.value if outcome.stopped_for else None,
+        "interrupted": outcome.interrupted,
+        "rank_exits": rank_exit_lines(outcome.final, agent_exits),
+    }
+    return doc

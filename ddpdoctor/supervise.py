@@ -1,0 +1,138 @@
+"""Supervision of a live job: what the launcher does when the monitor's verdict turns bad.
+
+The same policy serves the TUI and the headless view: `SupervisedRun` wraps the Monitor, and each
+poll applies the policy, so whichever view polls, a hang stops the job (after its py-spy stacks are
+in) unless the user asked to keep it running.
+
+    hang      stop as soon as the stacks are captured (at most STACK_WAIT_S after the verdict)
+    mismatch  on gloo a mismatch usually aborts by itself: give torchrun a moment to tear the job
+              down, then stop it like a hang (a barrier facing an all_reduce blocks instead)
+    crash     torchrun stops the surviving ranks itself; stop the job only if that takes too long
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdoctor.monitor.snapshot import Snapshot, Verdict
+
+STACK_WAIT_S = 15.0
+ASK_STACKS_AFTER_S = 2.0  # the monitor captures on a hang itself; ask only if it has not begun
+
+
+@dataclass(frozen=True)
+class StopRule:
+    min_wait_s: float  # let the job end by itself for at least this long after the verdict
+    max_wait_s: float  # stop it at the latest this long after the verdict
+
+
+STOP_RULES: dict[Verdict, StopRule] = {
+    Verdict.HANG: StopRule(0.0, STACK_WAIT_S),
+    Verdict.MISMATCH: StopRule(3.0, STACK_WAIT_S),
+    Verdict.CRASH: StopRule(15.0, 15.0),
+}
+
+
+def stacks_settled(snapshot: Snapshot) -> bool:
+    """The monitor's stack capture is done, or cannot happen ("py-spy missing", ...)."""
+    if snapshot.stacks:
+        return True
+    status = (snapshot.stack_status or "").strip().lower()
+    return bool(status) and not status.startswith("capturing")
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: Verdict | None = None  # stop the job now, for this verdict
+    capture_stacks: bool = False  # ask the monitor for stacks first
+
+
+class StopPolicy:
+    """Decides, one snapshot at a time, whether the launcher should stop the job now."""
+
+    def __init__(self, *, keep_running: bool, clock: Callable[[], float] = time.monotonic):
+        self.keep_running = keep_running
+        self._clock = clock
+        self._verdict: Verdict | None = None
+        self._since: float | None = None
+        self._asked_stacks = False
+        self.stopped_for: Verdict | None = None
+
+    def observe(self, snapshot: Snapshot, *, job_running: bool) -> Decision:
+        if not job_running or self.stopped_for is not None:
+            return Decision()
+        verdict = snapshot.verdict
+        rule = STOP_RULES.get(verdict)
+        if rule is None:
+            self._verdict = self._since = None
+            return Decision()
+        now = self._clock()
+        if verdict != self._verdict or self._since is None:
+            self._verdict, self._since = verdict, now
+        if self.keep_running:
+            return Decision()
+        waited = now - self._since
+        settled = stacks_settled(snapshot)
+        if waited >= rule.max_wait_s or (waited >= rule.min_wait_s and settled):
+            self.stopped_for = verdict
+            return Decision(stop=verdict)
+        # The monitor captures stacks on a hang by itself; for a job that still runs after
+        # any other bad verdict, ask for them so the stop does not wait for nothing.
+        if (
+            waited >= max(rule.min_wait_s, ASK_STACKS_AFTER_S)
+            and not settled
+            and not snapshot.stack_status
+            and not self._asked_stacks
+        ):
+            self._asked_stacks = True
+            return Decision(capture_stacks=True)
+        return Decision()
+
+
+def local_rank_pids(snapshot: Snapshot) -> list[int]:
+    """Pids of the ranks running on this host, alive right now (the monitor checks local pids;
+    pids of other hosts, or of ranks long gone whose pid may have been reused, mean nothing)."""
+    return [r.pid for r in snapshot.ranks if r.pid and r.alive is True and not r.state.finished]
+
+
+class SupervisedRun:
+    """The Monitor as the views see it (`poll`, `request_stacks`), with the launcher's policy
+    applied on every poll. `poll` may run on a TUI worker thread."""
+
+    def __init__(
+        self,
+        monitor: Any,
+        job: Any,
+        policy: StopPolicy,
+        *,
+        on_stop: Callable[[Verdict], None] | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.job = job
+        self.policy = policy
+        self._on_stop = on_stop
+        self.last: Snapshot | None = None
+
+    def poll(self) -> Snapshot:
+        snapshot = self.monitor.poll()
+        self.last = snapshot
+        self.job.refresh()
+        self.job.track(local_rank_pids(snapshot))
+        decision = self.policy.observe(snapshot, job_running=self.job.returncode() is None)
+        if decision.capture_stacks:
+            self.monitor.request_stacks()
+        if decision.stop is not None:
+            if self._on_stop is not None:
+                self._on_stop(decision.stop)
+            self.job.stop()
+        return snapshot
+
+    def request_stacks(self) -> None:
+        self.monitor.request_stacks()
+
+    @property
+    def stopped_for(self) -> Verdict | None:
+        return self.policy.stopped_for

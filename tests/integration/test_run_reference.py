@@ -1,0 +1,279 @@
+"""`ddpdoctor run` of the reference job with real torchrun on 2 gloo ranks: a healthy run, and the
+trail each injected fault leaves in the run directory. One run per scenario, shared by its tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.events import parse_event_line
+from tests.procs import Finished, clean_env, ddpdoctor_cmd, job_processes, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+def ddpdoctor_run(run_dir: Path, cache_dir: Path, *args: str) -> Finished:
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--nproc", "2", "--no-doctor", "--run-dir", str(run_dir), *args
+    )
+    return run(cmd, timeout=180, env=clean_env({"DDPDOCTOR_CACHE_DIR": str(cache_dir)}))
+
+
+def events(run_dir: Path, rank: int) -> list[dict]:
+    lines = (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [e for e in map(parse_event_line, lines) if e is not None]
+
+
+def of_kind(evs: list[dict], kind: str) -> list[dict]:
+    return [e for e in evs if e["kind"] == kind]
+
+
+def diagnosis(run_dir: Path) -> dict:
+    return json.loads((run_dir / "diagnosis.json").read_text())
+
+
+# -- healthy ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
+    run_dir = tmp_path_factory.mktemp("healthy") / "run"
+    return ddpdoctor_run(run_dir, cache_dir, "--steps", "12"), run_dir
+
+
+def test_healthy_run_exits_0_with_its_verdict(healthy):
+    result, run_dir = healthy
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verdict: healthy (exit code 0)" in result.stdout
+    assert f"run directory: {run_dir}" in result.stdout
+    assert "[default0]:step 12/12" in result.stdout  # the job's own output passes through
+    assert diagnosis(run_dir)["verdict"] == "healthy"
+
+
+def test_healthy_run_leaves_every_ranks_events(healthy):
+    _, run_dir = healthy
+    starts = {}
+    for rank in (0, 1):
+        evs = events(run_dir, rank)
+        assert of_kind(evs, "hello")[0]["world_size"] == 2
+        steps = of_kind(evs, "step")
+        assert [s["step"] for s in steps] == list(range(1, 13))
+        for s in steps[1:]:
+            for field in ("step_time_s", "data_time_s", "compute_time_s", "comm_wait_s"):
+                assert s[field] is not None and s[field] >= 0, (field, s)
+            assert s["samples_per_s"] > 0
+        losses = [m["loss"] for m in of_kind(evs, "metrics") if "loss" in m]
+        assert len(losses) == 12
+        starts[rank] = [(e["op"], e["seq"]) for e in of_kind(evs, "collective_start")]
+        assert len(of_kind(evs, "collective_end")) == len(starts[rank])
+        assert of_kind(evs, "exit")[-1]["code"] == 0
+        phases = [p["phase"] for p in of_kind(evs, "phase")]
+        assert phases == ["data", "train", "checkpoint", "eval", "verify", "shutdown"]
+    assert starts[0] == starts[1]  # the same collectives, in the same order, on both ranks
+    assert sum(op == "all_reduce" for op, _ in starts[0]) >= 12  # a gradient bucket per step
+
+
+def test_healthy_run_passes_the_parameter_check(healthy):
+    result, run_dir = healthy
+    assert "[default0]:parameters identical on all 2 ranks" in result.stdout
+    for rank in (0, 1):
+        checks = [m for m in of_kind(events(run_dir, rank), "metrics") if "params_identical" in m]
+        assert checks and checks[-1]["params_identical"] is True
+    assert (run_dir / "checkpoint" / "reference-model.pt").stat().st_size > 100_000
+
+
+def test_healthy_run_directory(healthy):
+    _, run_dir = healthy
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["world_size"], meta["backend"], meta["script"]) == (2, "gloo", "reference")
+    assert meta["total_steps"] == 12 and meta["torchrun"][2] == "torch.distributed.run"
+    host_dirs = [p for p in (run_dir / "logs").iterdir() if p.is_dir()]
+    assert len(host_dirs) == 1
+    rank_logs = sorted(host_dirs[0].glob("*/attempt_0/*/stdout.log"))
+    assert len(rank_logs) == 2 and "step 12/12" in rank_logs[0].read_text()
+    agent_log = (host_dirs[0] / "torchrun.log").read_text()
+    assert "[default" not in agent_log  # torchrun's own lines only: the ranks have their files
+
+
+def test_healthy_run_leaves_no_process(healthy):
+    _, run_dir = healthy
+    assert job_processes(run_dir) == []
+
+
+# -- hang ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hang(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
+    run_dir = tmp_path_factory.mktemp("hang") / "run"
+    args = ("--steps", "30", "--inject", "hang:rank=1,step=3", "--hang-after", "2")
+    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+
+
+def test_hang_is_diagnosed_and_the_job_stopped(hang):
+    result, run_dir = hang
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "ddpdoctor stopped the job after diagnosing a hang" in result.stdout
+    assert "verdict: hang (exit code 1)" in result.stdout
+    diag = diagnosis(run_dir)
+    assert diag["verdict"] == "hang" and diag["culprits"] == [1]
+    assert job_processes(run_dir) == []
+
+
+def test_hang_trail(hang):
+    _, run_dir = hang
+    rank1 = events(run_dir, 1)
+    faults = of_kind(rank1, "fault")
+    assert [(f["fault"], f["step"], f["inject"]) for f in faults] == [
+        ("hang", 3, "hang:rank=1,step=3")
+    ]
+    after = rank1[rank1.index(faults[0]) + 1 :]
+    assert not of_kind(after, "collective_start")  # rank 1 never reached its next collective
+    assert of_kind(after, "heartbeat")  # but it was alive
+    seq1 = max(e["seq"] for e in of_kind(rank1, "collective_start"))
+    waiting = of_kind(events(run_dir, 0), "collective_start")[-1]
+    assert waiting["op"] == "all_reduce" and waiting["seq"] == seq1 + 1
+
+
+# -- crash, exit and slow in one run -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crash(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
+    run_dir = tmp_path_factory.mktemp("crash") / "run"
+    args = (
+        "--steps", "12",
+        "--inject", "slow:rank=0,step=2,seconds=0.2",
+        "--inject", "crash:rank=1,step=4",
+        "--inject", "exit:rank=0,step=4",
+    )  # fmt: skip
+    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+
+
+def test_crash_and_exit_are_reported_with_their_codes(crash):
+    result, run_dir = crash
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rank 0 exited with code 17" in result.stdout
+    assert "rank 1 exited with code 1" in result.stdout
+    assert diagnosis(run_dir)["verdict"] == "crash"
+    assert job_processes(run_dir) == []
+
+
+def test_crash_trail_is_a_fault_then_an_error(crash):
+    _, run_dir = crash
+    rank1 = events(run_dir, 1)
+    fault = of_kind(rank1, "fault")[0]
+    assert (fault["fault"], fault["step"]) == ("crash", 4)
+    error = of_kind(rank1, "error")[0]
+    assert rank1.index(fault) < rank1.index(error)
+    assert "InjectedCrash" in error["exc_type"] and "injected crash on rank 1" in error["message"]
+    assert of_kind(rank1, "exit")[-1]["code"] == 1
+
+
+def test_exit_trail_is_a_fault_and_no_exit_event(crash):
+    _, run_dir = crash
+    rank0 = events(run_dir, 0)
+    assert [(f["fault"], f["step"]) for f in of_kind(rank0, "fault")] == [("slow", 2), ("exit", 4)]
+    assert of_kind(rank0, "exit") == []  # os._exit: nothing recorded the death
+
+
+def test_slow_trail_is_compute_time_on_the_slow_rank(crash):
+    _, run_dir = crash
+    slow = {s["step"]: s for s in of_kind(events(run_dir, 0), "step")}
+    # The sleep is the slow rank's own work in every step from step 2 on (the peer's share of
+    # the same wall time is waiting for it: how the runtime splits that is its own test's job).
+    assert slow[2]["compute_time_s"] >= 0.19 and slow[3]["compute_time_s"] >= 0.19
+    assert slow[2]["step_time_s"] >= slow[2]["compute_time_s"]
+
+
+# -- collective mismatches ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mismatch(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
+    run_dir = tmp_path_factory.mktemp("mismatch") / "run"
+    args = ("--steps", "30", "--inject", "mismatch:rank=1,step=3", "--hang-after", "2")
+    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+
+
+def test_mismatch_trail_is_a_barrier_facing_an_all_reduce(mismatch):
+    result, run_dir = mismatch
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    rank1 = events(run_dir, 1)
+    fault = of_kind(rank1, "fault")[0]
+    assert (fault["fault"], fault["step"]) == ("mismatch", 3)
+    barrier = of_kind(rank1[rank1.index(fault) :], "collective_start")[0]
+    assert barrier["op"] == "barrier"
+    facing = [
+        e for e in of_kind(events(run_dir, 0), "collective_start") if e["seq"] == barrier["seq"]
+    ]
+    assert [e["op"] for e in facing] == ["all_reduce"]
+    assert diagnosis(run_dir)["verdict"] == "mismatch"
+    assert job_processes(run_dir) == []
+
+
+@pytest.fixture(scope="module")
+def shape(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
+    run_dir = tmp_path_factory.mktemp("shape") / "run"
+    args = ("--json", "--steps", "6", "--inject", "shape:rank=0,step=2")
+    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+
+
+def test_json_output_is_the_final_diagnosis_alone_on_stdout(shape):
+    result, run_dir = shape
+    document = json.loads(result.stdout)  # nothing else on stdout
+    assert document["verdict"] == "mismatch" == diagnosis(run_dir)["verdict"]
+    assert document["job"]["exit_code"] == 1 and document["job"]["started"] is True
+    assert "[default0]:" in result.stderr and "verdict: mismatch (exit code 1)" in result.stderr
+
+
+def test_shape_trail_is_one_all_reduce_with_two_sizes(shape):
+    result, run_dir = shape
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0 = events(run_dir, 0)
+    fault = of_kind(rank0, "fault")[0]
+    assert (fault["fault"], fault["step"]) == ("shape", 2)
+    garbled = of_kind(rank0[rank0.index(fault) :], "collective_start")[0]
+    assert garbled["op"] == "all_reduce" and garbled["shapes"] == [[5]]
+    peer = [
+        e for e in of_kind(events(run_dir, 1), "collective_start") if e["seq"] == garbled["seq"]
+    ]
+    assert [(e["op"], e["shapes"]) for e in peer] == [("all_reduce", [[4]])]
+    assert diagnosis(run_dir)["verdict"] == "mismatch"
+    assert job_processes(run_dir) == []
+
+
+# -- on real GPUs (skipped where NVML finds none) ------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_reference_job_on_gpus_with_nccl(tmp_path, cache_dir):
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        nproc = min(2, pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+    run_dir = tmp_path / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--nproc", str(nproc), "--backend", "nccl", "--no-doctor",
+        "--run-dir", str(run_dir), "--steps", "20",
+    )  # fmt: skip
+    result = run(cmd, timeout=600, env=clean_env({"DDPDOCTOR_CACHE_DIR": str(cache_dir)}))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "nccl on cuda, resnet18" in result.stdout
+    assert f"parameters identical on all {nproc} ranks" in result.stdout
+    assert json.loads((run_dir / "run.json").read_text())["backend"] == "nccl"
+    for rank in range(nproc):
+        hello = of_kind(events(run_dir, rank), "hello")[-1]
+        assert hello["device"] == f"cuda:{rank}" and hello["backend"] == "nccl"
+    assert list((run_dir / "nccl").glob("*.log"))  # NCCL_DEBUG=INFO went to NCCL_DEBUG_FILE
+    assert job_processes(run_dir) == []

@@ -65,6 +65,12 @@ def _primary(snap: Snapshot) -> tuple[Outcome | None, Outcome | None]:
     return crash, crash
 
 
+def _reports_the_stop(finding: Finding) -> bool:
+    return finding.id == "torchrun.signal" and any(
+        name in finding.summary for name in ("SIGTERM", "SIGKILL", "SIGINT")
+    )
+
+
 def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagnosis:
     primary, crash = _primary(snap)
     verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
@@ -93,6 +99,10 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
     ):
         if outcome is not None:
             secondary.extend(outcome.findings)
+    if any(f.id == "crash.consequence" for f in findings):
+        # The stop was ddpdoctor's (or the watchdog's after the hang): torchrun's report that a
+        # rank was terminated "from outside" says nothing the consequence finding does not.
+        extra_findings = [f for f in extra_findings if not _reports_the_stop(f)]
     secondary.extend(extra_findings)
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):

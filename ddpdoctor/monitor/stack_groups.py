@@ -4,7 +4,8 @@ Ranks whose main-thread stacks are identical after folding form one class; the b
 first, so the odd class out — usually the culprit — stands apart. Frames read `file:line function`,
 innermost last. Runs of library frames (torch, site-packages, the standard library, ddpdoctor's own
 wrappers, native code) fold into one marker line, except the torch.distributed frame that names the
-collective: it says where in torch a rank waits (`distributed_c10d.py:4812 barrier`).
+collective: it says where in torch a rank waits (`distributed_c10d.py:4812 barrier`), and the
+innermost native c10d frame when native frames were captured (`c10d::Reducer::finalize_backward`).
 """
 
 from __future__ import annotations
@@ -152,6 +153,22 @@ def names_collective(frame: Frame) -> bool:
     )
 
 
+def innermost_c10d_frame(frames: Sequence[Frame]) -> int | None:
+    """Where in native torch.distributed a rank waits (`c10d::Reducer::finalize_backward`).
+
+    A DDP gradient all-reduce blocks in C++ under `loss.backward()`, with no distributed_c10d.py
+    frame to name it; py-spy's native frames do, so the innermost c10d frame stays visible unless a
+    distributed_c10d.py frame names the collective already.
+    """
+    found = None
+    for index, frame in enumerate(frames):
+        if names_collective(frame):
+            return None  # the Python collective names it already
+        if frame.native and "c10d::" in frame.function:
+            found = index
+    return found
+
+
 def library_label(frame: Frame) -> str:
     """What a folded frame belongs to: torch/distributed, numpy, threading, libc.so.6, ddpdoctor."""
     path = frame.file
@@ -175,8 +192,9 @@ def fold_frames(frames: Sequence[Frame]) -> tuple[str, ...]:
     """Frames as lines, innermost last, with runs of library frames folded into one marker."""
     out: list[str] = []
     run: list[Frame] = []
-    for frame in frames:
-        if is_library_frame(frame) and not names_collective(frame):
+    c10d_wait = innermost_c10d_frame(frames)
+    for index, frame in enumerate(frames):
+        if is_library_frame(frame) and not names_collective(frame) and index != c10d_wait:
             run.append(frame)
             continue
         out.extend(_fold(run))

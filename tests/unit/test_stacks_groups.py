@@ -169,3 +169,29 @@ def test_load_capture_without_a_summary_reads_the_dumps(tmp_path):
     assert capture.ranks[0].pid == 24641  # from the dump itself
     assert "unreadable dump" in capture.errors[2]
     assert len(group_stacks(capture)) == 2
+
+
+def test_a_ddp_all_reduce_under_backward_shows_where_c10d_waits():
+    # Rank 0 of a real hung reference job (py-spy 0.4.3 --native): blocked in DDP's gradient
+    # all-reduce under loss.backward(), no distributed_c10d.py frame on the stack.
+    def native(function: str, lib: str) -> Frame:
+        return Frame(function, f"/venv/torch/lib/{lib}", 0, native=True)
+
+    frames = (
+        Frame("train_loop", "/work/job/train.py", 314),
+        Frame("Tensor.backward", "/venv/lib/python3.11/site-packages/torch/_tensor.py", 623),
+        native("THPEngine_run_backward", "libtorch_python.so"),
+        native("torch::autograd::Engine::execute", "libtorch_cpu.so"),
+        native("c10d::Reducer::mark_variable_ready", "libtorch_cpu.so"),
+        native("c10d::Reducer::finalize_backward", "libtorch_cpu.so"),
+        native("std::condition_variable::wait", "libstdc++.so.6"),
+        native("pthread_cond_wait", "libc.so.6"),
+    )
+    folded = fold_frames(frames)
+    assert folded == (
+        "train.py:314 train_loop",
+        "… 4 library frames (torch, libtorch_python.so, libtorch_cpu.so)",
+        "c10d::Reducer::finalize_backward (libtorch_cpu.so)",
+        "… 2 native frames (libstdc++.so.6, libc.so.6)",
+    )
+    assert innermost_frame(folded) == "c10d::Reducer::finalize_backward (libtorch_cpu.so)"

@@ -104,11 +104,13 @@ def _outcome(
     culprit_ranks = [c.rank for c in culprits]
     waiter_ranks = [w.rank for w in waiters]
     who = fmt_ranks(culprit_ranks)
+    verb = "waits" if len(waiters) == 1 else "wait"
+    summary = (
+        f"{who} never reached {coll.describe()}"
+        f" ({fmt_ranks(waiter_ranks)} {verb} in it, {fmt_s(longest)})"
+    )
     if len(culprits) == 1:
-        summary = f"{who} never reached {coll.describe()}: {where_is(culprits[0], snap.stacks)}"
-    else:
-        summary = f"{who} never reached {coll.describe()}"
-    summary += f" ({fmt_ranks(waiter_ranks)} {'waits' if len(waiters) == 1 else 'wait'} in it, {fmt_s(longest)})"
+        summary += f": {where_is(culprits[0], snap.stacks)}"
     evidence = []
     for view in culprits[:8]:
         evidence.append(Evidence(f"rank {view.rank}: {where_is(view, snap.stacks)}"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ddpdoctor.rank_ranges import fold_ranks
+
 
 @dataclass(frozen=True)
 class Member:
@@ -103,16 +105,4 @@ class NodeMap:
 
 def compress_ranks(ranks: Iterable[int]) -> str:
     """[0, 1, 2, 3, 5] -> "0-3, 5"."""
-    values = sorted(set(ranks))
-    if not values:
-        return "-"
-    spans: list[str] = []
-    start = prev = values[0]
-    for value in values[1:]:
-        if value == prev + 1:
-            prev = value
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = value
-    spans.append(str(start) if start == prev else f"{start}-{prev}")
-    return ", ".join(spans)
+    return fold_ranks(ranks)

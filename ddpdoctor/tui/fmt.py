@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 from ddpdoctor.findings import Severity
 from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.rank_ranges import fold_ranks
 
 VERDICT_STYLES: dict[Verdict, str] = {
     Verdict.RUNNING: "bold white on dodger_blue3",
@@ -204,19 +205,7 @@ def sparkline(values: Sequence[float], width: int, *, low: float, high: float) -
 
 def ranks_text(ranks: Iterable[int]) -> str:
     """0-3,5,7-8: consecutive ranks folded into ranges."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return NONE
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for rank in ordered[1:]:
-        if rank == prev + 1:
-            prev = rank
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = rank
-    parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
+    return fold_ranks(ranks, sep=",", empty=NONE)
 
 
 def truncate(text: str, width: int) -> str:

@@ -23,6 +23,7 @@ from typing import Protocol
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.explain.lines import SourceLine
 from ddpdoctor.monitor.explain.prefilter import TokenIndex
+from ddpdoctor.rank_ranges import fold_ranks
 
 MAX_EVIDENCE = 8  # evidence lines kept per finding (the first ones: where it started)
 MAX_SPLITS = 20  # distinct `split_by` values per rule before the rest are folded together
@@ -249,10 +250,10 @@ class RuleSet:
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """ "rank 3" / "ranks 0, 1, 4"."""
+    """ "rank 3" / "ranks 0, 1, 4" / "ranks 0-63"."""
     ordered = sorted(set(ranks))
     if not ordered:
         return "an unknown rank"
     if len(ordered) == 1:
         return f"rank {ordered[0]}"
-    return "ranks " + ", ".join(map(str, ordered))
+    return "ranks " + fold_ranks(ordered, min_run=3)

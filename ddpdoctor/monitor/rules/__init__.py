@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.rank_ranges import fold_ranks
 
 
 @dataclass(frozen=True)
@@ -32,22 +33,7 @@ def fmt_ranks(ranks) -> str:
     ordered = sorted(set(ranks))
     if len(ordered) == 1:
         return f"rank {ordered[0]}"
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for r in [*ordered[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(
-            str(start)
-            if start == prev
-            else f"{start}-{prev}"
-            if prev > start + 1
-            else f"{start}, {prev}"
-        )
-        if r is not None:
-            start = prev = r
-    return "ranks " + ", ".join(parts)
+    return "ranks " + fold_ranks(ordered, min_run=3)
 
 
 def fmt_s(seconds: float | None) -> str:

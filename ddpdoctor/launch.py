@@ -7,6 +7,11 @@
 Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor failed a check, the job hung,
 mismatched or crashed, or exited non-zero; 2 a usage error (raised before anything starts); 130 the
 user interrupted it. The job never outlives this function (see Job).
+
+A job that spans nodes runs one launcher per node (`--nnodes N --node-rank I`), all writing into one
+run directory on a shared filesystem: node 0 writes run.json; each node keeps its own torchrun logs
+(logs/<host>/node-<I>/), its doctor.json and its node record (nodes/node-<I>/), supervises its own
+torchrun, answers the other launchers' stack requests, and watches every rank.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import json
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -31,7 +38,9 @@ from ddpdoctor.job import STOP_GRACE_S, Job
 from ddpdoctor.launch_plan import LaunchPlan, installed_torch_version, run_json_document
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.torchrun_logs import AgentLogParser, signal_name
+from ddpdoctor.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.rundir import RunDir, write_json_atomic
+from ddpdoctor.stack_responder import StackResponder
 from ddpdoctor.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.torchrun_cmd import job_env, torchrun_argv
 
@@ -55,32 +64,38 @@ def launch(plan: LaunchPlan) -> int:
     run_dir = RunDir.create(plan.run_dir)
     console = make_console(sys.stderr if plan.json else sys.stdout)
     torch_version = installed_torch_version()
+    log_dir = run_dir.node_logs_dir(plan.node_rank)
     argv = torchrun_argv(
         nproc_per_node=plan.nproc_per_node,
         rendezvous=plan.rendezvous,
-        log_dir=run_dir.host_logs_dir(),
+        log_dir=log_dir,
         program=plan.program,
     )
-    # On several nodes sharing the run directory, the first node describes the run.
-    if plan.rendezvous.node_rank in (None, 0) or not run_dir.run_json.exists():
+    # On several nodes sharing the run directory, node 0 describes the run.
+    if plan.node_rank in (None, 0) or not run_dir.run_json.exists():
         document = run_json_document(
             plan, run_dir=run_dir.path, torchrun=argv, torch_version=torch_version
         )
         write_json_atomic(run_dir.run_json, document)
+    recorder = node_recorder(plan, run_dir, log_dir)
     if plan.doctor and not preflight(plan, run_dir, console):
         console.print(f"run directory: {run_dir.path}", markup=False)
+        if recorder is not None:
+            recorder.ended(int(ExitCode.PROBLEMS), None, time.time())
         if plan.json:
             doc = {
                 "schema_version": 1,
                 "verdict": None,
-                "doctor": json.loads(run_dir.doctor_json.read_text()),
+                "doctor": json.loads(run_dir.doctor_json_for(plan.node_rank).read_text()),
                 "job": {"exit_code": int(ExitCode.PROBLEMS), "started": False},
             }
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return int(ExitCode.PROBLEMS)
     env = job_env(os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version)
-    outcome, agent_exits = run_job(plan, run_dir, console, argv, env)
+    outcome, agent_exits = run_job(plan, run_dir, console, argv, env, recorder=recorder)
     code = exit_code_for(outcome)
+    if recorder is not None:
+        recorder.ended(int(code), outcome.job_returncode, time.time())
     for text in closing_lines(outcome, agent_exits, run_dir=run_dir, exit_code=code):
         console.print(text, highlight=False, markup=False)
     if plan.json:
@@ -89,8 +104,28 @@ def launch(plan: LaunchPlan) -> int:
     return int(code)
 
 
+def node_recorder(plan: LaunchPlan, run_dir: RunDir, log_dir: Path) -> NodeRecorder | None:
+    """This launcher's node record, for a job that spans nodes (None for one node)."""
+    if plan.node_rank is None:
+        return None
+    record = NodeRecord(
+        node_rank=plan.node_rank,
+        host=socket.gethostname(),
+        launcher_pid=os.getpid(),
+        log_dir=str(log_dir.relative_to(run_dir.path)),
+        nproc=plan.nproc_per_node,
+    )
+    return NodeRecorder(run_dir, record)
+
+
 def run_job(
-    plan: LaunchPlan, run_dir: RunDir, console: Console, argv: list[str], env: dict[str, str]
+    plan: LaunchPlan,
+    run_dir: RunDir,
+    console: Console,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    recorder: NodeRecorder | None = None,
 ) -> tuple[Outcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
     print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
@@ -109,17 +144,27 @@ def run_job(
     job = Job(
         argv,
         env,
-        agent_log=run_dir.host_logs_dir() / "torchrun.log",
+        agent_log=run_dir.node_logs_dir(plan.node_rank) / "torchrun.log",
         on_line=None if use_tui else lines.put,
         on_agent_line=on_agent_line,
     )
-    monitor = Monitor(run_dir, hang_after=plan.hang_after)
-    supervised = SupervisedRun(monitor, job, StopPolicy(keep_running=plan.keep_running))
+    node = plan.node_rank
+    monitor = Monitor(run_dir, hang_after=plan.hang_after, node_rank=node)
+    policy = StopPolicy(keep_running=plan.keep_running, follower=node not in (None, 0))
+    supervised = SupervisedRun(
+        monitor,
+        job,
+        policy,
+        on_stop=(lambda verdict: recorder.stopped(verdict.value)) if recorder else None,
+        responder=StackResponder(run_dir, node) if node is not None else None,
+    )
     # After the TUI has closed, the same diagnosis is printed once more as plain text.
     view = HeadlessView(console, live=console.is_terminal and not use_tui)
     interrupts = Interrupts()
     try:
         job.start()
+        if recorder is not None:
+            recorder.started(job.pid, time.time())
         with forward_signals(job, interrupts, leave_tui=use_tui):
             if use_tui:
                 from ddpdoctor.tui import run_tui
@@ -160,7 +205,7 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
         workers=plan.workers,
     )
     report = run_doctor(None, options, show_progress=not plan.json)
-    write_json_atomic(run_dir.doctor_json, report.to_json())
+    write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())
     render_report(report, console, symbols=symbols_for(console.file))
     if report.counts["fail"]:
         console.print(

@@ -56,6 +56,11 @@ class LaunchPlan:
         return self.nproc_per_node * self.max_nodes
 
     @property
+    def node_rank(self) -> int | None:
+        """This launcher's node in a job that spans nodes; None for a one-node job."""
+        return self.rendezvous.node_rank if self.max_nodes > 1 else None
+
+    @property
     def program(self) -> list[str]:
         return program_argv(self.script, self.script_args, self.reference_args)
 
@@ -110,11 +115,8 @@ def plan_from_args(
         master_addr=args.master_addr,
         master_port=args.master_port,
     )
-    if max_nodes > 1 and not (args.rdzv_endpoint or args.master_addr):
-        raise UsageError(
-            f"--nnodes {args.nnodes} spans several nodes: give --rdzv-endpoint HOST:PORT "
-            "(c10d rendezvous) or --master-addr/--master-port with --node-rank"
-        )
+    if max_nodes > 1:
+        _check_multi_node(args, max_nodes)
     for spec in injects:
         spec.check_world(nproc * max_nodes)
     if args.data is not None and not Path(args.data).is_dir():
@@ -161,6 +163,25 @@ def plan_from_args(
         workers=args.workers,
         argv=tuple(sys.argv[1:] if argv is None else argv),
     )
+
+
+def _check_multi_node(args: argparse.Namespace, max_nodes: int) -> None:
+    """A job that spans nodes needs a place to meet and, for ddpdoctor, a name for each launcher:
+    its --node-rank names its folders in the shared run directory (logs/<host>/node-<N>/,
+    nodes/node-<N>/) and its answers to stack requests."""
+    missing = []
+    if args.node_rank is None:
+        missing.append(f"--node-rank (this node's number, 0 to {max_nodes - 1})")
+    if not (args.rdzv_endpoint or args.master_addr):
+        missing.append("--rdzv-endpoint HOST:PORT (c10d rendezvous) or --master-addr/--master-port")
+    if missing:
+        raise UsageError(
+            f"--nnodes {args.nnodes} spans several nodes: missing " + " and ".join(missing)
+        )
+    if args.node_rank >= max_nodes:
+        raise UsageError(
+            f"--node-rank {args.node_rank} is outside --nnodes {args.nnodes} (0 to {max_nodes - 1})"
+        )
 
 
 def _check_user_script(args: argparse.Namespace, injects: tuple[InjectSpec, ...]) -> None:

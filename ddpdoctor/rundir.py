@@ -7,9 +7,14 @@ look the same to a watcher, because everything it knows comes from here:
       run.json                 what was launched (written by the launcher)
       events/rank-<R>.jsonl    one append-only JSON object per line, per rank (runtime/)
       logs/<host>/...          per-rank stdout/stderr captured by torchrun --log-dir on that host
+                               (logs/<host>/node-<N>/... when the job spans nodes: two agents may
+                               share a host, so each node's launcher has its own folder)
+      nodes/node-<N>/          one folder per node's launcher: node.json (host, pids, how its
+                               torchrun ended) and that node's doctor.json
       nccl/                    NCCL_DEBUG_FILE=RUN_DIR/nccl/%h.%p.log
       stacks/<capture>/        py-spy dumps, one JSON file per rank: rank-<R>.json
-      requests/                stack-capture requests for launchers on other nodes (one JSON file each)
+      requests/                stack-capture requests for launchers on other nodes (<id>.json) and
+                               their answers (<id>.node<N>.done), see ddpdoctor/stack_requests.py
       doctor.json              the preflight report, when run
       diagnosis.json           the monitor's latest verdict
 """
@@ -61,8 +66,23 @@ class RunDir:
         return self.path / "requests"
 
     @property
+    def nodes_dir(self) -> Path:
+        return self.path / "nodes"
+
+    @property
     def doctor_json(self) -> Path:
         return self.path / "doctor.json"
+
+    def node_dir(self, node_rank: int) -> Path:
+        """The folder of one node's launcher in a job that spans nodes."""
+        return self.nodes_dir / f"node-{node_rank}"
+
+    def node_json(self, node_rank: int) -> Path:
+        return self.node_dir(node_rank) / "node.json"
+
+    def doctor_json_for(self, node_rank: int | None) -> Path:
+        """doctor.json of a one-node run, or of node N's preflight when the job spans nodes."""
+        return self.doctor_json if node_rank is None else self.node_dir(node_rank) / "doctor.json"
 
     @property
     def diagnosis_json(self) -> Path:
@@ -74,6 +94,12 @@ class RunDir:
     def host_logs_dir(self, host: str | None = None) -> Path:
         """torchrun's --log-dir for the agent on `host` (one per node, so nodes never collide)."""
         return self.logs_dir / (host or socket.gethostname())
+
+    def node_logs_dir(self, node_rank: int | None, host: str | None = None) -> Path:
+        """torchrun's --log-dir for this launcher: logs/<host>/ on one node, logs/<host>/node-<N>/
+        when the job spans nodes (two agents on one host must not share a folder)."""
+        base = self.host_logs_dir(host)
+        return base if node_rank is None else base / f"node-{node_rank}"
 
     def nccl_debug_file_pattern(self) -> str:
         """NCCL expands %h (host) and %p (pid) itself."""

@@ -8,6 +8,13 @@ in) unless the user asked to keep it running.
     mismatch  on gloo a mismatch usually aborts by itself: give torchrun a moment to tear the job
               down, then stop it like a hang (a barrier facing an all_reduce blocks instead)
     crash     torchrun stops the surviving ranks itself; stop the job only if that takes too long
+
+A job that spans nodes has one launcher per node, each supervising its own torchrun. Node 0's
+launcher leads: it stops its job by the rules above. The others follow: each stops its own
+torchrun as soon as another node's launcher has stopped its job (its node record says so), so no
+node's ranks are left behind, and by the rules above only after FOLLOWER_GRACE_S more (in case the
+lead is gone). Every launcher answers the stack requests of the others while its job runs, and
+finishes an answer in progress before it stops its ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from typing import Any
 
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
 
-STACK_WAIT_S = 15.0
+STACK_WAIT_S = 20.0  # remote stacks answer within the request timeout (py-spy 10 s + polling)
+FOLLOWER_GRACE_S = 10.0
 ASK_STACKS_AFTER_S = 2.0  # the monitor captures on a hang itself; ask only if it has not begun
 
 
@@ -37,11 +45,12 @@ STOP_RULES: dict[Verdict, StopRule] = {
 
 
 def stacks_settled(snapshot: Snapshot) -> bool:
-    """The monitor's stack capture is done, or cannot happen ("py-spy missing", ...)."""
-    if snapshot.stacks:
-        return True
+    """The monitor's stack capture is done (other nodes' answers included), or cannot happen
+    ("py-spy missing", ...)."""
     status = (snapshot.stack_status or "").strip().lower()
-    return bool(status) and not status.startswith("capturing")
+    if status.startswith("capturing"):
+        return False
+    return bool(snapshot.stacks) or bool(status)
 
 
 @dataclass(frozen=True)
@@ -53,17 +62,30 @@ class Decision:
 class StopPolicy:
     """Decides, one snapshot at a time, whether the launcher should stop the job now."""
 
-    def __init__(self, *, keep_running: bool, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        keep_running: bool,
+        clock: Callable[[], float] = time.monotonic,
+        follower: bool = False,
+    ):
         self.keep_running = keep_running
+        self.follower = follower  # a launcher of node > 0: it follows the lead's stop
         self._clock = clock
         self._verdict: Verdict | None = None
         self._since: float | None = None
         self._asked_stacks = False
         self.stopped_for: Verdict | None = None
 
-    def observe(self, snapshot: Snapshot, *, job_running: bool) -> Decision:
+    def observe(
+        self, snapshot: Snapshot, *, job_running: bool, peer_stopped: Verdict | None = None
+    ) -> Decision:
+        """`peer_stopped`: another node's launcher stopped its part of the job for this verdict."""
         if not job_running or self.stopped_for is not None:
             return Decision()
+        if peer_stopped is not None and not self.keep_running:
+            self.stopped_for = peer_stopped
+            return Decision(stop=peer_stopped)
         verdict = snapshot.verdict
         rule = STOP_RULES.get(verdict)
         if rule is None:
@@ -76,7 +98,11 @@ class StopPolicy:
             return Decision()
         waited = now - self._since
         settled = stacks_settled(snapshot)
-        if waited >= rule.max_wait_s or (waited >= rule.min_wait_s and settled):
+        if self.follower:
+            if waited >= rule.max_wait_s + FOLLOWER_GRACE_S:
+                self.stopped_for = verdict
+                return Decision(stop=verdict)
+        elif waited >= rule.max_wait_s or (waited >= rule.min_wait_s and settled):
             self.stopped_for = verdict
             return Decision(stop=verdict)
         # The monitor captures stacks on a hang by itself; for a job that still runs after
@@ -90,6 +116,19 @@ class StopPolicy:
             self._asked_stacks = True
             return Decision(capture_stacks=True)
         return Decision()
+
+
+def peer_stop(records: Any, node_rank: int | None) -> Verdict | None:
+    """The verdict another node's launcher stopped its torchrun for (node records), if any."""
+    if node_rank is None:
+        return None
+    for node, record in sorted((records or {}).items()):
+        if node != node_rank and record.stopped_for:
+            try:
+                return Verdict(record.stopped_for)
+            except ValueError:
+                continue
+    return None
 
 
 def local_rank_pids(snapshot: Snapshot) -> list[int]:
@@ -109,24 +148,39 @@ class SupervisedRun:
         policy: StopPolicy,
         *,
         on_stop: Callable[[Verdict], None] | None = None,
+        responder: Any = None,
     ) -> None:
         self.monitor = monitor
         self.job = job
         self.policy = policy
         self._on_stop = on_stop
+        self.responder = responder  # ddpdoctor.stack_responder.StackResponder (several nodes)
+        self.node_rank: int | None = getattr(monitor, "node_rank", None)
+        self._stop_pending = False
         self.last: Snapshot | None = None
 
     def poll(self) -> Snapshot:
         snapshot = self.monitor.poll()
         self.last = snapshot
         self.job.refresh()
-        self.job.track(local_rank_pids(snapshot))
-        decision = self.policy.observe(snapshot, job_running=self.job.returncode() is None)
+        if self.node_rank is None:
+            self.job.track(local_rank_pids(snapshot))
+        else:  # other nodes' ranks may share this host: only this node's are the job's
+            self.job.track(self.monitor.own_ranks(snapshot).values())
+        running = self.job.returncode() is None
+        if self.responder is not None and running:
+            self.responder.poll(self.monitor.node_ranks(snapshot))
+        peer = peer_stop(getattr(self.monitor, "nodes", None), self.node_rank)
+        decision = self.policy.observe(snapshot, job_running=running, peer_stopped=peer)
         if decision.capture_stacks:
             self.monitor.request_stacks()
         if decision.stop is not None:
             if self._on_stop is not None:
                 self._on_stop(decision.stop)
+            self._stop_pending = True
+        if self._stop_pending and not (self.responder is not None and self.responder.busy):
+            # An answer in progress is finished first: another node waits for these stacks.
+            self._stop_pending = False
             self.job.stop()
         return snapshot
 

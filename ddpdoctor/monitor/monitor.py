@@ -5,6 +5,12 @@ or the log explainers (they run in background threads and land in later snapshot
 Monitor serves a live run (launched here or attached with `watch`), a finished one and a directory
 copied from another machine: when nothing of the run is alive any more, time stops at the run's
 last event, so ages and waits read as they were when the record ended.
+
+A job that spans nodes has one launcher per node writing into the same run directory
+(RUN_DIR/nodes/node-<N>/node.json says which torchrun is whose). A Monitor built for node N's
+launcher (`node_rank=N`) captures the stacks of that node's own ranks itself and asks the other
+launchers for the rest; a Monitor of `ddpdoctor watch` captures the live ranks of its own host and
+asks for the rest (ddpdoctor.stack_requests).
 """
 
 from __future__ import annotations
@@ -22,15 +28,17 @@ from ddpdoctor.events import parse_event_line
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
-from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info
-from ddpdoctor.monitor.snapshot import Snapshot, Verdict
+from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
+from ddpdoctor.monitor.snapshot import RankView, Snapshot, Verdict
 from ddpdoctor.monitor.stack_collector import StackCollector
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
+from ddpdoctor.node_records import NodeRecord, read_node_records
 from ddpdoctor.rundir import RunDir, write_json_atomic
 
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
+NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
 
 
 def _classifier() -> Callable[[str], Any] | None:
@@ -39,6 +47,14 @@ def _classifier() -> Callable[[str], Any] | None:
     except ImportError:
         return None
     return classify_line
+
+
+def _asker(node_rank: int | None):
+    from ddpdoctor.stack_requests import Asker
+
+    if node_rank is None:
+        return Asker.here(role="watch")
+    return Asker.here(role="launcher", node=node_rank)
 
 
 class Monitor:
@@ -52,8 +68,14 @@ class Monitor:
         write_diagnosis: bool = True,
         stack_timeout_s: float = 10.0,
         explain_logs: bool = True,
+        node_rank: int | None = None,
+        ask_remote: bool = True,
     ) -> None:
+        """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
+        ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
+        of ranks this process cannot reach."""
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
+        self.node_rank = node_rank
         self.clock = clock
         self.capture_stacks = capture_stacks
         self.write_diagnosis = write_diagnosis
@@ -61,7 +83,15 @@ class Monitor:
         self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
         self.state = RunState(run_info(self.run, data), classify=_classifier())
         self.tailer = RunTailer(self.run)
-        self.stacks = StackCollector(self.run, timeout_s=stack_timeout_s)
+        self.nodes: dict[int, NodeRecord] = {}
+        self._nodes_read_t: float | None = None
+        self.stacks = StackCollector(
+            self.run,
+            timeout_s=stack_timeout_s,
+            asker=_asker(node_rank) if ask_remote else None,
+            clock=clock,
+            launcher_ended=self._launcher_ended,
+        )
         self.logs = LogFindings(self.run) if explain_logs else None
         self.local_host = this_host()
         self._lock = threading.RLock()
@@ -116,6 +146,7 @@ class Monitor:
         now = self.clock()
         self.polls += 1
         self._reload_run_json()
+        self._read_nodes(now)
         # Liveness before reading: an exit event written before a process died is read in the
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
@@ -182,13 +213,48 @@ class Monitor:
         return max(0.0, self._first_problem[1] - diagnosis.started_t)
 
     def _start_capture(self, snap: Snapshot) -> bool:
-        targets = {
-            v.rank: v.pid
+        targets = self.own_ranks(snap)
+        remote = {
+            v.rank: self.state.node_of(v.rank)
             for v in snap.ranks
-            if v.alive is True and v.pid is not None and not v.state.finished
+            if v.rank not in targets
+            and v.pid is not None
+            and not v.state.finished
+            and v.alive is not False
         }
-        remote = sum(1 for v in snap.ranks if v.alive is None and not v.state.finished)
         return self.stacks.start(targets, remote=remote)
+
+    def owns(self, view: RankView) -> bool:
+        """Whether this process captures the rank itself: a launcher the ranks of its own node
+        (not merely of its host: two agents may share one); a watcher the live ranks of its host
+        that no running launcher answers for."""
+        if view.alive is not True or view.pid is None or view.state.finished:
+            return False
+        node = self.state.node_of(view.rank)
+        if self.node_rank is not None:
+            return node == self.node_rank
+        # A watcher leaves a rank to its node's launcher while that one runs: py-spy attaches to
+        # a process one tracer at a time, and the launcher is there to capture it.
+        record = self.nodes.get(node) if node is not None else None
+        return record is None or record.ended
+
+    def own_ranks(self, snap: Snapshot | None = None) -> dict[int, int]:
+        """rank -> pid of the live ranks this process captures itself (see `owns`)."""
+        snap = snap or self._last
+        if snap is None:
+            return {}
+        return {v.rank: v.pid for v in snap.ranks if v.pid is not None and self.owns(v)}
+
+    def node_ranks(self, snap: Snapshot | None = None) -> dict[int, int | None]:
+        """For node N's launcher: every rank of node N, rank -> pid (None once it has ended)."""
+        snap = snap or self._last
+        if snap is None or self.node_rank is None:
+            return {}
+        return {
+            v.rank: v.pid if self.owns(v) else None
+            for v in snap.ranks
+            if self.state.node_of(v.rank) == self.node_rank
+        }
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -223,9 +289,24 @@ class Monitor:
         if mtime != self._run_json_mtime:
             self._run_json_mtime = mtime
             data = self.run.read_run_json()
-            self.state.info = run_info(self.run, data)
+            self.state.info = with_nodes(run_info(self.run, data), self.nodes)
             if self.hang_after is None:
                 self.hang_after = recorded_hang_after(data)
+
+    def _read_nodes(self, now: float) -> None:
+        """The launchers' node records (a job that spans nodes), at most once a second."""
+        if self._nodes_read_t is not None and 0 <= now - self._nodes_read_t < NODES_EVERY_S:
+            return
+        self._nodes_read_t = now
+        records = read_node_records(self.run)
+        if records != self.nodes:
+            self.nodes = records
+            self.state.set_nodes(records)
+            self.state.info = with_nodes(self.state.info, records)
+
+    def _launcher_ended(self, node: int) -> bool:
+        record = self.nodes.get(node)
+        return record is not None and record.ended
 
     @staticmethod
     def _mtime(path: Path) -> float | None:

@@ -87,6 +87,8 @@ class RankTracker:
         self.host: str | None = None
         self.pid: int | None = None
         self.local_rank: int | None = None
+        self.ppid: int | None = None  # its node's torchrun (which launcher owns it)
+        self.group_rank: int | None = None  # torchrun's node number (GROUP_RANK)
         self.world_size: int | None = None
         self.backend: str | None = None
         self.hello_t: float | None = None
@@ -165,6 +167,8 @@ class RankTracker:
         self.pid = pid if pid is not None else self.pid
         self.host = text(e.get("host")) or self.host
         self.local_rank = integer(e.get("local_rank"))
+        self.ppid = integer(e.get("ppid"))
+        self.group_rank = integer(e.get("group_rank"))
         self.world_size = integer(e.get("world_size")) or self.world_size
         self.backend = text(e.get("backend")) or self.backend
         self.hello_t = t

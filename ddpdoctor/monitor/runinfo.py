@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.monitor.snapshot import RunInfo
@@ -59,3 +61,17 @@ def recorded_hang_after(data: dict[str, Any]) -> float | None:
     """The --hang-after the launcher ran with, when it recorded one."""
     value = _float(data.get("hang_after"))
     return value if value and value > 0 else None
+
+
+def with_nodes(info: RunInfo, records: Mapping[int, Any]) -> RunInfo:
+    """RunInfo with the hosts of every node's launcher (run.json names only the node that wrote
+    it) and at least as many nodes as launchers recorded (ddpdoctor.node_records)."""
+    if not records:
+        return info
+    hosts = list(info.hosts)
+    for node in sorted(records):
+        host = getattr(records[node], "host", None)
+        if isinstance(host, str) and host not in hosts:
+            hosts.append(host)
+    nnodes = max(info.nnodes or 0, len(records))
+    return replace(info, hosts=tuple(hosts), nnodes=nnodes)

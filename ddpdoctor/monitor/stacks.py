@@ -16,11 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.stack_groups import (
@@ -42,6 +44,7 @@ __all__ = [
     "group_stacks",
     "load_capture",
     "read_ptrace_facts",
+    "read_summary",
     "thread_groups",
 ]
 
@@ -51,6 +54,7 @@ _MAX_PARALLEL = 32
 _DENIED = ("permission denied", "operation not permitted")
 _GONE = ("no such process", "failed to get process executable name", "no such file or directory")
 _CAP_SYS_PTRACE_BIT = 19
+_ONE_CAPTURE_AT_A_TIME = threading.Lock()
 
 PTRACE_FIX = (
     "Allow ddpdoctor to ptrace the ranks: run it as root, or as the ranks' user with "
@@ -156,8 +160,14 @@ def capture_stacks(
     runner: Runner | None = None,
     pyspy: str | None = None,
     ptrace: PtraceFacts | None = None,
+    captured_by: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
 ) -> StackCapture:
-    """Dump every target rank's stacks (rank -> pid) in parallel, each within `timeout_s`."""
+    """Dump every target rank's stacks (rank -> pid) in parallel, each within `timeout_s`.
+
+    `captured_by` (who took it: host, pid, role, node) and `request_id` (the stack request it
+    answers, or that asked other nodes for the rest: ddpdoctor.stack_requests) go into the
+    capture's summary, so that the dumps of one round, taken on several nodes, belong together."""
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     capture_id, folder = _new_capture_dir(run)
     taken_t = time.time()
@@ -176,11 +186,22 @@ def capture_stacks(
         findings = (_denied_finding(ranks, facts, []),)
     else:
         dumper = _Dumper(exe, runner or run_command, folder, native, timeout_s)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(targets), _MAX_PARALLEL))) as pool:
+        # A process has one tracer at a time: a launcher that captures for its own view and
+        # for another node's request at once would see one of the two dumps fail.
+        with (
+            _ONE_CAPTURE_AT_A_TIME,
+            ThreadPoolExecutor(max_workers=max(1, min(len(targets), _MAX_PARALLEL))) as pool,
+        ):
             ranks = tuple(pool.map(lambda item: dumper.dump(*item), sorted(targets.items())))
         findings = _findings(ranks, facts, dumper.denied_messages)
     capture = StackCapture(capture_id, str(folder), taken_t, ranks, findings)
-    _write_summary(folder, capture, native=native, timeout_s=timeout_s)
+    _write_summary(
+        folder,
+        capture,
+        native=native,
+        timeout_s=timeout_s,
+        extra={"captured_by": dict(captured_by or {}), "request_id": request_id},
+    )
     return capture
 
 
@@ -314,11 +335,19 @@ def _missing_finding() -> Finding:
     )
 
 
-def _write_summary(folder: Path, capture: StackCapture, *, native: bool, timeout_s: float) -> None:
+def _write_summary(
+    folder: Path,
+    capture: StackCapture,
+    *,
+    native: bool,
+    timeout_s: float,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     write_json_atomic(
         folder / SUMMARY_FILE,
         {
             "schema_version": SCHEMA_VERSION,
+            **(extra or {}),
             "capture_id": capture.capture_id,
             "taken_t": capture.taken_t,
             "native": native,
@@ -339,6 +368,15 @@ def _write_summary(folder: Path, capture: StackCapture, *, native: bool, timeout
             "findings": [f.to_json() for f in capture.findings],
         },
     )
+
+
+def read_summary(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """A capture's capture.json ({} when missing or unreadable)."""
+    try:
+        data = json.loads((Path(folder) / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def load_capture(folder: str | os.PathLike[str]) -> StackCapture:

@@ -37,6 +37,7 @@ from ddpdoctor.monitor.torchrun_logs import (
     LogSource,
     signal_name,
 )
+from ddpdoctor.node_records import NodeRecord, node_of
 
 LOG_RING = 1000  # recent log lines kept for the logs panel
 MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank
@@ -61,8 +62,10 @@ class RunState:
         self.logs: deque[LogLine] = deque(maxlen=LOG_RING)
         self.by_local: dict[tuple[str, int], int] = {}  # (host, local_rank) -> rank
         self.by_pid: dict[tuple[str, int], int] = {}  # (host, pid) -> rank
-        self.agents: dict[str, AgentLogParser] = {}
-        self.agent_files: dict[str, str] = {}  # host -> torchrun.log path (relative)
+        self.agents: dict[str, AgentLogParser] = {}  # by agent ("vm", or "vm node 1")
+        self.agent_files: dict[str, str] = {}  # agent -> torchrun.log path (relative)
+        self.nodes: dict[int, NodeRecord] = {}  # the launchers of a job that spans nodes
+        self._by_node_local: dict[tuple[str, int, int], int] | None = None
         self.events_applied = 0
 
     # -- input -----------------------------------------------------------------------------
@@ -96,6 +99,7 @@ class RunState:
             if duration is not None and t is not None:
                 self.waits.append((t - duration, duration))
         elif kind == ev.HELLO:
+            self._by_node_local = None
             if tracker.host is not None and tracker.local_rank is not None:
                 self.by_local[(tracker.host, tracker.local_rank)] = rank
             if tracker.host is not None and tracker.pid is not None:
@@ -109,8 +113,8 @@ class RunState:
         """New lines of one log file: into the ring (classified) and into the rank's error lines.
         Returns how many were warnings or errors (every line counts when nothing classifies)."""
         if source.kind == AGENT_LOG:
-            parser = self.agents.setdefault(source.host or "", AgentLogParser())
-            self.agent_files[source.host or ""] = source.rel
+            parser = self.agents.setdefault(source.agent_key, AgentLogParser())
+            self.agent_files[source.agent_key] = source.rel
         rank = self.rank_of(source)
         label = source.label(rank)
         notable = 0
@@ -138,6 +142,8 @@ class RunState:
     def rank_of(self, source: LogSource) -> int | None:
         """The global rank a log file belongs to (None for shared logs or while unknown)."""
         if source.kind == RANK_LOG and source.host is not None and source.local_rank is not None:
+            if source.node is not None:  # agents may share the host: the node tells them apart
+                return self._node_local_index().get((source.host, source.node, source.local_rank))
             rank = self.by_local.get((source.host, source.local_rank))
             if rank is None and (self.info.nnodes or 1) == 1 and len(self.agent_files) <= 1:
                 rank = source.local_rank  # one node: torchrun numbers local ranks as global ones
@@ -145,6 +151,32 @@ class RunState:
         if source.kind == NCCL_LOG and source.host is not None and source.pid is not None:
             return self.by_pid.get((source.host, source.pid))
         return None
+
+    def set_nodes(self, records: dict[int, NodeRecord]) -> None:
+        """The node records of the run's launchers (RUN_DIR/nodes/), as the monitor read them."""
+        if records != self.nodes:
+            self.nodes = dict(records)
+            self._by_node_local = None
+
+    def node_of(self, rank: int) -> int | None:
+        """The node (launcher) a rank runs under, when known."""
+        tracker = self.ranks.get(rank)
+        if tracker is None:
+            return None
+        return node_of(
+            self.nodes, host=tracker.host, ppid=tracker.ppid, group_rank=tracker.group_rank
+        )
+
+    def _node_local_index(self) -> dict[tuple[str, int, int], int]:
+        """(host, node, local_rank) -> rank, rebuilt after a hello or new node records."""
+        if self._by_node_local is None:
+            index: dict[tuple[str, int, int], int] = {}
+            for rank, tracker in self.ranks.items():
+                node = self.node_of(rank)
+                if tracker.host is not None and node is not None and tracker.local_rank is not None:
+                    index[(tracker.host, node, tracker.local_rank)] = rank
+            self._by_node_local = index
+        return self._by_node_local
 
     def set_alive(self, rank: int, alive: bool | None) -> None:
         self.alive[rank] = alive
@@ -306,16 +338,16 @@ class RunState:
         if agent is not None:
             if tracker.agent_exit_code is None:
                 tracker.agent_exit_code = agent.exit_code
-                host = next((h for h, p in self.agents.items() if agent.pid in p.exits), "")
-                if agent.line_no is not None and host in self.agent_files:
+                key = next((k for k, p in self.agents.items() if agent.pid in p.exits), "")
+                if agent.line_no is not None and key in self.agent_files:
                     tracker.add_error_line(
                         LogLine(
-                            f"torchrun {host}",
+                            f"torchrun {key}",
                             f"torchrun: rank {tracker.rank} exitcode {agent.exit_code}"
                             + (f" ({agent.signal})" if agent.signal else ""),
                             tracker.rank,
                             "error",
-                            self.agent_files[host],
+                            self.agent_files[key],
                             agent.line_no,
                         )
                     )

@@ -1,9 +1,11 @@
 """What the log files of a run directory are, and what torchrun's own log says about exits.
 
 torchrun --log-dir writes `logs/<host>/<run-id>_<random>/attempt_<n>/<local_rank>/{stdout,stderr}.log`
-(the launcher gives each host its own folder); the launcher saves torchrun's own output to
-`logs/<host>/torchrun.log`; NCCL writes `nccl/<host>.<pid>.log`. A local rank maps to a global rank
-through the hello events (host + local_rank), an NCCL log through (host + pid).
+(the launcher gives each host its own folder, and each node its own below it when the job spans
+nodes: `logs/<host>/node-<N>/...`, since two agents may share a host); the launcher saves torchrun's
+own output to `logs/<host>[/node-<N>]/torchrun.log`; NCCL writes `nccl/<host>.<pid>.log`. A local
+rank maps to a global rank through the hello events (host [+ node] + local_rank), an NCCL log
+through (host + pid).
 
 torchrun's failure table (ChildFailedError) gives each failed rank's exit code, pid and the signal
 that ended it. Its "Root Cause (first observed failure)" is the exit the agent noticed first, which
@@ -22,6 +24,7 @@ NCCL_LOG = "nccl"
 OTHER_LOG = "other"
 
 _ATTEMPT = re.compile(r"^attempt_(\d+)$")
+_NODE = re.compile(r"^node-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,13 @@ class LogSource:
     stream: str | None = None  # "stdout" | "stderr" for rank logs
     attempt: int | None = None
     pid: int | None = None  # NCCL logs are named by the rank's pid
+    node: int | None = None  # the launcher's node rank, for a job that spans nodes
+
+    @property
+    def agent_key(self) -> str:
+        """Which torchrun agent wrote it: "vm", or "vm node 1" when agents share a host."""
+        host = self.host or ""
+        return host if self.node is None else f"{host} node {self.node}"
 
     def label(self, rank: int | None) -> str:
         """How the logs panel names the source: "rank 1 stderr", "nccl vm.1234", "torchrun vm"."""
@@ -44,7 +54,7 @@ class LogSource:
         if self.kind == NCCL_LOG:
             return f"nccl {self.host}.{self.pid}"
         if self.kind == AGENT_LOG:
-            return f"torchrun {self.host}"
+            return f"torchrun {self.agent_key}"
         return self.rel
 
 
@@ -62,9 +72,12 @@ def classify_log_path(parts: tuple[str, ...]) -> LogSource | None:
     if parts[0] != "logs" or len(parts) < 3:
         return LogSource(rel, OTHER_LOG) if parts[0] in ("logs", "nccl") else None
     host = parts[1]
-    if len(parts) == 3 and parts[2] == "torchrun.log":
-        return LogSource(rel, AGENT_LOG, host=host)
-    if len(parts) >= 5 and parts[-1] in ("stdout.log", "stderr.log") and parts[-2].isdigit():
+    node_match = _NODE.match(parts[2]) if len(parts) > 3 else None
+    node = int(node_match.group(1)) if node_match else None
+    inner = parts[3:] if node_match else parts[2:]  # below the agent's own folder
+    if len(inner) == 1 and inner[0] == "torchrun.log":
+        return LogSource(rel, AGENT_LOG, host=host, node=node)
+    if len(inner) >= 3 and parts[-1] in ("stdout.log", "stderr.log") and parts[-2].isdigit():
         match = _ATTEMPT.match(parts[-3])
         return LogSource(
             rel,
@@ -73,8 +86,9 @@ def classify_log_path(parts: tuple[str, ...]) -> LogSource | None:
             local_rank=int(parts[-2]),
             stream=parts[-1][: -len(".log")],
             attempt=int(match.group(1)) if match else None,
+            node=node,
         )
-    return LogSource(rel, OTHER_LOG, host=host)
+    return LogSource(rel, OTHER_LOG, host=host, node=node)
 
 
 def signal_name(exit_code: int | None) -> str | None:

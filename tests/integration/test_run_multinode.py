@@ -1,0 +1,195 @@
+"""A job that spans nodes, rehearsed on one host: two `ddpdoctor run --nnodes 2` launchers (each with
+its own torchrun agent, c10d rendezvous on localhost) writing into one run directory.
+
+One healthy run and one injected hang, each shared by its tests. Which rank lands under which
+launcher is torchrun's choice (c10d numbers the nodes itself and ignores --node-rank), so the
+tests find each rank's launcher the way the monitor does: the node record whose torchrun is the
+rank's parent process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddpdoctor.events import parse_event_line
+from ddpdoctor.node_records import read_node_records
+from ddpdoctor.rundir import RunDir
+from tests.procs import background, clean_env, ddpdoctor_cmd, free_port, job_processes, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+LAUNCH_TIMEOUT_S = 120
+
+
+@dataclass
+class NodeRun:
+    node: int
+    returncode: int
+    stdout: str
+    stderr: str
+    pid: int
+
+
+def launch_two_nodes(run_dir: Path, cache: Path, *extra: str) -> list[NodeRun]:
+    """Start both launchers at once, wait for both (bounded), and return how each ended."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(cache)})
+    common = [
+        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir), "--nproc", "1", *extra,
+    ]  # fmt: skip
+    cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node)) for node in (0, 1)]
+    with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
+        results = []
+        for node, proc in enumerate((first, second)):
+            try:
+                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"node {node}'s launcher did not end within {LAUNCH_TIMEOUT_S} s")
+            results.append(NodeRun(node, proc.returncode, out, err, proc.pid))
+    return results
+
+
+def events(run_dir: Path, rank: int) -> list[dict]:
+    lines = (run_dir / "events" / f"rank-{rank}.jsonl").read_text().splitlines()
+    return [e for e in map(parse_event_line, lines) if e is not None]
+
+
+def hello(run_dir: Path, rank: int) -> dict:
+    return [e for e in events(run_dir, rank) if e["kind"] == "hello"][-1]
+
+
+def owner_of(run_dir: Path, rank: int) -> int:
+    """The node whose launcher started the rank (its torchrun is the rank's parent)."""
+    said = hello(run_dir, rank)
+    records = read_node_records(RunDir(run_dir))
+    owners = [n for n, r in records.items() if r.torchrun_pid == said["ppid"]]
+    assert len(owners) == 1, (said, records)
+    return owners[0]
+
+
+def explain(nodes: list[NodeRun]) -> str:
+    return "\n".join(f"--- node {n.node}\n{n.stdout[-2500:]}\n{n.stderr[-1500:]}" for n in nodes)
+
+
+def assert_nothing_left(run_dir: Path, nodes: list[NodeRun]) -> None:
+    assert job_processes(run_dir) == []  # torchrun agents, ranks, loader workers
+    for node in nodes:
+        assert not psutil.pid_exists(node.pid) or psutil.Process(node.pid).status() == "zombie"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data-cache")
+
+
+# -- healthy ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory, cache) -> tuple[list[NodeRun], Path]:
+    run_dir = tmp_path_factory.mktemp("multinode-healthy") / "run"
+    return launch_two_nodes(run_dir, cache, "--steps", "4"), run_dir
+
+
+def test_both_launchers_exit_0_and_every_rank_left_events(healthy):
+    nodes, run_dir = healthy
+    assert [n.returncode for n in nodes] == [0, 0], explain(nodes)
+    for node in nodes:
+        assert "verdict: healthy (exit code 0)" in node.stdout
+    for rank in (0, 1):
+        said = hello(run_dir, rank)
+        assert said["world_size"] == 2 and said["local_rank"] == 0
+        assert [e["code"] for e in events(run_dir, rank) if e["kind"] == "exit"] == [0]
+    # Each rank belongs to a different launcher.
+    assert {owner_of(run_dir, 0), owner_of(run_dir, 1)} == {0, 1}
+    assert_nothing_left(run_dir, nodes)
+
+
+def test_each_node_keeps_its_own_logs_and_record(healthy):
+    _, run_dir = healthy
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert (meta["nnodes"], meta["world_size"], meta["node_rank"]) == (2, 2, 0)
+    records = read_node_records(RunDir(run_dir))
+    assert sorted(records) == [0, 1]
+    for node, record in records.items():
+        logs = run_dir / record.log_dir
+        assert logs == run_dir / "logs" / record.host / f"node-{node}"
+        agent_log = (logs / "torchrun.log").read_text()
+        assert "[default" not in agent_log  # torchrun's own lines; the rank has its own file
+        (rank_log,) = logs.glob("*/attempt_0/0/stdout.log")
+        rank = 0 if owner_of(run_dir, 0) == node else 1
+        if rank == 0:
+            assert "parameters identical on all 2 ranks" in rank_log.read_text()
+        assert (record.exit_code, record.torchrun_exit_code, record.stopped_for) == (0, 0, None)
+        assert record.ended_t is not None and record.launcher_pid != record.torchrun_pid
+
+
+def test_watch_shows_every_rank_of_both_nodes(healthy):
+    _, run_dir = healthy
+    result = run(ddpdoctor_cmd("watch", str(run_dir), "--json"), timeout=60)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "healthy"
+    assert [(r["rank"], r["state"]) for r in doc["ranks"]] == [(0, "done"), (1, "done")]
+    assert doc["run"]["world_size"] == 2
+
+
+# -- hang ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hang(tmp_path_factory, cache) -> tuple[list[NodeRun], Path]:
+    run_dir = tmp_path_factory.mktemp("multinode-hang") / "run"
+    extra = ("--steps", "30", "--inject", "hang:rank=1,step=3", "--hang-after", "2")
+    return launch_two_nodes(run_dir, cache, *extra), run_dir
+
+
+def test_hang_is_diagnosed_and_both_launchers_exit_1_leaving_nothing(hang):
+    nodes, run_dir = hang
+    assert [n.returncode for n in nodes] == [1, 1], explain(nodes)
+    for node in nodes:
+        assert "verdict: hang (exit code 1)" in node.stdout
+    diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
+    assert diagnosis["verdict"] == "hang" and diagnosis["culprits"] == [1]
+    stacked = sorted(r for group in diagnosis["stacks"] for r in group["ranks"])
+    assert stacked == [0, 1]  # stacks of both nodes' ranks, in one view
+    culprit_frames = next(g["frames"] for g in diagnosis["stacks"] if 1 in g["ranks"])
+    assert any("_inject_hang" in frame for frame in culprit_frames)
+    assert_nothing_left(run_dir, nodes)
+
+
+def test_launchers_stop_their_own_torchrun(hang):
+    _, run_dir = hang
+    records = read_node_records(RunDir(run_dir))
+    assert {n: r.stopped_for for n, r in records.items()} == {0: "hang", 1: "hang"}
+    assert {n: r.exit_code for n, r in records.items()} == {0: 1, 1: 1}
+
+
+def test_the_culprits_stack_came_from_its_own_launcher_through_a_request(hang):
+    _, run_dir = hang
+    owner = owner_of(run_dir, 1)
+    other = 1 - owner
+    requests_dir = run_dir / "requests"
+    asked = [
+        json.loads(p.read_text())
+        for p in requests_dir.glob("*.json")
+        if json.loads(p.read_text())["asked_by"]["node"] == other
+    ]
+    assert len(asked) == 1 and asked[0]["ranks"] == [1]  # the other launcher asked for rank 1
+    request_id = asked[0]["id"]
+    answer = json.loads((requests_dir / f"{request_id}.node{owner}.done").read_text())
+    assert answer["ranks"] == [1] and answer["errors"] == {}
+    capture = run_dir / "stacks" / answer["capture_id"]
+    summary = json.loads((capture / "capture.json").read_text())
+    assert summary["captured_by"]["node"] == owner
+    assert summary["captured_by"]["role"] == "launcher"
+    assert summary["request_id"] == request_id
+    dump = json.loads((capture / "rank-1.json").read_text())
+    assert dump[0]["pid"] == hello(run_dir, 1)["pid"]

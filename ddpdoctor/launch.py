@@ -58,6 +58,7 @@ class Outcome:
     job_returncode: int | None
     stopped_for: Verdict | None
     interrupted: bool
+    abandoned_by: int | None = None  # the node whose launcher never started its part
 
 
 def launch(plan: LaunchPlan) -> int:
@@ -185,6 +186,7 @@ def run_job(
         job_returncode=job.returncode(),
         stopped_for=supervised.stopped_for,
         interrupted=interrupts.signum is not None,
+        abandoned_by=supervised.abandoned_by,
     )
     with agent_lock:
         return outcome, dict(agent.exits)
@@ -196,12 +198,13 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
     from ddpdoctor.checks.render import render_report
     from ddpdoctor.commands.doctor import run_doctor
 
+    meeting_addr, meeting_port = plan.rendezvous.meeting_point()
     options = DoctorOptions(
         nproc=plan.nproc_per_node,
         nnodes=plan.max_nodes,
         backend=plan.backend,
-        master_addr=plan.rendezvous.master_addr,
-        master_port=plan.rendezvous.master_port,
+        master_addr=meeting_addr,
+        master_port=meeting_port,
         workers=plan.workers,
     )
     report = run_doctor(None, options, show_progress=not plan.json)
@@ -272,6 +275,8 @@ def exit_code_for(outcome: Outcome) -> ExitCode:
         return ExitCode.INTERRUPTED
     if outcome.stopped_for is not None or outcome.final.verdict.is_problem:
         return ExitCode.PROBLEMS
+    if outcome.abandoned_by is not None:
+        return ExitCode.PROBLEMS
     if outcome.job_returncode not in (0, None):
         return ExitCode.PROBLEMS
     return ExitCode.OK
@@ -311,10 +316,19 @@ def closing_lines(
         lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
     elif outcome.interrupted:
         lines.append("interrupted: the job was stopped")
+    elif outcome.abandoned_by is not None:
+        node = outcome.abandoned_by
+        lines = [
+            f"node {node}'s launcher ended before starting its part of the job (its doctor "
+            f"failed: see nodes/node-{node}/doctor.json), so the rendezvous could never "
+            "complete: this node stopped its torchrun instead of waiting for the rendezvous "
+            "timeout"
+        ]
     if not lines and outcome.job_returncode not in (0, None):
         lines.append(f"torchrun exited with code {outcome.job_returncode}")
     lines.append(f"run directory: {run_dir.path}")
-    lines.append(f"verdict: {outcome.final.verdict.value} (exit code {int(exit_code)})")
+    verdict = "not started" if outcome.abandoned_by is not None else outcome.final.verdict.value
+    lines.append(f"verdict: {verdict} (exit code {int(exit_code)})")
     return lines
 
 
@@ -327,6 +341,7 @@ def json_document(outcome: Outcome, agent_exits: dict[int, Any], code: ExitCode)
         "torchrun_exit_code": outcome.job_returncode,
         "stopped_for": outcome.stopped_for.value if outcome.stopped_for else None,
         "interrupted": outcome.interrupted,
+        "abandoned_by_node": outcome.abandoned_by,
         "rank_exits": rank_exit_lines(outcome.final, agent_exits),
     }
     return doc

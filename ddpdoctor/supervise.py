@@ -131,6 +131,17 @@ def peer_stop(records: Any, node_rank: int | None) -> Verdict | None:
     return None
 
 
+def peer_never_started(records: Any, node_rank: int | None) -> Any:
+    """Another node's record of a launcher that ended without starting its torchrun (its doctor
+    failed, or it was refused): the rendezvous can never complete, so waiting is pointless."""
+    if node_rank is None:
+        return None
+    for node, record in sorted((records or {}).items()):
+        if node != node_rank and record.ended and record.started_t is None:
+            return record
+    return None
+
+
 def local_rank_pids(snapshot: Snapshot) -> list[int]:
     """Pids of the ranks running on this host, alive right now (the monitor checks local pids;
     pids of other hosts, or of ranks long gone whose pid may have been reused, mean nothing)."""
@@ -158,6 +169,8 @@ class SupervisedRun:
         self.node_rank: int | None = getattr(monitor, "node_rank", None)
         self._stop_pending = False
         self.last: Snapshot | None = None
+        # The node whose launcher ended before starting its part: this node stopped waiting.
+        self.abandoned_by: int | None = None
 
     def poll(self) -> Snapshot:
         snapshot = self.monitor.poll()
@@ -170,7 +183,13 @@ class SupervisedRun:
         running = self.job.returncode() is None
         if self.responder is not None and running:
             self.responder.poll(self.monitor.node_ranks(snapshot))
-        peer = peer_stop(getattr(self.monitor, "nodes", None), self.node_rank)
+        nodes = getattr(self.monitor, "nodes", None)
+        absent = peer_never_started(nodes, self.node_rank)
+        if absent is not None and running and self.abandoned_by is None:
+            # Without this, torchrun waits for the missing node until its rendezvous times out.
+            self.abandoned_by = absent.node_rank
+            self._stop_pending = True
+        peer = peer_stop(nodes, self.node_rank)
         decision = self.policy.observe(snapshot, job_running=running, peer_stopped=peer)
         if decision.capture_stacks:
             self.monitor.request_stacks()

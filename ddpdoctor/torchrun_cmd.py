@@ -19,6 +19,9 @@ BOOTSTRAP_MODULE = "ddpdoctor.runtime.bootstrap"
 FLIGHT_RECORDER_ENTRIES = "2000"
 
 
+DEFAULT_RDZV_PORT = 29400  # torchrun's port for an --rdzv-endpoint given without one
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """How the nodes of the job find each other; the defaults mean one node, `--standalone`."""
@@ -43,6 +46,16 @@ class Rendezvous:
             self.node_rank,
         )
         return self.nnodes in (None, "1", "1:1") and all(v is None for v in explicit)
+
+    def meeting_point(self) -> tuple[str | None, int | None]:
+        """The address every node must reach: --master-addr/--master-port, else the rendezvous
+        endpoint (HOST[:PORT], torchrun's default port 29400), for the doctor's network checks."""
+        if self.master_addr is not None or self.rdzv_endpoint is None:
+            return self.master_addr, self.master_port
+        host, sep, port = self.rdzv_endpoint.rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = self.rdzv_endpoint, str(DEFAULT_RDZV_PORT)
+        return host.strip("[]") or None, int(port)
 
     def argv(self) -> list[str]:
         if self.standalone:

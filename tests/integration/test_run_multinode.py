@@ -193,3 +193,33 @@ def test_the_culprits_stack_came_from_its_own_launcher_through_a_request(hang):
     assert summary["request_id"] == request_id
     dump = json.loads((capture / "rank-1.json").read_text())
     assert dump[0]["pid"] == hello(run_dir, 1)["pid"]
+
+
+# -- a node whose doctor fails ---------------------------------------------------------------
+
+
+def test_a_node_whose_doctor_fails_ends_the_others_wait_at_once(tmp_path, cache):
+    """Node 1's preflight doctor fails (on this host the name resolves to a loopback address,
+    which a multi-node job cannot use), so it never starts torchrun; node 0's launcher, already
+    in the rendezvous, stops at once instead of waiting out torchrun's 600 s rendezvous timeout."""
+    run_dir = tmp_path / "run"
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(cache)})
+    common = [
+        "run", "--no-tui", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+        endpoint, "--run-dir", str(run_dir), "--nproc", "1",
+    ]  # fmt: skip
+    waiting = ddpdoctor_cmd(*common, "--node-rank", "0", "--no-doctor")
+    with background(waiting, env=env) as first:
+        doctor = run(ddpdoctor_cmd(*common, "--node-rank", "1"), env=env, timeout=90)
+        assert doctor.returncode == 1, doctor.stdout[-2000:] + doctor.stderr[-2000:]
+        assert "the doctor failed a check, so the job was not started" in doctor.stdout
+        try:
+            out, err = first.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("node 0's launcher kept waiting for node 1")
+    assert first.returncode == 1, out[-2000:] + err[-2000:]
+    assert "node 1's launcher ended before starting its part of the job" in out
+    assert "verdict: not started (exit code 1)" in out
+    assert (run_dir / "nodes" / "node-1" / "doctor.json").exists()
+    assert job_processes(run_dir) == []

@@ -198,3 +198,45 @@ def test_local_rank_pids_are_the_live_ranks_on_this_host():
         RankView(rank=5, state=RankState.STALLED, host="a", pid=6, alive=True),
     ]
     assert local_rank_pids(snap(ranks=ranks)) == [1, 6]
+
+
+class FakeNodesMonitor(FakeMonitor):
+    node_rank = 0
+
+    def __init__(self, snapshots, nodes):
+        super().__init__(snapshots)
+        self.nodes = nodes
+
+    def own_ranks(self, snapshot):
+        return {}
+
+    def node_ranks(self, snapshot):
+        return {}
+
+
+def test_a_node_that_never_started_its_part_ends_the_wait_for_the_rendezvous():
+    from ddpdoctor.node_records import NodeRecord
+
+    starting = NodeRecord(node_rank=1, host="b", launcher_pid=7)
+    failed = starting.with_(ended_t=1000.0, exit_code=1)  # its doctor failed: no torchrun
+    monitor = FakeNodesMonitor([snap(), snap(), snap()], {1: starting})
+    job = FakeJob()
+    run = SupervisedRun(monitor, job, StopPolicy(keep_running=False, clock=Clock()))
+    run.poll()
+    assert job.stops == 0 and run.abandoned_by is None  # node 1 is still on its way
+    monitor.nodes = {1: failed}
+    run.poll()
+    run.poll()
+    assert job.stops == 1 and run.abandoned_by == 1  # stopped once, for node 1
+
+
+def test_a_node_that_started_and_ended_is_not_a_node_that_never_started():
+    from ddpdoctor.node_records import NodeRecord
+    from ddpdoctor.supervise import peer_never_started
+
+    ran = NodeRecord(node_rank=1, host="b", launcher_pid=7, started_t=990.0, ended_t=1000.0)
+    never = NodeRecord(node_rank=2, host="c", launcher_pid=8, ended_t=1000.0)
+    assert peer_never_started({1: ran}, 0) is None
+    assert peer_never_started({1: ran, 2: never}, 0) is never
+    assert peer_never_started({2: never}, 2) is None  # its own record
+    assert peer_never_started({2: never}, None) is None  # one node: no records matter

@@ -120,3 +120,17 @@ def test_rank_lines_are_told_from_torchruns_own():
     assert not RANK_LINE.match("[rank1]: Traceback (most recent call last):")
     assert not RANK_LINE.match("W1122 04:11:28.233000 8802 torch/distributed/elastic/agent ...")
     assert not RANK_LINE.match("  exitcode  : 3 (pid: 9835)")
+
+
+@pytest.mark.parametrize(
+    ("rendezvous", "point"),
+    [
+        (Rendezvous(rdzv_endpoint="10.0.0.1:29401"), ("10.0.0.1", 29401)),
+        (Rendezvous(rdzv_endpoint="node1"), ("node1", 29400)),  # torchrun's default port
+        (Rendezvous(rdzv_endpoint="[::1]:5000"), ("::1", 5000)),
+        (Rendezvous(master_addr="a", master_port=3, rdzv_endpoint="b:4"), ("a", 3)),
+        (Rendezvous(), (None, None)),
+    ],
+)
+def test_the_doctor_checks_the_address_every_node_must_reach(rendezvous, point):
+    assert rendezvous.meeting_point() == point

@@ -94,5 +94,6 @@ def test_json_document_is_the_diagnosis_plus_the_job():
         "torchrun_exit_code": 1,
         "stopped_for": None,
         "interrupted": False,
+        "abandoned_by_node": None,
         "rank_exits": ["rank 0 exited with code 3"],
     }

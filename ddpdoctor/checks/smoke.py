@@ -68,16 +68,19 @@ def outcome_from_report(report: SmokeReport) -> Outcome:
     }
     fault = blame(report)
     if fault is None:
-        peak = max(report.measurements, key=lambda m: m.busbw_gbps(n), default=None)
+        # One rank moves nothing over the bus (busbw = algbw x 2(n-1)/n = 0): rank by algbw then.
+        speed = (lambda m: m.busbw_gbps(n)) if n > 1 else (lambda m: m.algbw_gbps())
+        peak = max(report.measurements, key=speed, default=None)
         facts["peak_busbw_gbps"] = round(peak.busbw_gbps(n), 4) if peak else None
         facts["peak_algbw_gbps"] = round(peak.algbw_gbps(), 4) if peak else None
+        kind = "busbw" if n > 1 else "algbw (one rank: no bus traffic)"
         bandwidth = (
-            f"; all_reduce busbw up to {peak.busbw_gbps(n):.2f} GB/s ({_size(peak.bytes)})"
+            f"; all_reduce {kind} up to {speed(peak):.2f} GB/s ({_size(peak.bytes)})"
             if peak
             else ""
         )
         return passed(
-            f"{n} {backend} ranks: barrier, all_reduce, broadcast, all_gather correct"
+            f"{n} {backend} rank{'s' if n != 1 else ''}: barrier, all_reduce, broadcast, all_gather correct"
             f"{bandwidth} ({report.elapsed_s:.1f} s)",
             details=sweep_table(report),
             facts=facts,

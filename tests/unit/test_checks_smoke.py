@@ -47,6 +47,14 @@ def test_busbw_follows_nccl_tests(world, factor):
     assert m.busbw_gbps(world) == pytest.approx(m.algbw_gbps() * factor)
 
 
+def test_one_rank_reports_algbw_since_nothing_crosses_a_bus():
+    sweep = (Measurement(8, 0.001, 20), Measurement(1 << 20, 0.002, 10))
+    result = smoke.outcome_from_report(report(rank(0), measurements=sweep))
+    assert result.status is Status.PASS
+    assert "1 gloo rank:" in result.summary
+    assert "algbw (one rank: no bus traffic) up to 0.52 GB/s (1 MiB)" in result.summary
+
+
 def test_passing_report_has_sweep_facts_and_table():
     sweep = (Measurement(8, 0.001, 20), Measurement(1 << 20, 0.002, 10))
     result = smoke.outcome_from_report(report(rank(0), rank(1), measurements=sweep))

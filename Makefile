@@ -26,7 +26,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff format --check ddpdoctor tests benchmarks sample_jobs
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=10
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff check --fix ddpdoctor tests benchmarks sample_jobs
@@ -35,6 +35,7 @@ format: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/doctor.py
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/runtime_hotpath.py
 	$(BIN)/python benchmarks/detect.py
 	$(BIN)/python benchmarks/monitor_scale.py
 	$(BIN)/python benchmarks/tui.py

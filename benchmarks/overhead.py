@@ -146,11 +146,14 @@ def compare(
         plain_ms = statistics.median(per_step(p, attr) for p, _ in pairs) * 1000
         inst_ms = statistics.median(per_step(i, attr) for _, i in pairs) * 1000
         ratio = statistics.median(per_step(i, attr) / per_step(p, attr) for p, i in pairs)
+        ratios = [per_step(i, attr) / per_step(p, attr) for p, i in pairs]
         result[key] = {
             "plain_ms_per_step": plain_ms,
             "instrumented_ms_per_step": inst_ms,
             "time_ratio": ratio,  # instrumented / plain time per step: 1.02 is 2% slower
             "overhead_pct": (ratio - 1) * 100,
+            # the spread of the pairs: how far one pair can be off on this machine
+            "pair_overhead_pct": [(min(ratios) - 1) * 100, (max(ratios) - 1) * 100],
         }
     kinds: collections.Counter[str] = collections.Counter()
     for _, inst in pairs:
@@ -192,10 +195,11 @@ def main() -> int:
         print(f"{r['name']}:")
         for key in ("wall", "cpu"):
             m = r[key]
+            low, high = m["pair_overhead_pct"]
             print(
                 f"    {key:4}  plain {m['plain_ms_per_step']:.2f} ms/step, instrumented "
                 f"{m['instrumented_ms_per_step']:.2f} ms/step: time ratio {m['time_ratio']:.3f} "
-                f"(overhead {m['overhead_pct']:+.1f}%)"
+                f"(overhead {m['overhead_pct']:+.1f}%; pairs {low:+.1f}% .. {high:+.1f}%)"
             )
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["events_by_kind_per_step"].items())
         print(f"    events per rank per step: {r['events_per_rank_per_step']:.2f} ({kinds})")

@@ -24,6 +24,11 @@ step, and where the time goes).
 `--log` adds a `ddpdoctor.log(loss=...)` per step (the reference job logs every step), `--sync` an
 all_reduce of the loss (a collective of the script's own, written to disk before it is entered).
 
+Under torchrun (`torchrun --nproc-per-node 2 benchmarks/runtime_hotpath.py`) the same runs in a
+real 2-rank gloo world (rank 0 reports): what the variants cost where ranks wait for each other
+and gloo's threads compete with the training threads for the cores, as in overhead.py, but
+interleaved in blocks within one process, so that the load of a shared machine cancels out.
+
 To compare two versions of ddpdoctor, put the other one first on the path:
 `PYTHONPATH=/elsewhere python benchmarks/runtime_hotpath.py` runs /elsewhere/ddpdoctor.
 """
@@ -69,6 +74,11 @@ class Variant:
     steps: int = 0
 
 
+def world() -> tuple[int, int]:
+    """(rank, world size): from torchrun's environment, else a single-process world."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def make_loader(batch_size: int) -> Any:
     import torch
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -77,7 +87,8 @@ def make_loader(batch_size: int) -> Any:
     x = torch.randn(4096, 32, generator=g)
     y = (x @ torch.randn(32, 4, generator=g)).argmax(dim=1)
     data = TensorDataset(x, y)
-    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+    rank, size = world()
+    sampler = DistributedSampler(data, num_replicas=size, rank=rank, shuffle=True, seed=0)
     return DataLoader(data, batch_size=batch_size, sampler=sampler), sampler
 
 
@@ -208,7 +219,7 @@ def events_per_step(run_dir: Path, steps: int) -> str:
     import collections
     import json
 
-    path = run_dir / "events" / "rank-0.jsonl"
+    path = run_dir / "events" / f"rank-{world()[0]}.jsonl"
     counts: collections.Counter[str] = collections.Counter()
     for line in path.read_bytes().splitlines():
         try:
@@ -267,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["RANK"] = "0"
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    if "WORLD_SIZE" in os.environ:  # under torchrun: every rank runs the same blocks in turn
+        dist.init_process_group("gloo")
+    else:
+        os.environ["RANK"] = "0"
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    rank, size = world()
+    if rank != 0:  # only rank 0 reports
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     variants = [
         Variant("plain", runtime=False),
         Variant("comm hook", runtime=False, comm_hook=True),
@@ -289,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             if flag
         )
         print(
-            f"runtime hot path: {args.rounds} rounds x {args.block} steps per variant, "
+            f"runtime hot path: {size} rank(s), {args.rounds} rounds x {args.block} steps per "
+            "variant, "
             f"hidden {args.hidden}, batch {args.batch_size}{extras}, torch {torch.__version__}"
         )
         for r in range(args.rounds):

@@ -272,3 +272,44 @@ def test_a_phase_set_before_training_is_kept(recording):
     train_step(make_model())
     assert recording.phase == "warmup"
     assert phases(recording) == [("warmup", "init")]
+
+
+def test_recorded_buckets_reduce_as_plain_ddp(recording):
+    """Several buckets (a tiny bucket cap): the gradients equal plain DDP's, and every bucket of
+    every backward pass, launched in index order, ends through its future."""
+
+    def big_model():
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(64, 64) for _ in range(4)]
+        return torch.nn.Sequential(*layers)
+
+    inputs = [torch.randn(8, 64) for _ in range(3)]
+    deactivate()  # plain DDP first, on the same inputs
+    plain = DDP(big_model(), bucket_cap_mb=0.01)
+    for x in inputs:
+        plain(x).sum().backward()
+    runtime = activate(recording.run_dir.path)
+    assert runtime is not None
+    try:
+        model = DDP(big_model(), bucket_cap_mb=0.01)
+        for x in inputs:
+            model(x).sum().backward()
+        for ours, theirs in zip(model.parameters(), plain.parameters(), strict=True):
+            assert torch.equal(ours.grad, theirs.grad)
+        starts = [e for e in events(runtime, "collective_start") if "bucket" in e]
+        buckets = {e["bucket"] for e in starts}
+        assert len(buckets) >= 3
+        wait_until(lambda: len(events(runtime, "collective_end")) == len(starts))
+        ends = {e["seq"]: e for e in events(runtime, "collective_end")}
+        assert all(e["ok"] for e in ends.values())
+        passes: list[list[dict]] = []  # DDP launches a pass's buckets in index order from 0
+        for start in starts:
+            if start["bucket"] == 0:
+                passes.append([])
+            passes[-1].append(start)
+        assert len(passes) == len(inputs)
+        for one in passes:
+            assert [start["bucket"] for start in one] == list(range(len(one)))
+            assert [ends[start["seq"]]["via"] for start in one] == ["future"] * len(one)
+    finally:
+        deactivate()

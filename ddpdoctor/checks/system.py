@@ -218,9 +218,14 @@ def cpu(ctx: CheckContext) -> Outcome:
         # The worker count is only a guess: judge the ranks alone and say what would fit, rather
         # than warn about a DataLoader setting the job may not use.
         fit = max(0, cores // ranks - 1)
+        room = (
+            f"up to {fit} DataLoader worker{'s' if fit != 1 else ''} per rank fit"
+            if fit
+            else "no core to spare for DataLoader workers (num_workers=0 fits)"
+        )
         return passed(
-            f"{cores} usable cores{quota} for {ranks} ranks ({ranks_why}); up to {fit} "
-            f"DataLoader worker{'s' if fit != 1 else ''} per rank fit (pass --workers to check yours)",
+            f"{cores} usable cores{quota} for {ranks} ranks ({ranks_why}); {room} "
+            "(pass --workers to check yours)",
             facts=facts,
         )
     if demand > cores:

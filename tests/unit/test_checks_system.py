@@ -293,6 +293,6 @@ def test_cpu_with_workers_unknown_judges_ranks_and_says_what_fits():
     sysp = FakeSystem(cpu=CpuInfo(2, 2))
     result = system.cpu(ctx(sysp=sysp, nproc=2))
     assert result.status is Status.PASS
-    assert "up to 0 DataLoader workers per rank fit" in result.summary
+    assert "no core to spare for DataLoader workers (num_workers=0 fits)" in result.summary
     crowded = system.cpu(ctx(sysp=FakeSystem(cpu=CpuInfo(2, 2)), nproc=4))
     assert crowded.status is Status.WARN, "more ranks than cores warns whatever the workers"

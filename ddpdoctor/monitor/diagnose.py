@@ -65,7 +65,7 @@ def _primary(snap: Snapshot) -> tuple[Outcome | None, Outcome | None]:
     return crash, crash
 
 
-def _reports_the_stop(finding: Finding) -> bool:
+def reports_the_stop(finding: Finding) -> bool:
     return finding.id == "torchrun.signal" and any(
         name in finding.summary for name in ("SIGTERM", "SIGKILL", "SIGINT")
     )
@@ -102,7 +102,7 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
     if any(f.id == "crash.consequence" for f in findings):
         # The stop was ddpdoctor's (or the watchdog's after the hang): torchrun's report that a
         # rank was terminated "from outside" says nothing the consequence finding does not.
-        extra_findings = [f for f in extra_findings if not _reports_the_stop(f)]
+        extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
     secondary.extend(extra_findings)
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):

@@ -130,6 +130,21 @@ def test_json_on_a_recorded_run_directory():
 
 
 @pytest.mark.timeout(60)
+def test_a_run_ddpdoctor_stopped_gets_its_diagnosis_not_the_sigterms():
+    result = explain("--json", str(FIXTURES / "local" / "run-stopped-hang"))
+    assert result.returncode == ExitCode.PROBLEMS and result.stderr == ""
+    (finding,) = json.loads(result.stdout)["findings"]  # torchrun.signal (SIGTERM) is gone
+    assert finding["id"] == "run.diagnosis" and finding["ranks"] == [1]
+    assert finding["summary"].startswith("ddpdoctor diagnosed a hang in this run")
+    assert "rank 1 never reached all_reduce #6" in finding["summary"]
+    assert finding["fix"].startswith("Every rank must call the same collectives")
+    # the log alone still reads as torchrun wrote it
+    log = FIXTURES / "local" / "run-stopped-hang" / "logs" / "vm" / "torchrun.log"
+    alone = json.loads(explain("--json", str(log)).stdout)["findings"]
+    assert [f["id"] for f in alone] == ["torchrun.signal"]
+
+
+@pytest.mark.timeout(60)
 def test_text_on_a_healthy_log_exits_0():
     result = explain(str(FIXTURES / "01-healthy-init-2gpu-p2p-nccl-2.15.log"))
     assert result.returncode == ExitCode.OK

@@ -192,6 +192,11 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
         ("torchrun.sigterm_peers", "info", (), [7, 8]),
         ("torchrun.stopped", "info", (), [10, 37]),
     ],
+    # torchrun's view of a job ddpdoctor stopped after a hang (the command puts the run's own
+    # diagnosis in its place: tests/integration/test_explain_cli.py)
+    "local/run-stopped-hang": [
+        ("torchrun.signal", "error", (0,), [6, 33, 42, 44]),
+    ],
     "local/run-gloo-size-mismatch": [
         ("gloo.size_mismatch", "error", (0,), [2, 3]),
         ("torchrun.signal", "error", (0,), [3, 29, 38, 40]),
@@ -216,7 +221,7 @@ def test_fixture_gives_its_findings(name):
 def test_every_fixture_is_covered():
     shipped = {p.relative_to(FIXTURES).as_posix() for p in FIXTURES.glob("*.log")}
     shipped |= {p.relative_to(FIXTURES).as_posix() for p in (FIXTURES / "local").glob("*.log")}
-    shipped |= {"local/run-gloo-size-mismatch"}
+    shipped |= {"local/run-gloo-size-mismatch", "local/run-stopped-hang"}
     assert shipped == set(EXPECTED)
 
 

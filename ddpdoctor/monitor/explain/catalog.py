@@ -55,6 +55,7 @@ DESCRIPTIONS: dict[str, str] = {
     "torchrun.local_rank_arg": "argparse rejected `--local-rank` (torch.distributed.launch), exit 2",
     "torchrun.sigterm_peers": "torchrun stopping the other ranks after a failure (a consequence)",
     "torchrun.stopped": "torchrun itself was stopped from outside (Ctrl-C, a time limit, ddpdoctor)",
+    "run.diagnosis": "a run directory whose job ddpdoctor stopped: its diagnosis, not the SIGTERMs",
     "gloo.loopback": "gloo connected over 127.x: the hostname resolves to loopback",
     "gloo.connect_failed": "gloo's full mesh could not connect (firewall, GLOO_SOCKET_IFNAME)",
     "gloo.ifname_invalid": "GLOO_SOCKET_IFNAME names no interface (e.g. NCCL's `^lo` syntax)",

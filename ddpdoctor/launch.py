@@ -199,12 +199,14 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
     from ddpdoctor.commands.doctor import run_doctor
 
     meeting_addr, meeting_port = plan.rendezvous.meeting_point()
+    from_endpoint = plan.rendezvous.master_addr is None and meeting_addr is not None
     options = DoctorOptions(
         nproc=plan.nproc_per_node,
         nnodes=plan.max_nodes,
         backend=plan.backend,
         master_addr=meeting_addr,
         master_port=meeting_port,
+        address_flag="--rdzv-endpoint" if from_endpoint else None,
         workers=plan.workers,
     )
     report = run_doctor(None, options, show_progress=not plan.json)

@@ -37,6 +37,9 @@ class DoctorOptions:
     init_method: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    # Where master_addr/master_port came from when not from --master-addr/--master-port (e.g.
+    # "--rdzv-endpoint" for `ddpdoctor run`), so a finding names the flag the user gave.
+    address_flag: str | None = None
     smoke: bool = True
     workers: int | None = None  # DataLoader workers per rank, for the CPU budget check
     smoke_timeout_s: float = 60.0

@@ -93,7 +93,7 @@ def master_port_text(ctx: CheckContext) -> tuple[str | None, int | None]:
 
 def port_label(ctx: CheckContext) -> str:
     if ctx.options.master_port is not None:
-        return "--master-port"
+        return ctx.options.address_flag or "--master-port"
     if ctx.plan.scheme == "tcp":
         return ctx.plan.init_method
     return "MASTER_PORT"
@@ -101,7 +101,7 @@ def port_label(ctx: CheckContext) -> str:
 
 def addr_label(ctx: CheckContext) -> str:
     if ctx.options.master_addr is not None:
-        return "--master-addr"
+        return ctx.options.address_flag or "--master-addr"
     if ctx.plan.scheme == "tcp":
         return "the host of --init-method"
     return "MASTER_ADDR"

@@ -169,8 +169,9 @@ def master_addr(ctx: CheckContext) -> Outcome:
         return failed(
             f"{label}={addr} is a loopback address ({shown}) but the job spans "
             f"{plan.nnodes} nodes: the other nodes would connect to themselves",
-            fix="Set MASTER_ADDR to the rank-0 node's routable IP address "
-            "(e.g. `hostname -I` on that node), the same on every node.",
+            fix=f"Set {label.removeprefix('the host of ')} to the routable IP address of the "
+            "node that hosts the rendezvous (usually rank 0's; e.g. `hostname -I` on that node), the "
+            "same on every node.",
             facts=facts,
         )
     if plan.multi_node and all(is_link_local(a) for a in resolution.addresses):

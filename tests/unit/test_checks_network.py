@@ -248,6 +248,16 @@ def test_loopback_master_in_a_multi_node_job_fails():
     assert result.status is Status.FAIL and "loopback" in result.summary
 
 
+def test_a_meeting_point_from_the_rendezvous_endpoint_is_named_as_the_user_gave_it():
+    options = {"nnodes": 2, "master_addr": "127.0.0.1", "master_port": 29400}
+    result = network.master_addr(ctx({}, address_flag="--rdzv-endpoint", **options))
+    assert result.status is Status.FAIL
+    assert result.summary.startswith("--rdzv-endpoint=127.0.0.1 is a loopback address")
+    assert result.fix.startswith("Set --rdzv-endpoint to the routable IP address")
+    plain = network.master_addr(ctx({}, **options))
+    assert plain.summary.startswith("--master-addr=127.0.0.1")
+
+
 def test_link_local_only_master_warns():
     net = FakeNet(resolved={"m": ("169.254.3.4",), "node1": ("10.0.0.5",)})
     result = network.master_addr(ctx({"MASTER_ADDR": "m", "RANK": "1"}, net, nnodes=2))

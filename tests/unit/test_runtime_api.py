@@ -7,22 +7,13 @@ import pytest
 import ddpdoctor
 from ddpdoctor.events import parse_event_line
 from ddpdoctor.runtime import activate, active, api, deactivate
+from tests.runtime_helpers import events, start_recording
 
 
 @pytest.fixture
 def recording(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
-    runtime = activate(tmp_path / "run")
-    assert runtime is not None
-    yield runtime
+    yield start_recording(tmp_path, monkeypatch, rank=1)  # no process group needed
     deactivate()
-
-
-def events(runtime, kind=None):
-    runtime.flush()  # hot-path events are queued for the heartbeat thread
-    raw = runtime.run_dir.events_file(1).read_bytes().split(b"\n")
-    found = [e for e in (parse_event_line(line) for line in raw) if e]
-    return [e for e in found if kind is None or e["kind"] == kind]
 
 
 def test_everything_is_a_no_op_without_a_run_directory(monkeypatch):

@@ -6,48 +6,14 @@ import time
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
 from ddpdoctor.runtime import activate, api, deactivate
 from ddpdoctor.runtime.ddp_hooks import SLOT_ATTR
+from tests.runtime_helpers import events, wait_until
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def world():
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-        created = True
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def recording(tmp_path, monkeypatch, world):
-    monkeypatch.setenv("RANK", "0")
-    runtime = activate(tmp_path / "run")
-    assert runtime is not None
-    yield runtime
-    deactivate()
-
-
-def events(runtime, kind=None):
-    runtime.flush()  # hot-path events are queued for the heartbeat thread
-    raw = runtime.run_dir.events_file(0).read_bytes().split(b"\n")
-    found = [e for e in (parse_event_line(line) for line in raw) if e]
-    return [e for e in found if kind is None or e["kind"] == kind]
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def make_model(**kwargs):

@@ -54,13 +54,25 @@ def test_run_directory_that_cannot_be_created(tmp_path):
     assert result.stderr.startswith("ddpdoctor: error: cannot create run directory")
 
 
+# Each rank ends on its own terms, in a fixed order: rank 0 says it has started, then rank 1 fails to
+# import; torchrun then stops rank 0, which exits with its own code 3. (Without the handshake, torchrun
+# could stop rank 0 before its first line when rank 1 fails first.)
 SCRIPT = """\
 import os
+import signal
 import sys
+import time
 
+here = os.path.dirname(os.path.abspath(__file__))
 print(f"rank {os.environ['RANK']} starting", flush=True)
 if os.environ["RANK"] == "0":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+    open(os.path.join(here, "rank0-started"), "w").close()
+    time.sleep(60)
     sys.exit(3)
+deadline = time.monotonic() + 60
+while not os.path.exists(os.path.join(here, "rank0-started")) and time.monotonic() < deadline:
+    time.sleep(0.05)
 import a_module_that_does_not_exist  # noqa: F401  (rank 1 fails to import)
 """
 

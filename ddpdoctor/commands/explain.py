@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from ddpdoctor.console import make_console, stream_is_unicode, symbols_for
 from ddpdoctor.exit_codes import ExitCode
-from ddpdoctor.findings import Evidence, Finding, Severity
+from ddpdoctor.findings import Evidence, Finding, Severity, sort_findings
 from ddpdoctor.monitor.explain.engine import explain_paths
 from ddpdoctor.monitor.explain.render import render_findings
 from ddpdoctor.rundir import RunDir
@@ -37,11 +38,28 @@ def main(args: argparse.Namespace) -> int:
     return int(ExitCode.PROBLEMS if failed else ExitCode.OK)
 
 
+# What the other ranks and nodes log once ddpdoctor has stopped a hung job: a peer's socket closes,
+# a node's agent finds the store host gone. In a job that had reached its collectives (a hang or
+# mismatch needs that) these follow from the stop, so they are told as such, not as errors.
+AFTER_THE_STOP = frozenset(
+    {
+        "gloo.peer_closed",
+        "nccl.remote_error",
+        "watchdog.teardown",
+        "torchrun.sigterm_peers",
+        "c10d.connect_timeout",
+        "c10d.connect_failed",
+        "c10d.store_wait_timeout",
+    }
+)
+
+
 def without_ddpdoctors_own_stop(findings: Sequence[Finding], paths: Sequence[str]) -> list[Finding]:
     """In a run directory whose job ddpdoctor stopped after a hang or mismatch, torchrun's report
     of ranks "terminated (SIGTERM) from outside" is that stop, not the fault: the run's own
     diagnosis (diagnosis.json, which records the stop as its crash.consequence finding) takes
-    its place, so the culprit is named rather than the ranks ddpdoctor stopped."""
+    its place, so the culprit is named rather than the ranks ddpdoctor stopped. What the ranks
+    and agents logged because of the stop (AFTER_THE_STOP) stays, as information."""
     from ddpdoctor.monitor.diagnose import reports_the_stop
 
     stop = next((s for s in map(_stop_in_run_dir, paths) if s is not None), None)
@@ -57,7 +75,18 @@ def without_ddpdoctors_own_stop(findings: Sequence[Finding], paths: Sequence[str
         ranks=headline.ranks,
         evidence=(Evidence(f"{where}: verdict {verdict}"), *headline.evidence),
     )
-    return [note, *(f for f in findings if not reports_the_stop(f))]
+    rest = [_after_the_stop(f) for f in findings if not reports_the_stop(f)]
+    return [note, *sort_findings(rest)]
+
+
+def _after_the_stop(finding: Finding) -> Finding:
+    if finding.id not in AFTER_THE_STOP:
+        return finding
+    return replace(
+        finding,
+        severity=Severity.INFO,
+        summary=f"after ddpdoctor stopped the job (a consequence): {finding.summary}",
+    )
 
 
 def _stop_in_run_dir(path: str) -> tuple[str, Finding, Path] | None:

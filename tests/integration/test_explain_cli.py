@@ -145,6 +145,21 @@ def test_a_run_ddpdoctor_stopped_gets_its_diagnosis_not_the_sigterms():
 
 
 @pytest.mark.timeout(60)
+def test_what_the_stop_caused_on_other_nodes_is_told_as_a_consequence():
+    result = explain("--json", str(FIXTURES / "local" / "run-stopped-multinode"))
+    assert result.returncode == ExitCode.PROBLEMS and result.stderr == ""
+    findings = json.loads(result.stdout)["findings"]
+    # both nodes' SIGTERM reports are gone; the peer that saw its socket close is information
+    assert [(f["id"], f["severity"]) for f in findings] == [
+        ("run.diagnosis", "error"),
+        ("gloo.peer_closed", "info"),
+    ]
+    assert findings[0]["ranks"] == [1]
+    assert "rank 1 never reached all_reduce #4" in findings[0]["summary"]
+    assert findings[1]["summary"].startswith("after ddpdoctor stopped the job (a consequence): ")
+
+
+@pytest.mark.timeout(60)
 def test_text_on_a_healthy_log_exits_0():
     result = explain(str(FIXTURES / "01-healthy-init-2gpu-p2p-nccl-2.15.log"))
     assert result.returncode == ExitCode.OK

@@ -90,3 +90,22 @@ def test_a_missing_file_is_one_line_and_exit_2(capsys, tmp_path):
 def test_no_file_at_all_is_a_usage_error(capsys):
     code, _, err = run(capsys)
     assert code == ExitCode.USAGE and err.startswith("ddpdoctor: error: ")
+
+
+def test_after_a_stop_store_and_peer_errors_are_consequences_and_others_stay():
+    from ddpdoctor.commands.explain import without_ddpdoctors_own_stop
+    from ddpdoctor.findings import Finding, Severity
+
+    run_dir = str(FIXTURES / "local" / "run-stopped-multinode")
+    sigterm = Finding("torchrun.signal", Severity.ERROR, "rank 1 died of SIGTERM", "", (1,))
+    store = Finding("c10d.connect_timeout", Severity.ERROR, "the store timed out", "", (1,))
+    oom = Finding("python.cuda_oom", Severity.ERROR, "CUDA out of memory", "", (0,))
+    kept = without_ddpdoctors_own_stop([sigterm, store, oom], [run_dir])
+    assert [(f.id, f.severity) for f in kept] == [
+        ("run.diagnosis", Severity.ERROR),
+        ("python.cuda_oom", Severity.ERROR),  # not something a stop causes: still an error
+        ("c10d.connect_timeout", Severity.INFO),
+    ]
+    assert kept[2].summary == "after ddpdoctor stopped the job (a consequence): the store timed out"
+    # the same findings outside a stopped run's directory are left as they are
+    assert without_ddpdoctors_own_stop([sigterm, store], [str(FIXTURES)]) == [sigterm, store]

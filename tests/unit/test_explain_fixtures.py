@@ -197,6 +197,12 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
     "local/run-stopped-hang": [
         ("torchrun.signal", "error", (0,), [6, 33, 42, 44]),
     ],
+    # the same for a job over two launchers (nodes): each node's torchrun reports its SIGTERM
+    "local/run-stopped-multinode": [
+        ("torchrun.signal", "error", (0,), [2, 32, 34]),
+        ("torchrun.signal", "error", (1,), [3, 33, 35]),
+        ("gloo.peer_closed", "warning", (0,), [24]),
+    ],
     "local/run-gloo-size-mismatch": [
         ("gloo.size_mismatch", "error", (0,), [2, 3]),
         ("torchrun.signal", "error", (0,), [3, 29, 38, 40]),
@@ -221,7 +227,11 @@ def test_fixture_gives_its_findings(name):
 def test_every_fixture_is_covered():
     shipped = {p.relative_to(FIXTURES).as_posix() for p in FIXTURES.glob("*.log")}
     shipped |= {p.relative_to(FIXTURES).as_posix() for p in (FIXTURES / "local").glob("*.log")}
-    shipped |= {"local/run-gloo-size-mismatch", "local/run-stopped-hang"}
+    shipped |= {
+        "local/run-gloo-size-mismatch",
+        "local/run-stopped-hang",
+        "local/run-stopped-multinode",
+    }
     assert shipped == set(EXPECTED)
 
 

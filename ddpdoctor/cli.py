@@ -169,6 +169,12 @@ def _add_run(sub) -> None:
     multi.add_argument("--rdzv-id")
     multi.add_argument("--master-addr", metavar="ADDR")
     multi.add_argument("--master-port", type=_port, metavar="PORT")
+    multi.add_argument(
+        "--join-timeout",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="how long to wait for every node to join (torchrun's default: 600)",
+    )
     p.set_defaults(script=None, script_args=[])
 
 

@@ -36,6 +36,7 @@ from ddpdoctor.console import make_console, symbols_for
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.job import STOP_GRACE_S, Job
 from ddpdoctor.launch_plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.monitor.rules.rendezvous import fmt_nodes
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.torchrun_logs import AgentLogParser, signal_name
 from ddpdoctor.node_records import NodeRecord, NodeRecorder
@@ -59,6 +60,12 @@ class Outcome:
     stopped_for: Verdict | None
     interrupted: bool
     abandoned_by: int | None = None  # the node whose launcher never started its part
+
+    @property
+    def started(self) -> bool:
+        """False when the job never got past the rendezvous: a node's launcher gave up before
+        starting its part, or a node never joined at all."""
+        return self.abandoned_by is None and not self.final.never_started
 
 
 def launch(plan: LaunchPlan) -> int:
@@ -179,7 +186,7 @@ def run_job(
         end_job(job)
     finally:
         job.kill()
-    final = monitor.close()
+    final = monitor.close(job_ended=job.returncode() is not None)
     view.close(final)
     outcome = Outcome(
         final=final,
@@ -326,10 +333,17 @@ def closing_lines(
             "complete: this node stopped its torchrun instead of waiting for the rendezvous "
             "timeout"
         ]
+    elif outcome.final.never_started:
+        nodes = fmt_nodes(outcome.final.nodes_missing)
+        lines = [
+            f"{nodes} never joined the rendezvous, so torchrun started no rank (its launcher "
+            "never wrote to this run directory): start it with the same options and --run-dir, "
+            "or check that it reaches the rendezvous endpoint"
+        ]
     if not lines and outcome.job_returncode not in (0, None):
         lines.append(f"torchrun exited with code {outcome.job_returncode}")
     lines.append(f"run directory: {run_dir.path}")
-    verdict = "not started" if outcome.abandoned_by is not None else outcome.final.verdict.value
+    verdict = "not started" if not outcome.started else outcome.final.verdict.value
     lines.append(f"verdict: {verdict} (exit code {int(exit_code)})")
     return lines
 
@@ -339,11 +353,12 @@ def json_document(outcome: Outcome, agent_exits: dict[int, Any], code: ExitCode)
     doc = outcome.final.diagnosis_json()
     doc["job"] = {
         "exit_code": int(code),
-        "started": True,
+        "started": outcome.started,
         "torchrun_exit_code": outcome.job_returncode,
         "stopped_for": outcome.stopped_for.value if outcome.stopped_for else None,
         "interrupted": outcome.interrupted,
         "abandoned_by_node": outcome.abandoned_by,
+        "nodes_missing": list(outcome.final.nodes_missing),
         "rank_exits": rank_exit_lines(outcome.final, agent_exits),
     }
     return doc

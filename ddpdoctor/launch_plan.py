@@ -114,9 +114,14 @@ def plan_from_args(
         rdzv_id=args.rdzv_id,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        join_timeout_s=args.join_timeout,
     )
     if max_nodes > 1:
         _check_multi_node(args, max_nodes)
+    elif args.join_timeout is not None:
+        raise UsageError(
+            "--join-timeout only applies to a job that spans nodes (--nnodes 2 or more)"
+        )
     for spec in injects:
         spec.check_world(nproc * max_nodes)
     if args.data is not None and not Path(args.data).is_dir():

@@ -173,6 +173,8 @@ class SupervisedRun:
         self.abandoned_by: int | None = None
 
     def poll(self) -> Snapshot:
+        if self.job.returncode() is not None:
+            self.monitor.job_ended = True
         snapshot = self.monitor.poll()
         self.last = snapshot
         self.job.refresh()

@@ -33,6 +33,7 @@ class Rendezvous:
     rdzv_id: str | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    join_timeout_s: int | None = None  # how long torchrun waits for every node to join
 
     @property
     def standalone(self) -> bool:
@@ -72,7 +73,15 @@ class Rendezvous:
         ):
             if value is not None:
                 args += [flag, str(value)]
+        if self.join_timeout_s is not None:
+            args += ["--rdzv-conf", f"{self.join_timeout_key}={self.join_timeout_s}"]
         return args
+
+    @property
+    def join_timeout_key(self) -> str:
+        """The --rdzv-conf key for the join timeout: torchrun's static rendezvous (the default
+        with --master-addr) calls it `timeout`, the c10d and etcd rendezvous `join_timeout`."""
+        return "timeout" if self.rdzv_backend in (None, "static") else "join_timeout"
 
 
 def program_argv(

@@ -19,6 +19,7 @@ from ddpdoctor.monitor.rules import Outcome
 from ddpdoctor.monitor.rules import crash as crash_rule
 from ddpdoctor.monitor.rules import hang as hang_rule
 from ddpdoctor.monitor.rules import mismatch as mismatch_rule
+from ddpdoctor.monitor.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.rules import sampler as sampler_rule
 from ddpdoctor.monitor.rules import straggler as straggler_rule
@@ -92,6 +93,7 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
             )
     secondary: list[Finding] = []
     for outcome in (
+        rendezvous_rule.detect(snap),
         uneven_rule.detect(snap, verdict),
         sampler_rule.detect(snap),
         straggler_rule.detect(snap),

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.rules import fmt_ranks, fmt_s
+from ddpdoctor.monitor.rules.rendezvous import fmt_nodes
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, StackGroup, Verdict
 
 VERDICT_STYLE = {
@@ -35,6 +36,10 @@ MAX_FRAMES = 14
 
 def verdict_line(snap: Snapshot) -> Text:
     """ "HANG: culprit rank 1 (detected 5.3 s after it started)" """
+    if snap.never_started:
+        text = Text("NOT STARTED", style="bold red")
+        text.append(f": {fmt_nodes(snap.nodes_missing)} never joined the rendezvous")
+        return text
     text = Text(snap.verdict.value.upper(), style=VERDICT_STYLE[snap.verdict])
     if snap.verdict.is_problem:
         if snap.culprits:
@@ -65,6 +70,8 @@ def status_line(snap: Snapshot) -> str:
         parts.append(f"loss {sum(losses) / len(losses):.4g}")
     counts = Counter(v.state.value for v in snap.ranks)
     parts.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if snap.nodes_missing:
+        parts.append(f"waiting for {fmt_nodes(snap.nodes_missing)} to join")
     waiting = [v for v in snap.ranks if v.state is RankState.WAITING and v.collective]
     if waiting:
         view = max(waiting, key=lambda v: v.collective.waiting_s if v.collective else 0)

@@ -84,6 +84,9 @@ class Monitor:
         self.state = RunState(run_info(self.run, data), classify=_classifier())
         self.tailer = RunTailer(self.run)
         self.nodes: dict[int, NodeRecord] = {}
+        # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
+        # wrote a thing is then over, not starting.
+        self.job_ended = False
         self._nodes_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
@@ -124,10 +127,11 @@ class Monitor:
         self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
         return self.poll()
 
-    def close(self) -> Snapshot:
+    def close(self, *, job_ended: bool = False) -> Snapshot:
         """The final snapshot: everything read, captures finished, logs explained, and
-        diagnosis.json written."""
+        diagnosis.json written. `job_ended`: see `self.job_ended`."""
         with self._lock:
+            self.job_ended = self.job_ended or job_ended
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None:
@@ -281,7 +285,10 @@ class Monitor:
             return True
         last = self.state.last_t
         if last is None:
-            return True  # nothing written yet: the job is starting
+            # Nothing written yet: the job is starting, unless it is known to be over (every
+            # launcher of a job over several nodes has recorded its end).
+            over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
+            return not (self.job_ended or over)
         return now - last < LIVE_WINDOW_S
 
     def _reload_run_json(self) -> None:

@@ -283,6 +283,9 @@ class Snapshot:
     thresholds: Thresholds | None = None
     live: bool = True  # False: nothing of the run is alive any more; times are the record's end
     problem_started_t: float | None = None  # when the problem began (culprit's last progress, ...)
+    # A job over several nodes whose ranks have not started: the launchers (--node-rank) that
+    # have not recorded themselves in the run directory, which torchrun's rendezvous waits for.
+    nodes_missing: tuple[int, ...] = ()
 
     def rank(self, rank: int) -> RankView | None:
         """The view of one rank (ranks are sorted by rank, usually dense from 0)."""
@@ -299,6 +302,11 @@ class Snapshot:
             return None
         return max(0.0, self.taken_t - self.run.started_t)
 
+    @property
+    def never_started(self) -> bool:
+        """The run is over and no rank ever started: a node never joined the rendezvous."""
+        return bool(self.nodes_missing) and not self.live and self.verdict is Verdict.RUNNING
+
     def diagnosis_json(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -310,6 +318,7 @@ class Snapshot:
             "findings": [f.to_json() for f in self.findings],
             "stacks": [s.to_json() for s in self.stacks],
             "culprits": sorted(self.culprits),
+            "nodes_missing": list(self.nodes_missing),
             "run": {
                 "name": self.run.name,
                 "run_dir": self.run.run_dir,

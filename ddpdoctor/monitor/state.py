@@ -244,7 +244,16 @@ class RunState:
             finished=finished,
             thresholds=thresholds,
             live=live,
+            nodes_missing=self._nodes_missing(),
         )
+
+    def _nodes_missing(self) -> tuple[int, ...]:
+        """The launchers of a job over several nodes that have not recorded themselves, while no
+        rank has started (once one has, the rendezvous is complete and no node is missing)."""
+        expected = self.info.nnodes or 1
+        if expected < 2 or not self.nodes or self.ranks:
+            return ()
+        return tuple(node for node in range(expected) if node not in self.nodes)
 
     def _view(self, rank: int, now: float, live: bool, th: Thresholds) -> RankView:
         tracker = self.ranks.get(rank)

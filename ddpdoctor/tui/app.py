@@ -34,7 +34,7 @@ from ddpdoctor.tui.poller import SnapshotPoller, call_with_timeout, describe_err
 from ddpdoctor.tui.protocols import JobHandle, SnapshotSource
 from ddpdoctor.tui.rank_detail import RankDetailScreen
 from ddpdoctor.tui.ranks_table import RanksTable
-from ddpdoctor.tui.status import AppState, status_line
+from ddpdoctor.tui.status import AppState, ended_verdict, status_line
 from ddpdoctor.tui.view_model import PreparedView, prepare_view
 
 Mode = Literal["run", "watch"]
@@ -219,7 +219,7 @@ class DdpDoctorApp(App[Snapshot | None]):
         state = self.state
         self.header.status = status_line(state)
         if state.ended:
-            self._notify_ended(state.snapshot.verdict.value if state.snapshot else "unknown")
+            self._notify_ended(ended_verdict(state.snapshot))
 
     def _notify_ended(self, verdict: str) -> None:
         if self._ended_notified or self.mode != "run":
@@ -228,7 +228,9 @@ class DdpDoctorApp(App[Snapshot | None]):
         self.notify(
             f"The job has ended: {verdict}. Its final state stays on screen until you quit.",
             title="Job ended",
-            severity="error" if verdict in ("hang", "mismatch", "crash") else "information",
+            severity="error"
+            if verdict in ("hang", "mismatch", "crash", "not started")
+            else "information",
             timeout=10,
             markup=False,
         )

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from rich.text import Text
+
 from ddpdoctor.findings import Severity
-from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.rank_ranges import fold_ranks
 
 VERDICT_STYLES: dict[Verdict, str] = {
@@ -68,6 +70,17 @@ LEVEL_STYLES = {"error": "bold red", "warn": "yellow", "info": ""}
 # Lookups that never fail: a state or verdict added to the snapshot schema later still renders.
 def verdict_style(verdict: Verdict) -> str:
     return VERDICT_STYLES.get(verdict, "bold white on grey37")
+
+
+NOT_STARTED_STYLE = "bold white on red"
+
+
+def verdict_badge(snapshot: Snapshot) -> Text:
+    """ " HANG " in the verdict's colours; " NOT STARTED " for a run none of whose ranks started."""
+    if snapshot.never_started:
+        return Text(" NOT STARTED ", style=NOT_STARTED_STYLE)
+    label = f" {str(getattr(snapshot.verdict, 'value', snapshot.verdict)).upper()} "
+    return Text(label, style=verdict_style(snapshot.verdict))
 
 
 def state_label(state: RankState) -> str:

@@ -23,8 +23,7 @@ def hosts_text(hosts: tuple[str, ...], limit: int = 2) -> str:
 def verdict_badge(snapshot: Snapshot | None) -> Text:
     if snapshot is None:
         return Text(" CONNECTING ", style="bold black on grey70")
-    label = f" {str(getattr(snapshot.verdict, 'value', snapshot.verdict)).upper()} "
-    return Text(label, style=fmt.verdict_style(snapshot.verdict))
+    return fmt.verdict_badge(snapshot)
 
 
 def title_line(snapshot: Snapshot | None, title: str | None) -> Text:

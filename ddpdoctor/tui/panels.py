@@ -24,10 +24,7 @@ def diagnosis_text(snapshot: Snapshot | None) -> Text:
     if snapshot is None:
         return Text("waiting for the first snapshot", style="dim")
     out = Text()
-    out.append(
-        f" {str(getattr(snapshot.verdict, 'value', snapshot.verdict)).upper()} ",
-        style=fmt.verdict_style(snapshot.verdict),
-    )
+    out.append_text(fmt.verdict_badge(snapshot))
     if snapshot.detected_after_s is not None:
         out.append(f" detected after {fmt.duration(snapshot.detected_after_s)}")
     if snapshot.culprits:

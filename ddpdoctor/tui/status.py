@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from ddpdoctor.monitor.rules.rendezvous import fmt_nodes
 from ddpdoctor.monitor.snapshot import Snapshot
 
 
@@ -37,6 +38,13 @@ class AppState:
         return self.snapshot is not None and self.snapshot.finished
 
 
+def ended_verdict(snapshot: Snapshot | None) -> str:
+    """The verdict of a run that has ended, in words ("not started" when no rank ever did)."""
+    if snapshot is None:
+        return "unknown"
+    return "not started" if snapshot.never_started else snapshot.verdict.value
+
+
 def status_line(state: AppState) -> Text:
     """Most urgent first: a read error, work in progress, the end of the run, else live."""
     status = Text(" ")
@@ -48,7 +56,7 @@ def status_line(state: AppState) -> Text:
     elif state.note:
         status.append(f" · {state.note}", style="bold yellow")
     elif state.ended:
-        verdict = snapshot.verdict.value if snapshot is not None else "unknown"
+        verdict = ended_verdict(snapshot)
         if state.job_attached and state.job_returncode is not None:
             how = exit_description(state.job_returncode)
             status.append(f" · the job has ended ({how}): {verdict}", style="bold")
@@ -63,6 +71,10 @@ def status_line(state: AppState) -> Text:
         status.append(" · connecting", style="dim")
     else:
         status.append(" · live", style="green")
+        if snapshot.nodes_missing:
+            status.append(
+                f" · waiting for {fmt_nodes(snapshot.nodes_missing)} to join", style="yellow"
+            )
         if state.mode == "watch":
             status.append(" · quitting leaves the job alone", style="dim")
     return status

@@ -223,3 +223,33 @@ def test_a_node_whose_doctor_fails_ends_the_others_wait_at_once(tmp_path, cache)
     assert "verdict: not started (exit code 1)" in out
     assert (run_dir / "nodes" / "node-1" / "doctor.json").exists()
     assert job_processes(run_dir) == []
+
+
+# -- a node that never joins -----------------------------------------------------------------
+
+
+def test_a_node_that_never_joins_is_named_while_waited_for_and_after_the_join_timeout(
+    tmp_path, cache
+):
+    """Only node 0's launcher is started: it says which node it waits for, then, once torchrun's
+    rendezvous gives up (--join-timeout), that the job never started and why."""
+    run_dir = tmp_path / "run"
+    args = [
+        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--node-rank", "0",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--join-timeout", "6", "--run-dir", str(run_dir), "--nproc", "1", "--json",
+    ]  # fmt: skip
+    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(cache)})
+    result = run(ddpdoctor_cmd(*args), env=env, timeout=90)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "waiting for node 1 to join" in result.stderr  # the live status (--json: on stderr)
+    assert "NOT STARTED: node 1 never joined the rendezvous" in result.stderr
+    assert "verdict: not started (exit code 1)" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["job"]["started"] is False and doc["nodes_missing"] == [1]
+    finding = next(f for f in doc["findings"] if f["id"] == "run.nodes_missing")
+    assert finding["severity"] == "error" and "--node-rank 1" in finding["fix"]
+    assert job_processes(run_dir) == []
+    said = run(ddpdoctor_cmd("explain", "--json", str(run_dir)), timeout=60)
+    ids = [f["id"] for f in json.loads(said.stdout)["findings"]]
+    assert ids == ["c10d.rendezvous_timeout"]

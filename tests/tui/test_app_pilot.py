@@ -9,13 +9,17 @@ import pytest
 from textual.notifications import Notify
 from textual.widgets import Input
 
-from ddpdoctor.monitor.snapshot import RankState
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.tui import fmt
 from ddpdoctor.tui.app import DdpDoctorApp
 from ddpdoctor.tui.dialogs import LogFilterScreen, QuitRunScreen
 from ddpdoctor.tui.messages import SnapshotReady
+from ddpdoctor.tui.panels import diagnosis_text
 from ddpdoctor.tui.rank_detail import RankDetailScreen
 from ddpdoctor.tui.ranks_table import RanksTable
 from tests.tui.canned import (
+    RUN,
+    T0,
     FakeJob,
     FakeSource,
     crash_snapshot,
@@ -313,6 +317,24 @@ async def test_run_mode_after_the_job_ended_keeps_the_state_and_quits_without_as
         await pilot.press("q")
         await wait_until(pilot, lambda: not app.is_running)
     assert job.stops == 0
+
+
+async def test_a_node_awaited_then_never_joined():
+    """A job over two nodes whose second launcher never started: the status names the node while
+    it is awaited; once torchrun gave up, the badges say NOT STARTED."""
+    waiting = Snapshot(run=replace(RUN, nnodes=2), taken_t=T0 + 9.0, ranks=(), nodes_missing=(1,))
+    app = DdpDoctorApp(FakeSource(waiting), mode="run", job=FakeJob())
+    async with app.run_test(size=SIZE) as pilot:
+        await first_snapshot(pilot)
+        assert "live · waiting for node 1 to join" in app.header.status.plain
+    over = replace(waiting, live=False, finished=True)
+    assert over.verdict is Verdict.RUNNING and over.never_started
+    app = DdpDoctorApp(FakeSource(over), mode="run", job=FakeJob(returncode=1))
+    async with app.run_test(size=SIZE) as pilot:
+        await first_snapshot(pilot)
+        assert "the job has ended (exit code 1): not started" in app.header.status.plain
+    assert fmt.verdict_badge(over).plain == " NOT STARTED "
+    assert diagnosis_text(over).plain.startswith(" NOT STARTED ")
 
 
 async def test_run_mode_says_when_ddpdoctor_stopped_the_job():

@@ -95,5 +95,23 @@ def test_json_document_is_the_diagnosis_plus_the_job():
         "stopped_for": None,
         "interrupted": False,
         "abandoned_by_node": None,
+        "nodes_missing": [],
         "rank_exits": ["rank 0 exited with code 3"],
     }
+
+
+def test_a_node_that_never_joined_means_not_started():
+    from dataclasses import replace
+
+    never = replace(snap(Verdict.RUNNING), nodes_missing=(1,), live=False)
+    case = Outcome(final=never, job_returncode=1, stopped_for=None, interrupted=False)
+    assert not case.started and exit_code_for(case) == ExitCode.PROBLEMS
+    lines = closing_lines(case, {}, run_dir=RunDir("/tmp/r"), exit_code=ExitCode.PROBLEMS)
+    assert lines[0].startswith("node 1 never joined the rendezvous, so torchrun started no rank")
+    assert lines[-1] == "verdict: not started (exit code 1)"
+    doc = json_document(case, {}, ExitCode.PROBLEMS)
+    assert doc["job"]["started"] is False and doc["job"]["nodes_missing"] == [1]
+    assert doc["nodes_missing"] == [1]
+    # while the run is live, the node is still awaited: the job has not failed to start
+    waiting = replace(never, live=True)
+    assert Outcome(final=waiting, job_returncode=None, stopped_for=None, interrupted=False).started

@@ -82,6 +82,16 @@ def test_multi_node_world_and_rendezvous():
     ]  # fmt: skip
 
 
+def test_join_timeout_goes_to_torchrun_under_the_name_its_rendezvous_reads():
+    static = plan("--nnodes", "2", "--node-rank", "0", "--master-addr", "h", "--join-timeout", "30")
+    assert static.rendezvous.argv()[-2:] == ["--rdzv-conf", "timeout=30"]
+    c10d = plan(
+        "--nnodes", "2", "--node-rank", "0", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:29400",
+        "--join-timeout", "30",
+    )  # fmt: skip
+    assert c10d.rendezvous.argv()[-2:] == ["--rdzv-conf", "join_timeout=30"]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -95,6 +105,7 @@ def test_multi_node_world_and_rendezvous():
         (["--", "/nonexistent/train.py"], "script not found"),
         (["--", "-m"], "module name"),
         (["--batch-size", "2000"], "larger than each rank's share"),
+        (["--join-timeout", "60"], "only applies to a job that spans nodes"),
     ],
 )
 def test_bad_plans_are_usage_errors(argv, message):

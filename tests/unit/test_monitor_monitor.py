@@ -281,3 +281,34 @@ def test_hang_after_from_run_json_is_used(tmp_path):
     monitor = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False)
     assert monitor.poll().thresholds.hang_after_s == 2.5
     assert Monitor(run, hang_after=7.0).hang_after == 7.0
+
+
+def _run_over_two_nodes_with_one_launcher(path):
+    from ddpdoctor.node_records import NodeRecord, NodeRecorder
+
+    run = RunDir.create(path)
+    run.run_json.write_text(json.dumps({"world_size": 2, "nnodes": 2, "started_t": NOW - 20}))
+    recorder = NodeRecorder(run, NodeRecord(0, "vm", 10))
+    recorder.started(100, NOW - 20)
+    return run, recorder
+
+
+def test_a_run_over_nodes_that_never_started_is_over_once_its_launchers_ended(tmp_path):
+    run, recorder = _run_over_two_nodes_with_one_launcher(tmp_path / "run")
+    clock = Clock()
+    waiting = Monitor(run, clock=clock).poll()
+    assert waiting.live and waiting.nodes_missing == (1,) and not waiting.never_started
+    # `watch` of the run directory later: every launcher has recorded its end
+    recorder.ended(1, 1, NOW + 1)
+    clock.t = NOW + 5
+    over = Monitor(run, clock=clock).poll()
+    assert not over.live and over.never_started
+    assert [f.id for f in over.findings] == ["run.nodes_missing"]
+
+
+def test_the_launcher_knows_the_run_never_started_as_soon_as_torchrun_exited(tmp_path):
+    run, _ = _run_over_two_nodes_with_one_launcher(tmp_path / "run")
+    monitor = Monitor(run, clock=Clock())
+    assert monitor.poll().live  # its own record has not ended yet
+    monitor.job_ended = True
+    assert monitor.close().never_started

@@ -27,8 +27,9 @@ def _port_summary(groups: Groups) -> str:
 def _store_summary(groups: Groups) -> str:
     joined, total = int(groups.get("joined", 0)), int(groups.get("total", 0))
     return (
-        f"Only {joined} of {total} ranks reached the rendezvous store within {groups.get('secs')} "
-        f"s: {total - joined} never started or cannot reach it"
+        f"Only {joined} of {total} ranks (nodes, under torchrun's static rendezvous) reached the "
+        f"rendezvous store within {groups.get('secs')} s: {total - joined} never started or "
+        "cannot reach it"
     )
 
 
@@ -93,6 +94,19 @@ RULES = (
             "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
             "1/3 clients joined.",
         ),
+    ),
+    rule(
+        "c10d.rendezvous_timeout",
+        ERROR,
+        r"(?:^|\.)RendezvousTimeoutError\b",  # the exception line, not `raise ...` above it
+        ["RendezvousTimeoutError"],
+        "torchrun's rendezvous timed out: not every node joined within its join timeout "
+        "(600 s by default), so no rank started",
+        "Start torchrun (or `ddpdoctor run --node-rank N`) on every node with the same --nnodes, "
+        "--rdzv-endpoint and --rdzv-id, and check that each node reaches the endpoint (address, "
+        "port, firewall). Bound the wait with --rdzv-conf join_timeout=SECONDS (torchrun) or "
+        "--join-timeout (ddpdoctor run).",
+        examples=("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",),
     ),
     rule(
         "c10d.store_wait_timeout",

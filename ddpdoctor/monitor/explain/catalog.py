@@ -68,6 +68,7 @@ DESCRIPTIONS: dict[str, str] = {
     "c10d.connect_failed": "connecting to the store failed on every address",
     "c10d.numeric_hostname": "an all-digit master host name read as an IPv4 number",
     "c10d.store_timeout": "`N/M clients joined`: ranks missing from the rendezvous",
+    "c10d.rendezvous_timeout": "torchrun's rendezvous gave up: a node never joined in time",
     "c10d.store_wait_timeout": "a rank waited for store keys another rank never wrote",
     "c10d.env_missing": "env:// without RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT",
     "ddp.unused_parameters": "`Expected to have finished reduction`: parameters without gradients",

@@ -28,12 +28,13 @@ class Outcome:
     waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (rank, culprits it waits on)
 
 
-def fmt_ranks(ranks) -> str:
-    """ "rank 3" / "ranks 0, 2, 5" / "ranks 0-511" for long runs of consecutive ranks."""
+def fmt_ranks(ranks, noun: str = "rank") -> str:
+    """ "rank 3" / "ranks 0, 2, 5" / "ranks 0-511" for long runs of consecutive ranks (and the
+    same for nodes, with noun="node")."""
     ordered = sorted(set(ranks))
     if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    return "ranks " + fold_ranks(ordered, min_run=3)
+        return f"{noun} {ordered[0]}"
+    return f"{noun}s " + fold_ranks(ordered, min_run=3)
 
 
 def fmt_s(seconds: float | None) -> str:

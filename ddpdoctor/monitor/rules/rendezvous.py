@@ -14,9 +14,8 @@ import shlex
 from collections.abc import Sequence
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.rules import Outcome, fmt_s
+from ddpdoctor.monitor.rules import Outcome, fmt_ranks, fmt_s
 from ddpdoctor.monitor.snapshot import Snapshot
-from ddpdoctor.rank_ranges import fold_ranks
 
 NODES_MISSING = "run.nodes_missing"
 # Launchers started by hand or by a scheduler on each node join within seconds of each other;
@@ -62,10 +61,7 @@ def detect(snap: Snapshot) -> Outcome | None:
 
 
 def fmt_nodes(nodes: Sequence[int]) -> str:
-    ordered = sorted(set(nodes))
-    if len(ordered) == 1:
-        return f"node {ordered[0]}"
-    return "nodes " + fold_ranks(ordered, min_run=3)
+    return fmt_ranks(nodes, noun="node")
 
 
 def fix_for(nodes: Sequence[int], command: Sequence[str]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir
 
 EVENTS_PER_RANK_S = 5
 POLL_S = 0.5

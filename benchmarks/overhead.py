@@ -57,7 +57,7 @@ def torchrun(nproc: int, program: list[str], run_dir: Path | None) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
     env["PYTHONUNBUFFERED"] = "1"
     if run_dir is not None:
-        from ddpdoctor.rundir import ENV_RUN_DIR, RunDir
+        from ddpdoctor.protocol.rundir import ENV_RUN_DIR, RunDir
 
         env[ENV_RUN_DIR] = str(RunDir.create(run_dir).path.resolve())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
@@ -87,7 +87,7 @@ def count_events(run_dir: Path | None) -> dict[str, int]:
 
 
 def measure_reference(nproc: int, steps: int, run_dir: Path | None) -> Measurement:
-    program = ["-m", "ddpdoctor.reference_job", "--steps", str(steps), "--backend", "gloo"]
+    program = ["-m", "ddpdoctor.reference", "--steps", str(steps), "--backend", "gloo"]
     program += ["--log-every", str(steps)]
     out = torchrun(nproc, program, run_dir)
     match = REFERENCE_LINE.search(out)

@@ -22,14 +22,14 @@ from ddpdoctor._version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from ddpdoctor.checks.context import CheckContext, DoctorOptions, Probes
-    from ddpdoctor.checks.model import CheckResult, Outcome, Status
+    from ddpdoctor.checks.model import CheckOutcome, CheckResult, Status
     from ddpdoctor.checks.registry import Check, all_checks, get_check
     from ddpdoctor.checks.report import DoctorReport
     from ddpdoctor.checks.runner import run_checks
     from ddpdoctor.exit_codes import ExitCode
+    from ddpdoctor.explain import explain_files
     from ddpdoctor.findings import Evidence, Finding, Severity
     from ddpdoctor.monitor import diagnose_run_dir
-    from ddpdoctor.monitor.explain import explain_files
     from ddpdoctor.runtime.api import log, phase
 
 _LAZY = {
@@ -38,7 +38,7 @@ _LAZY = {
     "DoctorOptions": "ddpdoctor.checks.context",
     "Probes": "ddpdoctor.checks.context",
     "CheckResult": "ddpdoctor.checks.model",
-    "Outcome": "ddpdoctor.checks.model",
+    "CheckOutcome": "ddpdoctor.checks.model",
     "Status": "ddpdoctor.checks.model",
     "Check": "ddpdoctor.checks.registry",
     "all_checks": "ddpdoctor.checks.registry",
@@ -48,7 +48,7 @@ _LAZY = {
     "Evidence": "ddpdoctor.findings",
     "Finding": "ddpdoctor.findings",
     "Severity": "ddpdoctor.findings",
-    "explain_files": "ddpdoctor.monitor.explain",
+    "explain_files": "ddpdoctor.explain",
     "diagnose_run_dir": "ddpdoctor.monitor",
     "phase": "ddpdoctor.runtime.api",
     "log": "ddpdoctor.runtime.api",

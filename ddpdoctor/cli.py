@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import traceback
 from collections.abc import Sequence
@@ -31,34 +32,29 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+def _number(parse: type, minimum: float, *, inclusive: bool = True):
+    """An argparse `type=` that reads an int or a finite float of at least (or above) `minimum`,
+    with one message style for every numeric flag."""
+    noun = "an integer" if parse is int else "a number"
+    bound = f"at least {minimum:g}" if inclusive else f"greater than {minimum:g}"
+
+    def convert(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value < minimum or (not inclusive and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text!r} must be {bound}")
+        return value
+
+    return convert
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
+_positive_int = _number(int, 1)
+_non_negative_int = _number(int, 0)
+_positive_float = _number(float, 0, inclusive=False)
 
 
 def _port(text: str) -> int:

@@ -1,9 +1,5 @@
-"""The reference DDP job: `python -m ddpdoctor.reference_job [OPTIONS]`, run under torchrun.
-
-`ddpdoctor run` (without a script) launches it on every rank; plain
-`torchrun --nproc-per-node 2 -m ddpdoctor.reference_job` runs it uninstrumented. The job lives in
-ddpdoctor/reference/ (config, data, model, faults, train, verify).
-"""
+"""The reference job's earlier module path, kept because the README once told users to run
+`python -m ddpdoctor.reference_job`: it is now `python -m ddpdoctor.reference`."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from ddpdoctor.rundir import ENV_RUN_DIR
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

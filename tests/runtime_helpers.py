@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.runtime import activate
 
 

@@ -12,7 +12,7 @@ import os
 
 from ddpdoctor.checks.context import CheckContext
 from ddpdoctor.checks.gpu_plan import job_backend, visibility
-from ddpdoctor.checks.model import Outcome, failed, passed, skipped, warning
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped, warning
 from ddpdoctor.checks.probes.gpu import GpuDevice, GpuFacts
 from ddpdoctor.checks.probes.torch_facts import TorchFacts
 from ddpdoctor.checks.problems import Problem, outcome_from
@@ -27,7 +27,7 @@ BUSY_FREE_FRACTION = 0.10  # less free memory than this on a GPU the job needs: 
 
 
 @check("gpu.cuda", "CUDA and driver", timeout_s=30)
-def gpu_cuda(ctx: CheckContext) -> Outcome:
+def gpu_cuda(ctx: CheckContext) -> CheckOutcome:
     gpu = ctx.probes.gpu.facts()
     torch = ctx.probes.torch.facts()
     facts = {
@@ -170,7 +170,7 @@ def _torch_install_hint(gpu: GpuFacts) -> str:
 
 
 @check("gpu.visible_devices", "CUDA_VISIBLE_DEVICES")
-def gpu_visible_devices(ctx: CheckContext) -> Outcome:
+def gpu_visible_devices(ctx: CheckContext) -> CheckOutcome:
     gpu = ctx.probes.gpu.facts()
     seen = visibility(ctx)
     raw = seen.raw
@@ -241,7 +241,7 @@ def _visible_fix(raw: str, gpu: GpuFacts) -> str:
 
 
 @check("gpu.count", "GPU count", timeout_s=30)
-def gpu_count(ctx: CheckContext) -> Outcome:
+def gpu_count(ctx: CheckContext) -> CheckOutcome:
     gpu = ctx.probes.gpu.facts()
     seen = visibility(ctx)
     visible = seen.count or 0
@@ -312,7 +312,7 @@ def _planned_source(ctx: CheckContext) -> str:
 
 
 @check("gpu.devices", "GPU devices", timeout_s=10)
-def gpu_devices(ctx: CheckContext) -> Outcome:
+def gpu_devices(ctx: CheckContext) -> CheckOutcome:
     gpu = ctx.probes.gpu.facts()
     if not gpu.nvml_ok:
         return skipped(f"no NVIDIA GPU (NVML: {gpu.nvml_error})")

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from ddpdoctor.checks.context import CheckContext
 from ddpdoctor.checks.gpu_plan import job_backend, visible_gpu_count
-from ddpdoctor.checks.launcher_detect import (
+from ddpdoctor.checks.model import CheckOutcome, skipped
+from ddpdoctor.checks.plan import parse_int
+from ddpdoctor.checks.problems import Problem, outcome_from
+from ddpdoctor.checks.registry import check
+from ddpdoctor.launchers.detect import (
     TORCH_VARS,
     detect_launcher,
     mpi_local_size,
     slurm_tasks_per_node,
 )
-from ddpdoctor.checks.model import Outcome, skipped
-from ddpdoctor.checks.plan import parse_int
-from ddpdoctor.checks.problems import Problem, outcome_from
-from ddpdoctor.checks.registry import check
 
 SLURM_MAPPING = (
     "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_STEP_NUM_TASKS LOCAL_RANK=$SLURM_LOCALID "
@@ -32,7 +32,7 @@ TORCHRUN_HINT = "launch with torchrun (e.g. `torchrun --nproc-per-node=2 train.p
 
 
 @check("launcher.detect", "Launcher")
-def launcher_detect(ctx: CheckContext) -> Outcome:
+def launcher_detect(ctx: CheckContext) -> CheckOutcome:
     info = detect_launcher(ctx.env)
     facts = {"launcher": info.name, "variables": info.seen}
     problems: list[Problem] = []
@@ -66,7 +66,7 @@ def launcher_detect(ctx: CheckContext) -> Outcome:
 
 
 @check("launcher.env", "Rank environment")
-def launcher_env(ctx: CheckContext) -> Outcome:
+def launcher_env(ctx: CheckContext) -> CheckOutcome:
     env = ctx.env
     info = detect_launcher(env)
     present = {name: env[name] for name in TORCH_VARS if name in env}
@@ -289,7 +289,7 @@ def _gpu_binding_problems(ctx: CheckContext, values: dict[str, int]) -> list[Pro
 
 
 @check("launcher.slurm", "Slurm")
-def launcher_slurm(ctx: CheckContext) -> Outcome:
+def launcher_slurm(ctx: CheckContext) -> CheckOutcome:
     env = ctx.env
     info = detect_launcher(env)
     if not info.slurm:

@@ -1,6 +1,6 @@
 """The check model: a status, the frozen result of one check, and the outcome a check function returns.
 
-A check function takes a CheckContext and returns an Outcome built with `passed`, `warning`,
+A check function takes a CheckContext and returns an CheckOutcome built with `passed`, `warning`,
 `failed` or `skipped`; it never prints. The registry stamps id, group and title onto it to make the
 CheckResult that reports and JSON carry. Every warning and failure must carry a fix.
 """
@@ -34,7 +34,7 @@ _SEVERITY = {Status.PASS: 0, Status.SKIP: 1, Status.WARN: 2, Status.ERROR: 3, St
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CheckOutcome:
     """What a check function returns; the registry turns it into a CheckResult."""
 
     status: Status
@@ -76,14 +76,14 @@ class CheckResult:
 
 def passed(
     summary: str, *, details: Iterable[str] = (), facts: Mapping[str, Any] | None = None
-) -> Outcome:
-    return Outcome(Status.PASS, summary, None, tuple(details), dict(facts or {}))
+) -> CheckOutcome:
+    return CheckOutcome(Status.PASS, summary, None, tuple(details), dict(facts or {}))
 
 
 def skipped(
     summary: str, *, details: Iterable[str] = (), facts: Mapping[str, Any] | None = None
-) -> Outcome:
-    return Outcome(Status.SKIP, summary, None, tuple(details), dict(facts or {}))
+) -> CheckOutcome:
+    return CheckOutcome(Status.SKIP, summary, None, tuple(details), dict(facts or {}))
 
 
 def warning(
@@ -92,8 +92,8 @@ def warning(
     fix: str,
     details: Iterable[str] = (),
     facts: Mapping[str, Any] | None = None,
-) -> Outcome:
-    return Outcome(Status.WARN, summary, fix, tuple(details), dict(facts or {}))
+) -> CheckOutcome:
+    return CheckOutcome(Status.WARN, summary, fix, tuple(details), dict(facts or {}))
 
 
 def failed(
@@ -102,13 +102,13 @@ def failed(
     fix: str,
     details: Iterable[str] = (),
     facts: Mapping[str, Any] | None = None,
-) -> Outcome:
-    return Outcome(Status.FAIL, summary, fix, tuple(details), dict(facts or {}))
+) -> CheckOutcome:
+    return CheckOutcome(Status.FAIL, summary, fix, tuple(details), dict(facts or {}))
 
 
-def worst(outcomes: Iterable[Outcome]) -> Outcome | None:
+def worst(outcomes: Iterable[CheckOutcome]) -> CheckOutcome | None:
     """The most severe of several outcomes (ties: the first), for checks that test several things."""
-    best: Outcome | None = None
+    best: CheckOutcome | None = None
     for outcome in outcomes:
         if best is None or outcome.status.severity > best.status.severity:
             best = outcome

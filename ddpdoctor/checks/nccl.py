@@ -13,7 +13,7 @@ import platform
 
 from ddpdoctor.checks.context import CheckContext
 from ddpdoctor.checks.gpu_plan import job_backend, visible_gpu_count
-from ddpdoctor.checks.model import Outcome, failed, passed, skipped
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped
 from ddpdoctor.checks.nccl_ifname import (
     gloo_problems,
     is_link_local_only,
@@ -35,7 +35,7 @@ from ddpdoctor.checks.registry import check
 
 
 @check("nccl.available", "NCCL in torch", timeout_s=30)
-def nccl_available(ctx: CheckContext) -> Outcome:
+def nccl_available(ctx: CheckContext) -> CheckOutcome:
     torch = ctx.probes.torch.facts()
     if not torch.installed:
         return skipped("torch is not installed (see gpu.cuda)")
@@ -134,7 +134,7 @@ def _release(version: str) -> str:
 
 
 @check("nccl.env", "NCCL variables")
-def nccl_env(ctx: CheckContext) -> Outcome:
+def nccl_env(ctx: CheckContext) -> CheckOutcome:
     settings = nccl_settings(ctx)
     files = conf_files(ctx)
     facts = {
@@ -197,7 +197,7 @@ def nccl_env(ctx: CheckContext) -> Outcome:
 
 
 @check("nccl.ifname", "Network interfaces for NCCL and gloo")
-def nccl_ifname(ctx: CheckContext) -> Outcome:
+def nccl_ifname(ctx: CheckContext) -> CheckOutcome:
     interfaces = ctx.probes.net.interfaces()
     nccl_value = setting_value(ctx, "NCCL_SOCKET_IFNAME")
     family = setting_value(ctx, "NCCL_SOCKET_FAMILY")
@@ -262,7 +262,7 @@ def nccl_ifname(ctx: CheckContext) -> Outcome:
 
 
 @check("nccl.debug_file", "NCCL_DEBUG_FILE")
-def nccl_debug_file(ctx: CheckContext) -> Outcome:
+def nccl_debug_file(ctx: CheckContext) -> CheckOutcome:
     value = setting_value(ctx, "NCCL_DEBUG_FILE")
     if value is None:
         return skipped("unset: NCCL writes its log lines to the ranks' stdout")
@@ -321,7 +321,7 @@ def nccl_debug_file(ctx: CheckContext) -> Outcome:
 
 
 @check("nccl.transport", "NCCL transports")
-def nccl_transport(ctx: CheckContext) -> Outcome:
+def nccl_transport(ctx: CheckContext) -> CheckOutcome:
     settings = nccl_settings(ctx)
     switches = {
         name: settings[name].value if name in settings else None for name in TRANSPORT_SWITCHES

@@ -11,7 +11,7 @@ import ipaddress
 from urllib.parse import urlparse
 
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import Outcome, failed
+from ddpdoctor.checks.model import CheckOutcome, failed
 from ddpdoctor.checks.plan import DEFAULT_MASTER_PORT, LOOPBACK_NAMES
 from ddpdoctor.checks.probes.bounded import bounded_call
 from ddpdoctor.checks.probes.net import NetInterface, Resolution
@@ -53,8 +53,8 @@ def numeric_host_reading(host: str) -> str | None:
     return str(ipaddress.IPv4Address(number))
 
 
-def port_problem(port_text: str | None, port: int | None, label: str) -> Outcome | None:
-    """A failed Outcome when the port text is not a usable TCP port, else None.
+def port_problem(port_text: str | None, port: int | None, label: str) -> CheckOutcome | None:
+    """A failed CheckOutcome when the port text is not a usable TCP port, else None.
 
     `label` names where the value came from: "MASTER_PORT", "--master-port" or a tcp:// URL.
     """

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ddpdoctor.checks import net_facts
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import Outcome, failed, passed, skipped, warning
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped, warning
 from ddpdoctor.checks.net_facts import (
     is_link_local,
     is_loopback,
@@ -30,7 +30,7 @@ CONNECT_TIMEOUT_S = 2.0
 STORE_SCHEMES = ("env", "tcp")  # the init methods that use a master address and port
 
 
-def _skip_for_scheme(ctx: CheckContext) -> Outcome | None:
+def _skip_for_scheme(ctx: CheckContext) -> CheckOutcome | None:
     scheme = ctx.plan.scheme
     if scheme == "file":
         return skipped("file:// rendezvous uses no master address or port")
@@ -46,7 +46,7 @@ def _skip_for_scheme(ctx: CheckContext) -> Outcome | None:
 
 
 @check("network.master_port", "Master port", timeout_s=10.0)
-def master_port(ctx: CheckContext) -> Outcome:
+def master_port(ctx: CheckContext) -> CheckOutcome:
     skip = _skip_for_scheme(ctx)
     if skip:
         return skip
@@ -123,7 +123,7 @@ def master_port(ctx: CheckContext) -> Outcome:
 
 
 @check("network.master_addr", "Master address", timeout_s=10.0)
-def master_addr(ctx: CheckContext) -> Outcome:
+def master_addr(ctx: CheckContext) -> CheckOutcome:
     skip = _skip_for_scheme(ctx)
     if skip:
         return skip
@@ -186,7 +186,7 @@ def master_addr(ctx: CheckContext) -> Outcome:
     return _connect_to_master(ctx, addr, shown, facts)
 
 
-def _connect_to_master(ctx: CheckContext, addr: str, shown: str, facts: dict) -> Outcome:
+def _connect_to_master(ctx: CheckContext, addr: str, shown: str, facts: dict) -> CheckOutcome:
     port_text, port_number = master_port_text(ctx)
     port = port_number if port_number is not None else DEFAULT_MASTER_PORT
     if (port_text is not None and port_number is None) or not 1 <= port <= 65535:
@@ -228,7 +228,7 @@ def _connect_to_master(ctx: CheckContext, addr: str, shown: str, facts: dict) ->
 
 
 @check("network.hostname", "Host name", timeout_s=10.0)
-def hostname(ctx: CheckContext) -> Outcome:
+def hostname(ctx: CheckContext) -> CheckOutcome:
     name = ctx.probes.net.hostname()
     resolution = resolve(ctx, name)
     gloo_ifname = ctx.env.get("GLOO_SOCKET_IFNAME")
@@ -275,7 +275,7 @@ def hostname(ctx: CheckContext) -> Outcome:
 
 
 @check("network.interfaces", "Network interfaces", timeout_s=5.0)
-def interfaces(ctx: CheckContext) -> Outcome:
+def interfaces(ctx: CheckContext) -> CheckOutcome:
     found = ctx.probes.net.interfaces()
     listed = [{"name": i.name, "up": i.up, "addresses": list(i.addresses)} for i in found]
     details = tuple(

@@ -12,17 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from ddpdoctor.launchers.variables import parse_int
+
 DEFAULT_MASTER_PORT = 29500
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
-
-
-def parse_int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

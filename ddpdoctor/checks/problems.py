@@ -1,4 +1,4 @@
-"""Checks that test several things collect Problems and turn them into one Outcome.
+"""Checks that test several things collect Problems and turn them into one CheckOutcome.
 
 The worst problem sets the status and the summary; every problem is listed in the details, and
 their fixes are joined, so one run of the doctor shows everything that needs changing.
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.checks.model import Outcome, failed, passed, warning
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, warning
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ def outcome_from(
     ok_summary: str,
     details: Iterable[str] = (),
     facts: Mapping[str, Any] | None = None,
-) -> Outcome:
+) -> CheckOutcome:
     """passed(ok_summary) without problems; else failed/warning led by the first fatal problem."""
     found = list(problems)
     extra = tuple(details)

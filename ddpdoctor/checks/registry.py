@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import CheckResult, Outcome, Status
+from ddpdoctor.checks.model import CheckOutcome, CheckResult, Status
+from ddpdoctor.errors import UsageError
 
 # Report order, and the module that declares each group's checks.
 GROUPS: tuple[tuple[str, str], ...] = (
@@ -36,7 +37,7 @@ GROUP_TITLES = {
     "smoke": "Collective smoke test",
 }
 
-CheckFunc = Callable[[CheckContext], Outcome]
+CheckFunc = Callable[[CheckContext], CheckOutcome]
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,8 @@ class Check:
         start = time.monotonic()
         try:
             outcome = self.func(ctx)
-            if not isinstance(outcome, Outcome):
-                raise TypeError(f"check returned {type(outcome).__name__}, not an Outcome")
+            if not isinstance(outcome, CheckOutcome):
+                raise TypeError(f"check returned {type(outcome).__name__}, not an CheckOutcome")
         except Exception as exc:  # noqa: BLE001 - a broken check must not break the doctor
             return self.error_result(
                 f"the check itself failed: {type(exc).__name__}: {exc}",
@@ -127,11 +128,22 @@ def get_check(check_id: str) -> Check:
     return checks[check_id]
 
 
+class UnknownCheckError(UsageError, KeyError):
+    """A check id or group that does not exist: exit code 2, with where to look."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown check or group {self.name!r} (see 'ddpdoctor doctor --list-checks')"
+
+
 def select_checks(ids: list[str] | None, *, smoke: bool = True) -> list[Check]:
     """The checks to run: all (minus the smoke group with smoke=False), or those named.
 
-    A name may be a check id ("network.master_port") or a group ("network"). Unknown names raise
-    KeyError with the name, which the CLI turns into a usage error.
+    A name may be a check id ("network.master_port") or a group ("network"). An unknown name
+    raises UnknownCheckError (a usage error, and a KeyError carrying the name).
     """
     checks = all_checks()
     if not ids:
@@ -140,7 +152,7 @@ def select_checks(ids: list[str] | None, *, smoke: bool = True) -> list[Check]:
     for name in ids:
         matched = [c for c in checks if c.id == name or c.group == name]
         if not matched:
-            raise KeyError(name)
+            raise UnknownCheckError(name)
         chosen.extend(c for c in matched if c not in chosen)
     order = {c.id: i for i, c in enumerate(checks)}
     return sorted(chosen, key=lambda c: order[c.id])

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from ddpdoctor.checks import net_facts
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import Outcome, failed, passed, skipped, warning, worst
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped, warning, worst
 from ddpdoctor.checks.net_facts import port_problem, resolve, url_port_text
 from ddpdoctor.checks.probes.bounded import bounded_call
 from ddpdoctor.checks.probes.fs import Mount
@@ -91,7 +91,7 @@ def classify_fs(mount: Mount | None) -> str:
 
 
 @check("rendezvous.init_method", "Init method", timeout_s=10.0)
-def init_method(ctx: CheckContext) -> Outcome:
+def init_method(ctx: CheckContext) -> CheckOutcome:
     plan = ctx.plan
     method = plan.init_method
     if plan.scheme == "env":
@@ -127,7 +127,7 @@ def init_method(ctx: CheckContext) -> Outcome:
     )
 
 
-def _tcp_init_method(ctx: CheckContext, method: str) -> Outcome:
+def _tcp_init_method(ctx: CheckContext, method: str) -> CheckOutcome:
     parsed = urlparse(method)
     host = parsed.hostname
     facts = {"init_method": method, "scheme": "tcp", "host": host}
@@ -168,7 +168,7 @@ def _tcp_init_method(ctx: CheckContext, method: str) -> Outcome:
 
 
 @check("rendezvous.file", "Rendezvous file", timeout_s=10.0)
-def rendezvous_file(ctx: CheckContext) -> Outcome:
+def rendezvous_file(ctx: CheckContext) -> CheckOutcome:
     if ctx.plan.scheme != "file":
         return skipped(f"the init method is {ctx.plan.scheme or 'unknown'}://, not file://")
     path, _host = file_path(ctx.plan.init_method)
@@ -215,7 +215,7 @@ def rendezvous_file(ctx: CheckContext) -> Outcome:
     return replace(chosen, details=details, facts=facts)
 
 
-def _stale_file(ctx: CheckContext, path: str) -> Outcome:
+def _stale_file(ctx: CheckContext, path: str) -> CheckOutcome:
     existing = ctx.probes.fs.file_status(path)
     if not existing.exists:
         return passed(f"{path} does not exist yet (as it must)")
@@ -242,7 +242,7 @@ def _stale_file(ctx: CheckContext, path: str) -> Outcome:
     )
 
 
-def _filesystem(ctx: CheckContext, directory: str, facts: dict[str, object]) -> Outcome:
+def _filesystem(ctx: CheckContext, directory: str, facts: dict[str, object]) -> CheckOutcome:
     mount = ctx.probes.fs.mount_for(directory)
     kind = classify_fs(mount)
     if mount is not None:
@@ -272,7 +272,7 @@ def _filesystem(ctx: CheckContext, directory: str, facts: dict[str, object]) -> 
     return passed(f"{directory} is on {where} ({kind})")
 
 
-def _locking(ctx: CheckContext, directory: str) -> Outcome:
+def _locking(ctx: CheckContext, directory: str) -> CheckOutcome:
     result = bounded_call(lambda: ctx.probes.fs.lock_test(directory), LOCK_TIMEOUT_S, name="lock")
     fix = (
         "Use a filesystem with working fcntl locks (NFS needs its lock daemon: lockd / rpc.statd, "

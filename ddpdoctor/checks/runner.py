@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from ddpdoctor.checks.context import CheckContext
+from ddpdoctor.checks.context import CheckContext, DoctorOptions
 from ddpdoctor.checks.model import CheckResult
 from ddpdoctor.checks.registry import Check, select_checks
 from ddpdoctor.checks.report import DoctorReport
@@ -108,17 +108,20 @@ def _notify(
 def run_checks(
     ids: list[str] | None = None,
     *,
+    options: DoctorOptions | None = None,
     context: CheckContext | None = None,
     strict: bool = False,
     on_progress: ProgressCallback | None = None,
 ) -> DoctorReport:
-    """Run the doctor: all checks (or those named by id or group) and return the report.
+    """Run the doctor: all checks (or those named by id or group) and return the report. The one
+    runner behind `ddpdoctor doctor`, the doctor before `ddpdoctor run`, and the Python API.
+    An unknown id or group raises UnknownCheckError (a UsageError).
 
     >>> from ddpdoctor import run_checks
     >>> report = run_checks(["launcher", "network"])
     >>> report.exit_code, report.counts
     """
-    ctx = context or CheckContext()
+    ctx = context or CheckContext(options=options or DoctorOptions())
     checks = select_checks(ids, smoke=ctx.options.smoke)
     start = time.monotonic()
     results = run_check_list(checks, ctx, on_progress=on_progress)

@@ -9,7 +9,7 @@ the step and its error.
 from __future__ import annotations
 
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import Outcome, failed, passed, skipped
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped
 from ddpdoctor.checks.probes.smoke_model import SmokeReport, SmokeRequest, blame
 from ddpdoctor.checks.registry import check
 from ddpdoctor.checks.system import visible_gpus
@@ -19,7 +19,7 @@ DEFAULT_NPROC_WITHOUT_GPUS = 2
 
 
 @check("smoke.collectives", "Collectives", timeout_s=SMOKE_CHECK_TIMEOUT_S, slow=True)
-def collectives(ctx: CheckContext) -> Outcome:
+def collectives(ctx: CheckContext) -> CheckOutcome:
     if not ctx.options.smoke:
         return skipped("skipped (--no-smoke)")
     probe = ctx.probes.smoke
@@ -47,7 +47,7 @@ def collectives(ctx: CheckContext) -> Outcome:
     return outcome_from_report(report)
 
 
-def outcome_from_report(report: SmokeReport) -> Outcome:
+def outcome_from_report(report: SmokeReport) -> CheckOutcome:
     """The check's result for what the ranks reported (pure, for tests with recorded reports)."""
     n, backend = report.world_size, report.backend
     facts: dict[str, object] = {

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 
 from ddpdoctor.checks.context import CheckContext
-from ddpdoctor.checks.model import Outcome, passed, warning, worst
+from ddpdoctor.checks.model import CheckOutcome, passed, warning, worst
 from ddpdoctor.checks.probes.system import PtraceInfo
 from ddpdoctor.checks.registry import check
 
@@ -78,7 +78,7 @@ def size_text(nbytes: float) -> str:
 
 
 @check("system.shm", "Shared memory (/dev/shm)", timeout_s=10.0)
-def shm(ctx: CheckContext) -> Outcome:
+def shm(ctx: CheckContext) -> CheckOutcome:
     space = ctx.probes.fs.disk_space(SHM_DIR)
     if space is None:
         return warning(
@@ -128,7 +128,7 @@ def shm(ctx: CheckContext) -> Outcome:
 
 
 @check("system.limits", "Resource limits", timeout_s=5.0)
-def limits(ctx: CheckContext) -> Outcome:
+def limits(ctx: CheckContext) -> CheckOutcome:
     lim = ctx.probes.system.limits()
     ranks, _ = planned_local_ranks(ctx)
     workers, workers_why = workers_per_rank(ctx)
@@ -195,7 +195,7 @@ def limits(ctx: CheckContext) -> Outcome:
 
 
 @check("system.cpu", "CPU cores", timeout_s=5.0)
-def cpu(ctx: CheckContext) -> Outcome:
+def cpu(ctx: CheckContext) -> CheckOutcome:
     info = ctx.probes.system.cpus()
     cores = info.usable
     if info.quota is not None:
@@ -250,7 +250,7 @@ def cpu(ctx: CheckContext) -> Outcome:
 
 
 @check("system.memory", "Host memory", timeout_s=5.0)
-def memory(ctx: CheckContext) -> Outcome:
+def memory(ctx: CheckContext) -> CheckOutcome:
     mem = ctx.probes.system.memory()
     ranks, why = planned_local_ranks(ctx)
     needed = ranks * MEMORY_PER_RANK
@@ -267,7 +267,7 @@ def memory(ctx: CheckContext) -> Outcome:
 
 
 @check("system.pyspy", "py-spy (stack dumps)", timeout_s=10.0)
-def pyspy(ctx: CheckContext) -> Outcome:
+def pyspy(ctx: CheckContext) -> CheckOutcome:
     info = ctx.probes.system.pyspy(ctx.env.get("PATH"))
     trace = ctx.probes.system.ptrace()
     allowed, why = ptrace_verdict(trace)

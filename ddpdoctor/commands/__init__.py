@@ -1,1 +1,5 @@
-"""One module per CLI command, each exposing `main(args) -> int`."""
+"""One module per CLI command, each exposing `main(args) -> int`: parse, call, render.
+
+May import: every package below (launch, monitor, explain, checks, distributed_doctor, tui, ...);
+nothing imports the commands but ddpdoctor.cli.
+"""

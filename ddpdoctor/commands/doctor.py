@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 
-from ddpdoctor.checks.context import CheckContext, DoctorOptions
-from ddpdoctor.checks.registry import GROUP_TITLES, Check, all_checks, select_checks
+from ddpdoctor.checks.context import DoctorOptions
+from ddpdoctor.checks.progress import progress_spinner
+from ddpdoctor.checks.registry import GROUP_TITLES, all_checks
 from ddpdoctor.checks.render import render_report
 from ddpdoctor.checks.report import DoctorReport
-from ddpdoctor.checks.runner import run_check_list
+from ddpdoctor.checks.runner import run_checks
 from ddpdoctor.console import make_console, symbols_for
-from ddpdoctor.errors import UsageError
 from ddpdoctor.exit_codes import ExitCode
 
 
@@ -32,67 +32,22 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
 def main(args: argparse.Namespace) -> int:
     if args.list_checks:
         return list_checks(json_out=args.json)
+    options = options_from_args(args)
     if args.distributed:
-        from ddpdoctor.cluster.distributed_doctor import main as distributed_main
+        from ddpdoctor.distributed_doctor.doctor import main as distributed_main
 
-        return distributed_main(args)
-    report = run_doctor(
-        args.check_ids or None,
-        options_from_args(args),
-        strict=args.strict,
-        show_progress=not args.json,
-    )
+        return distributed_main(args, options)
+    with progress_spinner(not args.json) as on_progress:
+        report = run_checks(
+            args.check_ids or None, options=options, strict=args.strict, on_progress=on_progress
+        )
     emit_report(report, args)
     return int(report.exit_code)
 
 
-def run_doctor(
-    ids: list[str] | None,
-    options: DoctorOptions,
-    *,
-    strict: bool = False,
-    show_progress: bool = True,
-    context: CheckContext | None = None,
-) -> DoctorReport:
-    import time
-
-    try:
-        checks = select_checks(ids, smoke=options.smoke)
-    except KeyError as exc:
-        raise UsageError(
-            f"unknown check or group {exc.args[0]!r} (see 'ddpdoctor doctor --list-checks')"
-        ) from None
-    ctx = context or CheckContext(options=options)
-    start = time.monotonic()
-    if show_progress and sys.stderr.isatty():
-        results = _run_with_spinner(checks, ctx)
-    else:
-        results = run_check_list(checks, ctx)
-    return DoctorReport.build(results, strict=strict, elapsed_s=time.monotonic() - start)
-
-
-def _run_with_spinner(checks: list[Check], ctx: CheckContext):
-    """On a terminal, a spinner on stderr names the slow checks still running."""
-    console = make_console(sys.stderr)
-    running: dict[str, Check] = {}
-    with console.status("checking...", spinner="dots") as status:
-
-        def progress(what: str, check: Check, _result) -> None:
-            if what == "start":
-                running[check.id] = check
-            else:
-                running.pop(check.id, None)
-            slow = [c.title for c in running.values() if c.slow] or [
-                c.title for c in running.values()
-            ]
-            status.update(f"checking: {', '.join(slow[:3])}" if slow else "checking...")
-
-        return run_check_list(checks, ctx, on_progress=progress)
-
-
 def emit_report(report: DoctorReport, args: argparse.Namespace) -> None:
     if getattr(args, "junit_xml", None):
-        from ddpdoctor.junit import write_junit
+        from ddpdoctor.integrations.junit import write_junit
 
         write_junit(report, args.junit_xml)
     if args.json:

@@ -1,16 +1,28 @@
 """`ddpdoctor run`: launch the reference DDP job, or a script of yours, under torchrun and watch it.
 
 Everything is checked before anything starts (bad input: one error line, exit 2); see
-ddpdoctor/launch.py for the run itself and its exit codes.
+ddpdoctor/launch/launcher.py for the run itself and its exit codes. This command only wires the
+layers: the plan from the flags, and the monitor, the text view and the TUI that watch the job.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ddpdoctor.launch import launch
-from ddpdoctor.launch_plan import plan_from_args
+from ddpdoctor.launch.launcher import Watchers, launch
+from ddpdoctor.launch.plan import plan_from_args
+from ddpdoctor.monitor.headless import HeadlessView
+from ddpdoctor.monitor.live import Monitor
 
 
 def main(args: argparse.Namespace) -> int:
-    return launch(plan_from_args(args))
+    return launch(plan_from_args(args), watchers())
+
+
+def watchers() -> Watchers:
+    def run_tui(*args, **kwargs):
+        from ddpdoctor.tui import run_tui as run  # Textual loads only when a terminal shows it
+
+        return run(*args, **kwargs)
+
+    return Watchers(monitor=Monitor, headless=HeadlessView, tui=run_tui)

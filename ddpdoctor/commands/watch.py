@@ -17,7 +17,7 @@ from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.monitor import Monitor
 from ddpdoctor.monitor.headless import HeadlessView
 from ddpdoctor.monitor.snapshot import Snapshot
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir
 
 POLL_S = 0.5
 

@@ -9,23 +9,21 @@ reported alongside.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from ddpdoctor.findings import Finding, sort_findings
-from ddpdoctor.monitor.rules import Outcome
-from ddpdoctor.monitor.rules import crash as crash_rule
-from ddpdoctor.monitor.rules import hang as hang_rule
-from ddpdoctor.monitor.rules import mismatch as mismatch_rule
-from ddpdoctor.monitor.rules import rendezvous as rendezvous_rule
-from ddpdoctor.monitor.rules import runtime_warnings as warnings_rule
-from ddpdoctor.monitor.rules import sampler as sampler_rule
-from ddpdoctor.monitor.rules import straggler as straggler_rule
-from ddpdoctor.monitor.rules import transport as transport_rule
-from ddpdoctor.monitor.rules import uneven as uneven_rule
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules import crash as crash_rule
+from ddpdoctor.monitor.verdict_rules import hang as hang_rule
+from ddpdoctor.monitor.verdict_rules import mismatch as mismatch_rule
+from ddpdoctor.monitor.verdict_rules import rendezvous as rendezvous_rule
+from ddpdoctor.monitor.verdict_rules import runtime_warnings as warnings_rule
+from ddpdoctor.monitor.verdict_rules import sampler as sampler_rule
+from ddpdoctor.monitor.verdict_rules import straggler as straggler_rule
+from ddpdoctor.monitor.verdict_rules import transport as transport_rule
+from ddpdoctor.monitor.verdict_rules import uneven as uneven_rule
 
 # A mismatch explains a crash that follows it; allow for the abort to land a little later.
 MISMATCH_EXPLAINS_CRASH_S = 1.0
@@ -49,7 +47,7 @@ class Diagnosis:
         return max(0.0, self.onset_t - self.started_t)
 
 
-def _primary(snap: Snapshot) -> tuple[Outcome | None, Outcome | None]:
+def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
     mismatch = mismatch_rule.detect(snap)
@@ -147,14 +145,3 @@ def apply_diagnosis(
         else diagnosis.detected_after_s,
         problem_started_t=diagnosis.started_t,
     )
-
-
-def diagnose_run_dir(
-    path: str | os.PathLike[str] | Path, *, hang_after: float | None = None
-) -> Snapshot:
-    """The post-mortem of a finished run or a copied run directory (reads everything once;
-    writes nothing). A run directory that is not one raises UsageError."""
-    from ddpdoctor.monitor.monitor import Monitor
-
-    monitor = Monitor(path, hang_after=hang_after, capture_stacks=False, write_diagnosis=False)
-    return monitor.close()

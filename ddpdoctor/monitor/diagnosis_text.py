@@ -9,9 +9,9 @@ from collections import Counter
 from rich.text import Text
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.monitor.rules import fmt_ranks, fmt_s
-from ddpdoctor.monitor.rules.rendezvous import fmt_nodes
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, StackGroup, Verdict
+from ddpdoctor.monitor.verdict_rules import fmt_s
+from ddpdoctor.rank_ranges import named_ranks
 
 VERDICT_STYLE = {
     Verdict.RUNNING: "cyan",
@@ -38,12 +38,12 @@ def verdict_line(snap: Snapshot) -> Text:
     """ "HANG: culprit rank 1 (detected 5.3 s after it started)" """
     if snap.never_started:
         text = Text("NOT STARTED", style="bold red")
-        text.append(f": {fmt_nodes(snap.nodes_missing)} never joined the rendezvous")
+        text.append(f": {named_ranks(snap.nodes_missing, 'node')} never joined the rendezvous")
         return text
     text = Text(snap.verdict.value.upper(), style=VERDICT_STYLE[snap.verdict])
     if snap.verdict.is_problem:
         if snap.culprits:
-            text.append(f": culprit {fmt_ranks(snap.culprits)}")
+            text.append(f": culprit {named_ranks(snap.culprits)}")
         if snap.detected_after_s is not None:
             text.append(f" (detected {fmt_s(snap.detected_after_s)} after it started)")
     elif snap.verdict is Verdict.HEALTHY:
@@ -71,12 +71,12 @@ def status_line(snap: Snapshot) -> str:
     counts = Counter(v.state.value for v in snap.ranks)
     parts.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     if snap.nodes_missing:
-        parts.append(f"waiting for {fmt_nodes(snap.nodes_missing)} to join")
+        parts.append(f"waiting for {named_ranks(snap.nodes_missing, 'node')} to join")
     waiting = [v for v in snap.ranks if v.state is RankState.WAITING and v.collective]
     if waiting:
         view = max(waiting, key=lambda v: v.collective.waiting_s if v.collective else 0)
         assert view.collective is not None
-        on = f" on {fmt_ranks(view.waiting_on)}" if view.waiting_on else ""
+        on = f" on {named_ranks(view.waiting_on)}" if view.waiting_on else ""
         parts.append(
             f"rank {view.rank} waits in {view.collective.op} #{view.collective.seq}"
             f" {fmt_s(view.collective.waiting_s)}{on}"
@@ -97,7 +97,7 @@ def rank_line(view: RankView) -> Text:
     if view.collective is not None:
         bits.append(f"in {view.collective.describe()} {fmt_s(view.collective.waiting_s)}")
     if view.waiting_on:
-        bits.append(f"waits on {fmt_ranks(view.waiting_on)}")
+        bits.append(f"waits on {named_ranks(view.waiting_on)}")
     if view.error:
         bits.append(view.error if len(view.error) <= 160 else view.error[:157] + "…")
     elif view.exit_signal and view.state.finished:
@@ -136,7 +136,7 @@ def stack_lines(stacks: tuple[StackGroup, ...], culprits: frozenset[int]) -> lis
     lines = [Text("Stacks (py-spy, innermost last):", style="bold")]
     for group in stacks:
         odd = " — culprit" if culprits and set(group.ranks) & culprits else ""
-        title = Text(f"  {fmt_ranks(group.ranks)} ({len(group.ranks)}){odd}")
+        title = Text(f"  {named_ranks(group.ranks)} ({len(group.ranks)}){odd}")
         if odd:
             title.stylize("bold red")
         if group.thread:

@@ -25,8 +25,8 @@ from ddpdoctor.monitor.diagnosis_text import (
     status_line,
     verdict_line,
 )
-from ddpdoctor.monitor.rules import fmt_s
 from ddpdoctor.monitor.snapshot import RankView, Snapshot
+from ddpdoctor.monitor.verdict_rules import fmt_s
 
 STATUS_EVERY_S = 5.0
 MAX_BARS = 16

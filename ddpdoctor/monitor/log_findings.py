@@ -1,6 +1,6 @@
 """The log explainers' findings for a run, refreshed in the background as logs grow.
 
-ddpdoctor.monitor.explain reads every log of the run directory and combines them across files
+ddpdoctor.explain reads every log of the run directory and combines them across files
 (several ranks' watchdog lines say which rank is behind), so it runs on the whole directory: in
 a daemon thread while the job runs, when new warning or error lines arrived and not more often
 than every few seconds, and once more, synchronously, at the end.
@@ -8,9 +8,9 @@ than every few seconds, and once more, synchronously, at the end.
 
 from __future__ import annotations
 
+from ddpdoctor.background import BackgroundTask
 from ddpdoctor.findings import Finding
-from ddpdoctor.monitor.background import BackgroundTask
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir
 
 # The explainers already report these better from the events; their log-only version would
 # repeat the same error (a Python traceback the events carry, torchrun's victim-first table).
@@ -68,7 +68,7 @@ class LogFindings:
 def _explain(run: RunDir) -> list[Finding]:
     if not run.logs_dir.is_dir() and not run.nccl_dir.is_dir():
         return []
-    from ddpdoctor.monitor.explain import explain_files
+    from ddpdoctor.explain import explain_files
 
     found = explain_files([run.path])
     return [f for f in found if f.id not in _COVERED_BY_EVENTS]

@@ -1,6 +1,6 @@
 """What the monitor knows about one rank, accumulated event by event (mutable, owned by RunState).
 
-Every field comes from the rank's own events (ddpdoctor/events.py), so a live run, a finished one
+Every field comes from the rank's own events (ddpdoctor/protocol/events.py), so a live run, a finished one
 and a copied directory are read the same way. Values of the wrong type are ignored, never trusted:
 a rank's file may be torn or written by another ddpdoctor version.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ddpdoctor import events as ev
 from ddpdoctor.monitor.snapshot import CALL_WINDOW, POINT_TO_POINT_OPS, CollectiveView, LogLine
-from ddpdoctor.monitor.torchrun_logs import signal_name
+from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.torchrun_logs import signal_name
 
 RECENT_STEPS = 32  # step times kept for sparklines
 OWN_WORK_WINDOW = 10  # steps averaged for the straggler analysis

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.monitor.snapshot import RunInfo
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir
 
 
 def _first(data: dict[str, Any], *keys: str) -> Any:
@@ -65,7 +65,7 @@ def recorded_hang_after(data: dict[str, Any]) -> float | None:
 
 def with_nodes(info: RunInfo, records: Mapping[int, Any]) -> RunInfo:
     """RunInfo with the hosts of every node's launcher (run.json names only the node that wrote
-    it) and at least as many nodes as launchers recorded (ddpdoctor.node_records)."""
+    it) and at least as many nodes as launchers recorded (ddpdoctor.protocol.node_records)."""
     if not records:
         return info
     hosts = list(info.hosts)

@@ -8,10 +8,11 @@ what changed. `Snapshot.diagnosis_json()` is RUN_DIR/diagnosis.json and `watch -
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.protocol.verdicts import RankState, Verdict
+from ddpdoctor.stacks.groups import StackGroup
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -33,33 +34,6 @@ SHAPE_AGREEING_OPS = frozenset(
 CALL_WINDOW = 8
 # Point-to-point ops pair two ranks: their sequence numbers are not comparable across the group.
 POINT_TO_POINT_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-
-
-class RankState(str, Enum):
-    STARTING = "starting"  # launched, no hello yet (or hello but not yet training)
-    RUNNING = "running"  # making progress
-    IN_COLLECTIVE = "in_collective"  # inside a collective, for a normal time so far
-    WAITING = "waiting"  # inside a collective longer than usual: waiting for other ranks
-    STALLED = "stalled"  # no progress past the hang threshold (or its heartbeat stopped)
-    DONE = "done"  # exited with code 0
-    FAILED = "failed"  # raised, or exited non-zero
-    GONE = "gone"  # its process vanished without an exit event (killed, OOM, a signal)
-
-    @property
-    def finished(self) -> bool:
-        return self in (RankState.DONE, RankState.FAILED, RankState.GONE)
-
-
-class Verdict(str, Enum):
-    RUNNING = "running"
-    HEALTHY = "healthy"
-    HANG = "hang"
-    MISMATCH = "mismatch"
-    CRASH = "crash"
-
-    @property
-    def is_problem(self) -> bool:
-        return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH)
 
 
 @dataclass(frozen=True)
@@ -208,19 +182,6 @@ def build_frozen(cls: type[T], fields: dict[str, Any]) -> T:
     obj = object.__new__(cls)
     obj.__dict__.update(fields)
     return obj
-
-
-@dataclass(frozen=True)
-class StackGroup:
-    """Ranks whose stacks are identical (after folding library frames)."""
-
-    ranks: tuple[int, ...]
-    frames: tuple[str, ...]  # "file:line function", innermost last, library frames folded
-    full_frames: tuple[str, ...] = ()  # unfolded, for the detail view
-    thread: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ranks": list(self.ranks), "frames": list(self.frames), "thread": self.thread}
 
 
 @dataclass(frozen=True)

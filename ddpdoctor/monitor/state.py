@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ddpdoctor import events as ev
 from ddpdoctor.monitor.rank_tracker import RankTracker, num
 from ddpdoctor.monitor.snapshot import (
     POINT_TO_POINT_OPS,
@@ -29,7 +28,9 @@ from ddpdoctor.monitor.snapshot import (
     build_frozen,
 )
 from ddpdoctor.monitor.thresholds import compute_thresholds
-from ddpdoctor.monitor.torchrun_logs import (
+from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.node_records import NodeRecord, node_of
+from ddpdoctor.protocol.torchrun_logs import (
     AGENT_LOG,
     NCCL_LOG,
     RANK_LOG,
@@ -37,7 +38,6 @@ from ddpdoctor.monitor.torchrun_logs import (
     LogSource,
     signal_name,
 )
-from ddpdoctor.node_records import NodeRecord, node_of
 
 LOG_RING = 1000  # recent log lines kept for the logs panel
 MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank

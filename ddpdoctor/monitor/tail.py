@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpdoctor.monitor.torchrun_logs import LogSource, classify_log_path
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.torchrun_logs import LogSource, classify_log_path
 
 # A poll reads at most this much of one file; the rest waits for the next poll, so one huge
 # NCCL log cannot make a poll slow.

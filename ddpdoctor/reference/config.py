@@ -1,4 +1,4 @@
-"""The reference job's command line: `python -m ddpdoctor.reference_job [OPTIONS]`.
+"""The reference job's command line: `python -m ddpdoctor.reference [OPTIONS]`.
 
 Defaults are picked for a 2-core CPU: a small CNN, 40 steps of 32 samples per rank, no DataLoader
 worker processes (forking workers costs more than it saves on tiny batches). On a GPU the job
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ddpdoctor.errors import UsageError
-from ddpdoctor.inject import InjectSpec, parse_inject
+from ddpdoctor.reference.inject import InjectSpec, parse_inject
 
 DEFAULT_STEPS = 40
 DEFAULT_BATCH_SIZE = 32
@@ -71,7 +71,7 @@ def _at_least(minimum: int):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m ddpdoctor.reference_job",
+        prog="python -m ddpdoctor.reference",
         description="The ddpdoctor reference DDP job (run it under torchrun).",
     )
     p.add_argument("--steps", type=_at_least(1), default=DEFAULT_STEPS)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ddpdoctor.inject import InjectSpec
+from ddpdoctor.reference.inject import InjectSpec
 
 EXIT_FAULT_CODE = 17
 HANG_POLL_S = 0.5

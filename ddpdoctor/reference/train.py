@@ -20,6 +20,7 @@ from typing import Any
 from ddpdoctor.console import error_line
 from ddpdoctor.errors import UsageError
 from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR
 from ddpdoctor.reference.config import ReferenceConfig, parse_config
 from ddpdoctor.reference.data import (
     SyntheticSpec,
@@ -37,7 +38,6 @@ from ddpdoctor.reference.verify import (
     remove_checkpoint_dir,
     save_checkpoint,
 )
-from ddpdoctor.rundir import ENV_RUN_DIR
 
 GLOO_RELEASE_GRACE_S = 0.2
 WARMUP_STEPS = 3  # the first steps build DDP's buckets; steady-state speed is measured after them

@@ -7,7 +7,7 @@ or, for a user's script, unchanged:
 
     torchrun --nproc-per-node 2 -m ddpdoctor.runtime.bootstrap train.py --lr 0.1
 
-Once active, every rank records (the schema is ddpdoctor/events.py):
+Once active, every rank records (the schema is ddpdoctor/protocol/events.py):
 
     writer.py       one JSON object a line, flushed per line, never raising into training
     records.py      hot-path events as tuples, encoded by the writer thread
@@ -22,6 +22,8 @@ Once active, every rank records (the schema is ddpdoctor/events.py):
     api.py          phase() / log() / warn() / fault() for scripts that want to say more
 
 Importing this package does not import torch; activate() does (a rank imports it anyway).
+May import: the protocol (event schema, run directory) and the shared vocabulary only: it runs
+inside the user's job, where nothing of the watcher belongs.
 """
 
 from __future__ import annotations

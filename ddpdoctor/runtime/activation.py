@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from ddpdoctor.events import WARNING
-from ddpdoctor.rundir import ENV_RUN_DIR
+from ddpdoctor.protocol.events import WARNING
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR
 from ddpdoctor.runtime import core, exit_hooks, ptrace
 from ddpdoctor.runtime.heartbeat import Heartbeat
 from ddpdoctor.runtime.info import env_int

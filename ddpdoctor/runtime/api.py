@@ -17,7 +17,7 @@ import math
 from types import TracebackType
 from typing import Any
 
-from ddpdoctor.events import FAULT, WARNING
+from ddpdoctor.protocol.events import FAULT, WARNING
 from ddpdoctor.runtime import core, records
 
 # Envelope names a metric must not overwrite; such metrics are written as "user_<name>".

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.events import DEFAULT_GROUP
+from ddpdoctor.protocol.events import DEFAULT_GROUP
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
 from ddpdoctor.runtime.records import CollectiveDesc

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.events import DEFAULT_GROUP
+from ddpdoctor.protocol.events import DEFAULT_GROUP
 from ddpdoctor.runtime import records
 from ddpdoctor.runtime.records import CollectiveDesc, Record
 

@@ -14,8 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddpdoctor.events import ERROR, EXIT, FAULT, HEARTBEAT, HELLO, PHASE, SCHEMA_VERSION, WARNING
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.events import (
+    ERROR,
+    EXIT,
+    FAULT,
+    HEARTBEAT,
+    HELLO,
+    PHASE,
+    SCHEMA_VERSION,
+    WARNING,
+)
+from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.runtime import info
 from ddpdoctor.runtime.collectives import CollectiveTracker
 from ddpdoctor.runtime.completion import CudaMarker, default_cuda_marker

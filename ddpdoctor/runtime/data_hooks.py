@@ -17,7 +17,7 @@ import itertools
 import weakref
 from typing import Any
 
-from ddpdoctor.events import EPOCH, WARNING
+from ddpdoctor.protocol.events import EPOCH, WARNING
 from ddpdoctor.runtime import core
 
 EPOCH_ATTR = "_ddpdoctor_epoch"

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.events import WARNING
+from ddpdoctor.protocol.events import WARNING
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize

@@ -21,7 +21,7 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-from ddpdoctor.events import ERROR
+from ddpdoctor.protocol.events import ERROR
 from ddpdoctor.runtime import core
 
 MAX_TRACEBACK_CHARS = 32_000

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.events import HEARTBEAT
+from ddpdoctor.protocol.events import HEARTBEAT
 from ddpdoctor.runtime.core import Runtime
 
 # How often the probes of collectives in flight are polled while there are any.

@@ -6,7 +6,7 @@ writer thread (ddpdoctor/runtime/writer.py) calls `encoder(record, rank)` to get
 The parts of a line that do not change from call to call (a gradient bucket's op, group, shape and
 dtype) are encoded once, when a `CollectiveDesc` is made, and reused as text.
 
-Every encoder writes the same object `ddpdoctor.events.encode_event` would write for the event
+Every encoder writes the same object `ddpdoctor.protocol.events.encode_event` would write for the event
 (same envelope, same fields, same values); only the order of the fields may differ.
 """
 
@@ -17,7 +17,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.events import COLLECTIVE_END, COLLECTIVE_START, METRICS, SCHEMA_VERSION, STEP
+from ddpdoctor.protocol.events import (
+    COLLECTIVE_END,
+    COLLECTIVE_START,
+    METRICS,
+    SCHEMA_VERSION,
+    STEP,
+)
 
 # A record: (encoder, t, mono, *payload); encoder(record, rank) -> one line of JSON, no newline.
 Record = tuple[Any, ...]

@@ -48,7 +48,7 @@ MAX_QUEUED = 100_000
 _LINE_BREAKERS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 
 
-# The settings of ddpdoctor.events.encode_event, built once: this runs for every event.
+# The settings of ddpdoctor.protocol.events.encode_event, built once: this runs for every event.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False)
 
 
@@ -206,12 +206,7 @@ class EventWriter:
         self._lock = threading.RLock()
         self._closed = True
         self._queue.clear()  # the parent's events: the parent writes them
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        self._drop_fd()
 
     def _drop_fd(self) -> None:
         if self._fd is not None:

@@ -2,8 +2,9 @@
 
 `run_tui(source, mode=..., job=...)` blocks until the user quits and returns the last snapshot it
 showed. `source` is anything with `poll() -> Snapshot` and `request_stacks()` (the monitor);
-`job` anything with `returncode()` and `stop()` (the launcher's Job). This is the only package of
-ddpdoctor that imports textual, and it does so only when run_tui is called.
+`job` anything with `returncode()` and `stop()` (the launcher's TorchrunProcess). This is the
+only package of ddpdoctor that imports textual, and it does so only when run_tui is called.
+May import: the monitor's snapshots, stacks and the shared vocabulary.
 """
 
 from __future__ import annotations

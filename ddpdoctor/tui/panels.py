@@ -10,7 +10,7 @@ from textual.widgets import Static
 
 from ddpdoctor.findings import sort_findings
 from ddpdoctor.monitor.snapshot import LogLine, Snapshot, StackGroup, Verdict
-from ddpdoctor.monitor.stack_groups import is_marker
+from ddpdoctor.stacks.groups import is_marker
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.lines_view import LinesView
 from ddpdoctor.tui.log_filter import LogFilter

@@ -1,6 +1,6 @@
 """What the app needs from the outside, as duck-typed protocols (no import of the monitor or launcher).
 
-`ddpdoctor.monitor.Monitor` is a SnapshotSource and `ddpdoctor.launch.Job` a JobHandle; tests pass
+`ddpdoctor.monitor.Monitor` is a SnapshotSource and `ddpdoctor.launch.torchrun_process.TorchrunProcess` a JobHandle; tests pass
 small fakes that return canned snapshots.
 """
 

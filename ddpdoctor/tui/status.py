@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from ddpdoctor.monitor.rules.rendezvous import fmt_nodes
 from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.rank_ranges import named_ranks
 
 
 def exit_description(returncode: int) -> str:
@@ -73,7 +73,8 @@ def status_line(state: AppState) -> Text:
         status.append(" · live", style="green")
         if snapshot.nodes_missing:
             status.append(
-                f" · waiting for {fmt_nodes(snapshot.nodes_missing)} to join", style="yellow"
+                f" · waiting for {named_ranks(snapshot.nodes_missing, 'node')} to join",
+                style="yellow",
             )
         if state.mode == "watch":
             status.append(" · quitting leaves the job alone", style="dim")

@@ -244,7 +244,7 @@ def test_allreduce_check_catches_silent_corruption():
     import torch
     import torch.distributed as dist
 
-    from ddpdoctor.cluster.collective_bench import BenchConfig, run_bench
+    from ddpdoctor.distributed_doctor.collective_bench import BenchConfig, run_bench
 
     class Tampering:
         def __getattr__(self, name):

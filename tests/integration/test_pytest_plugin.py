@@ -20,7 +20,7 @@ CHECKS = "launcher,nccl"
 PLANTED = {"RANK": "-1", "NCCL_DEUBG": "INFO"}
 
 FIXTURE_TEST = """
-from ddpdoctor.pytest_plugin import doctor_report
+from ddpdoctor.integrations.pytest_plugin import doctor_report
 
 
 def test_the_fixture_shares_the_one_report(ddp_doctor, request):
@@ -37,7 +37,7 @@ import sys
 
 
 def test_plugin_loaded_but_idle():
-    assert "ddpdoctor.pytest_plugin" in sys.modules
+    assert "ddpdoctor.integrations.pytest_plugin" in sys.modules
     assert "ddpdoctor.checks.registry" not in sys.modules
     assert "torch" not in sys.modules
 """
@@ -88,7 +88,7 @@ def test_items_pass_fail_and_skip_as_the_checks_say(project):
     finished = run(
         pytest_cmd(
             "-p",
-            "ddpdoctor.pytest_plugin",
+            "ddpdoctor.integrations.pytest_plugin",
             "--ddpdoctor",
             f"--ddpdoctor-checks={CHECKS}",
             f"--junitxml={junit}",
@@ -121,7 +121,7 @@ def test_strict_fails_warnings_even_without_project_tests(tmp_path):
     finished = run(
         pytest_cmd(
             "-p",
-            "ddpdoctor.pytest_plugin",
+            "ddpdoctor.integrations.pytest_plugin",
             "--ddpdoctor",
             "--ddpdoctor-strict",
             f"--ddpdoctor-checks={CHECKS}",
@@ -162,7 +162,9 @@ def test_installed_plugin_is_idle_without_the_flag_and_works_with_it(project, tm
 def test_unknown_check_is_a_usage_error(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     finished = run(
-        pytest_cmd("-p", "ddpdoctor.pytest_plugin", "--ddpdoctor", "--ddpdoctor-checks=nope"),
+        pytest_cmd(
+            "-p", "ddpdoctor.integrations.pytest_plugin", "--ddpdoctor", "--ddpdoctor-checks=nope"
+        ),
         timeout=60,
         env=isolated_env(),
         cwd=tmp_path,

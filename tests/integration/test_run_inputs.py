@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
-from ddpdoctor.supervise import STACK_WAIT_S
+from ddpdoctor.launch.supervise import STACK_WAIT_S
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import REPO, background, ddpdoctor_cmd, job_processes, run, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

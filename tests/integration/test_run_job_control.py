@@ -1,4 +1,4 @@
-"""The Job with real processes standing in for torchrun: output routing, stopping a worker that
+"""The TorchrunProcess with real processes standing in for torchrun: output routing, stopping a worker that
 ignores SIGTERM, orphans, forwarded Ctrl-C, and a launcher killed with SIGKILL."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpdoctor.job import Job
+from ddpdoctor.launch.torchrun_process import TorchrunProcess
 from tests.procs import PYTHON, REPO, clean_env, kill_group, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -47,11 +47,11 @@ AGENT = textwrap.dedent(
 )
 
 
-def start_job(tmp_path: Path, mode: str) -> tuple[Job, list[str]]:
+def start_job(tmp_path: Path, mode: str) -> tuple[TorchrunProcess, list[str]]:
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     lines: list[str] = []
-    job = Job(
+    job = TorchrunProcess(
         [PYTHON, str(script), mode],
         clean_env(),
         agent_log=tmp_path / "logs" / "torchrun.log",
@@ -123,7 +123,7 @@ LAUNCHER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from ddpdoctor.job import Job
+    from ddpdoctor.launch.torchrun_process import TorchrunProcess
     marker = Path(sys.argv[1])
     agent = (
         "import signal, sys, time\\n"
@@ -135,7 +135,7 @@ LAUNCHER = textwrap.dedent(
         "print('agent up', flush=True)\\n"
         "time.sleep(600)\\n"
     )
-    job = Job([sys.executable, "-c", agent], {}, agent_log=marker.parent / "torchrun.log",
+    job = TorchrunProcess([sys.executable, "-c", agent], {}, agent_log=marker.parent / "torchrun.log",
               on_line=lambda line: print(line, flush=True))
     job.start()
     print(f"agent pid {job.pid}", flush=True)

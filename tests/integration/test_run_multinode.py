@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpdoctor.events import parse_event_line
-from ddpdoctor.node_records import read_node_records
-from ddpdoctor.rundir import RunDir
+from ddpdoctor.protocol.events import parse_event_line
+from ddpdoctor.protocol.node_records import read_node_records
+from ddpdoctor.protocol.rundir import RunDir
 from tests.procs import background, clean_env, ddpdoctor_cmd, free_port, job_processes, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import Finished, clean_env, ddpdoctor_cmd, job_processes, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import PYTHON, background, clean_env, run, wait_for
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """The GPU path for real: NCCL ops end when their CUDA work ends, not when Python returns.
 
 Skipped without an NVIDIA GPU (tests/conftest.py); the same paths run with injected probes in
-tests/unit/test_runtime_completion.py.
+tests/unit/runtime/test_runtime_completion.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import PYTHON, clean_env, free_port, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]

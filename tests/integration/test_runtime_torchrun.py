@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     PYTHON,
     Finished,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.events import parse_event_line
+from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import PYTHON, REPO, Finished, clean_env, ddpdoctor_cmd, job_processes, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -8,14 +8,14 @@ import shutil
 
 import pytest
 
-from ddpdoctor.monitor.stack_groups import innermost_frame
-from ddpdoctor.monitor.stacks import (
+from ddpdoctor.stacks.capture import (
     PtraceFacts,
     capture_stacks,
     find_pyspy,
     group_stacks,
     run_command,
 )
+from ddpdoctor.stacks.groups import innermost_frame
 from tests.procs import PYTHON, background, clean_env, free_port, wait_for
 
 pytestmark = [

@@ -12,7 +12,7 @@ from ddpdoctor.checks.model import CheckResult, Status
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.cli import main as cli_main
 from ddpdoctor.errors import UsageError
-from ddpdoctor.junit import write_junit
+from ddpdoctor.integrations.junit import write_junit
 
 NASTY = "a & b < c > d \"quoted\" 'single' \x1b[31mred\x1b[0m nul\x00 tab\t end"
 

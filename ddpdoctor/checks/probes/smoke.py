@@ -32,24 +32,11 @@ from ddpdoctor.checks.probes.smoke_model import (
     SmokeReport,
     SmokeRequest,
 )
+from ddpdoctor.launchers.variables import TORCH_VARS, TORCHRUN_VARS
 
 WORKER = Path(__file__).resolve().parent.parent / "smoke_worker.py"
 # Launcher variables of the user's shell would confuse the ranks; the smoke test sets its own.
-LAUNCHER_VARS = frozenset(
-    {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID",
-    }
-)
+LAUNCHER_VARS = frozenset({*TORCH_VARS, *TORCHRUN_VARS})
 GRACE_AFTER_FAILURE_S = 3.0  # how long the other ranks get to report their own view of a failure
 
 _live: set[subprocess.Popen] = set()

@@ -1,0 +1,419 @@
+"""`ddpdoctor doctor --distributed`: the doctor on every node of a job, reported once by rank 0.
+
+Started by the launcher people already use (torchrun, srun, mpirun), every rank:
+
+1. runs its local checks (without the smoke group: the collective check below replaces it, and
+   local smoke tests on every rank would fight over ports and GPUs);
+2. joins the others through a TCPStore (join.py) with a deadline, so rank 0 names missing ranks;
+3. sends its report and facts to rank 0 over a gloo process group (gather_object);
+4. runs the collective check: all_reduce correctness and busbw, and the pairwise link matrix.
+
+Rank 0 then prints ONE report (text, or --json with a "cluster" section); the other ranks print
+nothing and exit with rank 0's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from ddpdoctor.checks.context import CheckContext, DoctorOptions
+from ddpdoctor.checks.registry import Check, select_checks
+from ddpdoctor.checks.report import DoctorReport
+from ddpdoctor.checks.runner import run_check_list
+from ddpdoctor.console import error_line
+from ddpdoctor.distributed_doctor import join
+from ddpdoctor.distributed_doctor.bench_model import AllReduceResult, RankBench
+from ddpdoctor.distributed_doctor.collective_bench import LinkFault, default_config, run_bench
+from ddpdoctor.distributed_doctor.facts import (
+    RESOLVE_TIMEOUT_S,
+    RankFacts,
+    boot_id,
+    collect_rank_facts,
+)
+from ddpdoctor.distributed_doctor.nodes import Member, NodeMap
+from ddpdoctor.distributed_doctor.verdict import (
+    ClusterOutcome,
+    emit_outcome,
+    join_failed,
+    joined_ok,
+)
+from ddpdoctor.launchers.identity import LaunchInfo, detect_launch
+from ddpdoctor.rank_ranges import fold_ranks
+
+SLACK_S = 30.0  # extra wait for steps whose length depends on other ranks' work
+Store = Any  # a torch.distributed Store (TCPStore or PrefixStore); torch is imported lazily
+
+
+@dataclass(frozen=True)
+class Setup:
+    info: LaunchInfo
+    checks: list[Check]
+    context: CheckContext
+    timeout_s: float
+    strict: bool
+
+
+def main(args: argparse.Namespace, options: DoctorOptions) -> int:
+    """`doctor --distributed` on one rank; `options` are the doctor's flags (the smoke test is
+    replaced by the cross-node checks)."""
+    info = detect_launch(
+        os.environ,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        init_method=args.init_method,
+    )
+    options = replace(options, smoke=False)
+    checks = local_checks(args.check_ids)
+    if info.is_rank0 and args.junit_xml:
+        from ddpdoctor.integrations.junit import check_junit_path
+
+        check_junit_path(args.junit_xml)  # a bad path is a usage error before anyone waits
+    context = CheckContext(env={**os.environ, **info.torch_env}, options=options)
+    setup = Setup(info, checks, context, float(args.timeout), bool(args.strict))
+    # c10d logs every failed connect with a C++ stack; the report says it in one line instead.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    import torch
+    import torch.distributed as dist
+
+    outcome = run_rank(setup, dist, torch)
+    if outcome.outcome is not None:
+        emit_outcome(outcome.outcome, args)
+    elif outcome.message:
+        print(error_line(f"rank {info.rank}: {outcome.message}"), file=sys.stderr)
+    return outcome.code
+
+
+def local_checks(ids: list[str] | None) -> list[Check]:
+    """The checks each rank runs: all but the smoke group, or those named. "cluster" names only
+    the cross-node checks, which always run."""
+    wanted = [i for i in ids or [] if i != "cluster" and not i.startswith("cluster.")]
+    if ids and not wanted:
+        return []
+    chosen = select_checks(wanted or None, smoke=False)
+    return [c for c in chosen if c.group != "smoke"]
+
+
+@dataclass(frozen=True)
+class RankResult:
+    code: int
+    outcome: ClusterOutcome | None = None  # rank 0's report
+    message: str | None = None  # the one line another rank prints when it cannot go on
+
+
+def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
+    info = setup.info
+    start = time.monotonic()
+    local: DoctorReport | None = None
+    base: Any = None
+    hosting = info.is_rank0 and not info.agent_store
+    if hosting:
+        local = run_local(setup)  # before the store takes MASTER_PORT: the port check sees it free
+        try:
+            base = join.host_store(dist, info, setup.timeout_s * 2 + SLACK_S)
+        except join.JoinError as exc:
+            return RankResult(1, join_failed(info, local, str(exc), (), {}, setup.strict))
+    connect_ms: float | None = None
+    master_error: str | None = None
+    try:
+        deadline = time.monotonic() + 3 if hosting else start + setup.timeout_s
+        connect_ms = join.wait_for_port(info.master_addr, info.master_port, deadline)
+    except join.JoinError as exc:
+        if hosting:  # our own store does not answer at MASTER_ADDR: it names another host
+            master_error = f"does not reach this host (rank 0) on port {info.master_port}"
+        elif info.is_rank0:
+            return RankResult(
+                1, join_failed(info, run_local(setup), str(exc), (), {}, setup.strict)
+            )
+        else:
+            return RankResult(1, message=str(exc))
+    if base is None:
+        try:
+            base = join.connect_store(dist, info, setup.timeout_s * 2 + SLACK_S)
+        except join.JoinError as exc:
+            return RankResult(1, message=str(exc))
+    store = join.prefixed(dist, base, info, "doctor")
+    if info.is_rank0:
+        return _after_connect(
+            setup, dist, torch, store, base, local, connect_ms, master_error, start
+        )
+    try:
+        return _after_connect(
+            setup, dist, torch, store, base, local, connect_ms, master_error, start
+        )
+    except RuntimeError as exc:  # DistError and friends: rank 0's store went away
+        _teardown(dist)
+        where = f"{info.master_addr}:{info.master_port}"
+        return RankResult(1, message=f"lost rank 0's store at {where}: {join.first_line(exc)}")
+
+
+def _after_connect(
+    setup: Setup,
+    dist: Any,
+    torch: Any,
+    store: Store,
+    base: Store,
+    local: DoctorReport | None,
+    connect_ms: float | None,
+    master_error: str | None,
+    start: float,
+) -> RankResult:
+    """Announce, check, describe this rank, then lead (rank 0) or follow."""
+    info = setup.info
+    join.announce(store, info.rank, _join_record(info, torch, dist))  # here before checking
+    if local is None:
+        local = run_local(setup)
+    facts = collect_rank_facts(
+        rank=info.rank,
+        local_rank=info.local_rank,
+        node_rank=info.node_rank,
+        master_addr=info.master_addr,
+        master_port=info.master_port,
+        env=setup.context.env,
+        master_connect_ms=connect_ms,
+    )
+    if master_error:
+        facts = replace(facts, master_error=master_error)
+    join.mark_ready(store, info.rank)
+    if info.is_rank0:
+        return _lead(setup, dist, torch, base, store, local, facts, start)
+    return _follow(setup, dist, torch, base, store, local, facts)
+
+
+def run_local(setup: Setup) -> DoctorReport:
+    start = time.monotonic()
+    results = run_check_list(setup.checks, setup.context)
+    return DoctorReport.build(results, strict=setup.strict, elapsed_s=time.monotonic() - start)
+
+
+def _lead(
+    setup: Setup,
+    dist: Any,
+    torch: Any,
+    base: Store,
+    store: Store,
+    local: DoctorReport,
+    facts: RankFacts,
+    start: float,
+) -> RankResult:
+    info = setup.info
+    join_started = time.monotonic()
+    missing = join.await_joins(store, info.world_size, join_started + setup.timeout_s)
+    records = join.joined_records(store, info.world_size, missing)
+    verdict = _verdict(info, missing, records, setup.context.options.backend)
+    if verdict.go:
+        # Every rank is here; each runs its checks before it is ready (bounded per check).
+        checking = max((c.timeout_s for c in setup.checks), default=0) + RESOLVE_TIMEOUT_S
+        unready = join.await_ready(store, info.world_size, time.monotonic() + checking + SLACK_S)
+        if unready:
+            verdict = join.Verdict(
+                False,
+                unready,
+                f"rank{'s' if len(unready) > 1 else ''} {fold_ranks(unready)} joined but "
+                "never finished their local checks",
+            )
+    join.publish_verdict(store, verdict)
+    if not verdict.go:
+        outcome = join_failed(
+            info,
+            local,
+            verdict.reason,
+            verdict.missing,
+            records,
+            setup.strict,
+            timeout_s=setup.timeout_s,
+            elapsed_s=time.monotonic() - start,
+            master_error=facts.master_error,
+        )
+        _close(store, info, outcome.report.exit_code, expected=len(records) - 1)
+        return RankResult(int(outcome.report.exit_code), outcome)
+    join_s = time.monotonic() - join_started
+    payloads, group_error, group_s = _gather(setup, dist, base, store, local, facts)
+    benches = _bench(setup, dist, torch, store, verdict, group_error)
+    outcome = joined_ok(
+        info,
+        payloads,
+        benches,
+        join_s=join_s,
+        group_error=group_error,
+        group_s=group_s,
+        strict=setup.strict,
+        elapsed_s=time.monotonic() - start,
+    )
+    _close(store, info, outcome.report.exit_code, expected=info.world_size - 1)
+    _teardown(dist)
+    return RankResult(int(outcome.report.exit_code), outcome)
+
+
+def _follow(
+    setup: Setup,
+    dist: Any,
+    torch: Any,
+    base: Store,
+    store: Store,
+    local: DoctorReport,
+    facts: RankFacts,
+) -> RankResult:
+    verdict = join.read_verdict(store)
+    if verdict.go:
+        _, group_error, _ = _gather(setup, dist, base, store, local, facts)
+        _bench(setup, dist, torch, store, verdict, group_error)
+    code = join.read_exit_code(store)
+    join.acknowledge(store)
+    _teardown(dist)
+    if not verdict.go:
+        return RankResult(code, message=f"stopped: {verdict.reason} (rank 0 has the report)")
+    return RankResult(code)
+
+
+def _verdict(
+    info: LaunchInfo, missing: tuple[int, ...], records: dict, requested: str = "auto"
+) -> join.Verdict:
+    if missing:
+        return join.Verdict(
+            False,
+            missing,
+            f"rank{'s' if len(missing) > 1 else ''} {fold_ranks(missing)} never joined",
+        )
+    worlds = {r: rec.get("world_size") for r, rec in records.items()}
+    if len(set(worlds.values())) > 1:
+        odd = sorted(r for r, w in worlds.items() if w != info.world_size)
+        return join.Verdict(
+            False,
+            reason=f"WORLD_SIZE differs: ranks {fold_ranks(odd)} expect "
+            f"{worlds[odd[0]]}, rank 0 expects {info.world_size}",
+        )
+    nodes = NodeMap.build(
+        Member(r, rec.get("host", "?"), rec.get("node_rank"), rec.get("boot_id"))
+        for r, rec in records.items()
+    )
+    leaders = [min(n.ranks) for n in nodes.nodes]
+    participants = leaders if len(leaders) > 1 else sorted(records)
+    # NCCL for the collective check when asked (or on auto) and every rank has a GPU: a group
+    # needs the same backend everywhere.
+    gpus = all(rec.get("gpu") for rec in records.values())
+    backend = "nccl" if gpus and requested in ("auto", "nccl") else "gloo"
+    return join.Verdict(True, participants=tuple(participants), backend=backend)
+
+
+def _join_record(info: LaunchInfo, torch: Any, dist: Any) -> dict[str, Any]:
+    try:
+        gpu = bool(torch.cuda.is_available() and dist.is_nccl_available())
+    except Exception:  # noqa: BLE001 - no usable CUDA runtime here
+        gpu = False
+    return {
+        "host": socket.gethostname(),
+        "node_rank": info.node_rank,
+        "boot_id": boot_id(),
+        "pid": os.getpid(),
+        "world_size": info.world_size,
+        "gpu": gpu,
+    }
+
+
+def _gather(
+    setup: Setup, dist: Any, base: Store, store: Store, local: DoctorReport, facts: RankFacts
+) -> tuple[list[Any] | None, str | None, float | None]:
+    """Every rank's report and facts to rank 0 over gloo; the store keeps a copy in case the
+    process group cannot form (then that failure is itself the main finding)."""
+    info = setup.info
+    payload = {"rank": info.rank, "facts": facts.to_json(), "report": local.to_json()}
+    store.set(f"report/{info.rank}", json.dumps(payload))
+    started = time.monotonic()
+    try:
+        dist.init_process_group(
+            "gloo",
+            store=join.prefixed(dist, base, info, "pg"),
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=timedelta(seconds=setup.timeout_s),
+        )
+        gathered: list[Any] | None = [None] * info.world_size if info.is_rank0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    except Exception as exc:  # noqa: BLE001 - a group that cannot form is the finding
+        error = join.first_line(exc)
+        if not info.is_rank0:
+            return None, error, None
+        return _payloads_from_store(store, info, setup.timeout_s), error, None
+    return gathered, None, time.monotonic() - started
+
+
+def _payloads_from_store(store: Store, info: LaunchInfo, timeout_s: float) -> list[Any]:
+    payloads = []
+    deadline = time.monotonic() + timeout_s
+    for rank in range(info.world_size):
+        payloads.append(_read_json(store, f"report/{rank}", deadline))
+    return payloads
+
+
+def _bench(
+    setup: Setup,
+    dist: Any,
+    torch: Any,
+    store: Store,
+    verdict: join.Verdict,
+    group_error: str | None,
+) -> list[Any] | None:
+    info = setup.info
+    bench = None
+    if group_error is None:
+        device, group = "cpu", None
+        try:
+            if verdict.backend == "nccl":
+                torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+                device = f"cuda:{torch.cuda.current_device()}"
+                group = dist.new_group(backend="nccl")
+            bench = run_bench(
+                dist,
+                torch,
+                rank=info.rank,
+                world=info.world_size,
+                participants=list(verdict.participants),
+                device=device,
+                backend=verdict.backend,
+                group=group,
+                config=default_config(device.split(":")[0], setup.timeout_s),
+                fault=LinkFault.from_env(os.environ),
+            )
+        except Exception as exc:  # noqa: BLE001 - e.g. NCCL cannot start: that is the finding
+            failed = AllReduceResult(False, 0, error=join.first_line(exc))
+            bench = RankBench(info.rank, verdict.backend, device, failed)
+    store.set(f"bench/{info.rank}", json.dumps(bench.to_json() if bench else None))
+    if not info.is_rank0:
+        return None
+    deadline = time.monotonic() + setup.timeout_s + SLACK_S
+    return [_read_json(store, f"bench/{rank}", deadline) for rank in range(info.world_size)]
+
+
+def _read_json(store: Store, key: str, deadline: float) -> Any:
+    while time.monotonic() < deadline:
+        if store.check([key]):
+            try:
+                return json.loads(store.get(key))
+            except (ValueError, RuntimeError):
+                return None
+        time.sleep(join.POLL_S)
+    return None
+
+
+def _close(store: Store, info: LaunchInfo, code: int, *, expected: int) -> None:
+    join.publish_exit_code(store, int(code))
+    if not info.agent_store:  # rank 0 serves the store: stay until the others have read it
+        join.await_acknowledgements(store, expected, time.monotonic() + 10)
+
+
+def _teardown(dist: Any) -> None:
+    """Destroy the process group, bounded: a group with a dead link must not hold the exit."""
+    if not dist.is_initialized():
+        return
+    thread = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    thread.start()
+    thread.join(5)

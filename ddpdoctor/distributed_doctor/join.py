@@ -1,0 +1,184 @@
+"""Joining the ranks through a TCPStore we control, so a missing rank is named, not waited for.
+
+torch's own rendezvous waits up to 15-30 minutes and then says "1/3 clients joined" (F05). Here
+rank 0 hosts the store (or, under torchrun, every rank uses the agent's store), every rank writes
+`joined/<rank>`, and rank 0 polls a counter until all are in or the deadline passes; then it
+knows exactly which ranks never came. The other ranks wait for rank 0's verdict under `start`.
+
+Non-zero ranks first wait for the store's port to accept connections with plain sockets, so an
+absent rank 0 costs a quiet, bounded wait instead of c10d's retry logs.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from ddpdoctor.launchers.identity import LaunchInfo
+
+POLL_S = 0.1
+KEY_PREFIX = "ddpdoctor"
+
+
+class JoinError(Exception):
+    """The join cannot go on; the message is a finding for the report or a one-line error."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Rank 0's word to the others once the join is over."""
+
+    go: bool
+    missing: tuple[int, ...] = ()
+    reason: str = ""
+    participants: tuple[int, ...] = ()  # ranks in the pairwise link matrix (one per node)
+    backend: str = "gloo"  # for the collective check: nccl only when every rank has a GPU
+
+
+def wait_for_port(host: str, port: int, deadline: float) -> float:
+    """Block until host:port accepts a TCP connection; return the connect time in ms."""
+    last_error = "no answer"
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise JoinError(
+                f"nothing answered at MASTER_ADDR:MASTER_PORT {host}:{port} ({last_error}): rank 0 "
+                "did not start, or this host cannot reach it"
+            )
+        start = time.perf_counter()
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(remaining, 0.05))):
+                return (time.perf_counter() - start) * 1e3
+        except OSError as exc:
+            last_error = exc.strerror or str(exc) or type(exc).__name__
+        time.sleep(min(POLL_S * 2, max(0.0, deadline - time.monotonic())))
+
+
+def host_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
+    """Rank 0's TCPStore server; it does not wait for clients, so polling stays ours."""
+    try:
+        return dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
+    except Exception as exc:
+        raise JoinError(
+            f"cannot serve the rendezvous on port {info.master_port} of this host (rank 0): "
+            f"{first_line(exc)}; another job or a leftover process holds it"
+        ) from exc
+
+
+def connect_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
+    try:
+        return dist.TCPStore(
+            info.master_addr,
+            info.master_port,
+            info.world_size,
+            False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except Exception as exc:
+        raise JoinError(
+            f"connected to {info.master_addr}:{info.master_port} but it is not a working "
+            f"rendezvous store: {first_line(exc)}"
+        ) from exc
+
+
+def prefixed(dist: Any, store: Any, info: LaunchInfo, name: str) -> Any:
+    """Keys of this doctor run, apart from the launcher's own and from earlier runs."""
+    return dist.PrefixStore(f"{KEY_PREFIX}/{info.run_id}/{name}/", store)
+
+
+def announce(store: Any, rank: int, record: dict[str, Any]) -> None:
+    store.set(f"joined/{rank}", json.dumps(record))
+    store.add("joined_count", 1)
+
+
+def await_joins(store: Any, world: int, deadline: float) -> tuple[int, ...]:
+    """Rank 0: wait until every rank announced itself; return the ranks still missing."""
+    while time.monotonic() < deadline:
+        # The counter is cheap to poll; the keys decide (a rank with a wrong RANK counts too).
+        if int(store.add("joined_count", 0)) >= world and not _absent(store, "joined", world):
+            return ()
+        time.sleep(POLL_S)
+    return _absent(store, "joined", world)
+
+
+def mark_ready(store: Any, rank: int) -> None:
+    """This rank finished its local checks and facts."""
+    store.set(f"ready/{rank}", "1")
+    store.add("ready_count", 1)
+
+
+def await_ready(store: Any, world: int, deadline: float) -> tuple[int, ...]:
+    """Rank 0: wait until every rank finished its checks; return the ranks that did not."""
+    while time.monotonic() < deadline:
+        if int(store.add("ready_count", 0)) >= world and not _absent(store, "ready", world):
+            return ()
+        time.sleep(POLL_S)
+    return _absent(store, "ready", world)
+
+
+def _absent(store: Any, kind: str, world: int) -> tuple[int, ...]:
+    return tuple(r for r in range(world) if not store.check([f"{kind}/{r}"]))
+
+
+def joined_records(store: Any, world: int, missing: tuple[int, ...]) -> dict[int, dict[str, Any]]:
+    records = {}
+    for rank in range(world):
+        if rank in missing:
+            continue
+        try:
+            records[rank] = json.loads(store.get(f"joined/{rank}"))
+        except Exception:  # noqa: BLE001 - a rank that vanished after joining
+            continue
+    return records
+
+
+def publish_verdict(store: Any, verdict: Verdict) -> None:
+    store.set("start", json.dumps(asdict(verdict)))
+
+
+def read_verdict(store: Any) -> Verdict:
+    data = json.loads(store.get("start"))
+    return Verdict(
+        go=bool(data["go"]),
+        missing=tuple(data.get("missing") or ()),
+        reason=data.get("reason") or "",
+        participants=tuple(data.get("participants") or ()),
+        backend=data.get("backend") or "gloo",
+    )
+
+
+def publish_exit_code(store: Any, code: int) -> None:
+    store.set("exit_code", str(code))
+
+
+def read_exit_code(store: Any) -> int:
+    return int(store.get("exit_code"))
+
+
+def acknowledge(store: Any) -> None:
+    store.add("done_count", 1)
+
+
+def await_acknowledgements(store: Any, expected: int, deadline: float) -> None:
+    """Rank 0 may host the store: it stays until the others read the exit code (bounded)."""
+    while time.monotonic() < deadline:
+        if int(store.add("done_count", 0)) >= expected:
+            return
+        time.sleep(POLL_S)
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

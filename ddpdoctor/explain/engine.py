@@ -1,0 +1,210 @@
+"""explain_lines / explain_files: feed lines to every analyzer, then decide what explains what."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ddpdoctor.errors import UsageError
+from ddpdoctor.explain.catalog import new_analyzers
+from ddpdoctor.explain.lines import (
+    FileContext,
+    SourceLine,
+    iter_file_lines,
+    local_rank_from_path,
+    nccl_file_owner,
+)
+from ddpdoctor.explain.log_rules import Analyzer, Candidate
+from ddpdoctor.findings import Finding, Severity, sort_findings
+from ddpdoctor.protocol.events import parse_event_line
+
+_RUN_DIR_MARKERS = ("logs", "nccl", "events", "run.json")
+_HELLO_SCAN_LINES = 50  # the hello event is a rank's first; never read far for it
+
+
+class Explainer:
+    """One explain run: lines from any number of files, combined into findings at the end."""
+
+    def __init__(self) -> None:
+        self.analyzers: list[Analyzer] = new_analyzers()
+        self.lines_read = 0
+
+    def feed_file(self, lines: Iterable[SourceLine], file: str | None) -> None:
+        for line in lines:
+            self.lines_read += 1
+            for analyzer in self.analyzers:
+                analyzer.feed(line)
+        for analyzer in self.analyzers:
+            analyzer.end_file(file)
+
+    def findings(self) -> list[Finding]:
+        candidates = [c for analyzer in self.analyzers for c in analyzer.finish()]
+        return resolve(candidates)
+
+
+def resolve(candidates: list[Candidate]) -> list[Finding]:
+    """Drop generic findings a specific one explains; demote consequences of a root cause."""
+    root_ids = [
+        c.finding.id
+        for c in candidates
+        if not c.generic and not c.consequence and c.finding.severity is Severity.ERROR
+    ]
+    kept = []
+    for c in candidates:
+        if c.generic and c.explained_by and any(i.startswith(c.explained_by) for i in root_ids):
+            continue
+        kept.append(c)
+    has_root = any(c.finding.severity is Severity.ERROR and not c.consequence for c in kept)
+    findings = []
+    for c in kept:
+        finding = c.finding
+        if c.consequence and has_root and finding.severity is Severity.ERROR:
+            finding = replace(finding, severity=Severity.WARNING)
+        findings.append(finding)
+    return sort_findings(findings)
+
+
+def explain_lines(lines: Iterable[str], file: str | None = None) -> list[Finding]:
+    """Findings for lines of one log (`file` labels the evidence; its path may name the rank)."""
+    context = _plain_context(file) if file else FileContext(label=None)
+    explainer = Explainer()
+    explainer.feed_file(
+        (context.make_line(text.rstrip("\r\n"), n) for n, text in enumerate(lines, 1)), file
+    )
+    return explainer.findings()
+
+
+@dataclass(frozen=True)
+class ExplainResult:
+    findings: tuple[Finding, ...]
+    files: int
+    lines: int
+
+
+def explain_files(paths: Iterable[str | os.PathLike[str]]) -> list[Finding]:
+    """Findings for log files and run directories (RUN_DIR/logs/** and RUN_DIR/nccl/*), combined."""
+    return list(explain_paths(paths).findings)
+
+
+def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
+    """explain_files, plus how much was read (for the command's closing line)."""
+    explainer = Explainer()
+    files = 0
+    for path, context in expand_paths(paths):
+        try:
+            explainer.feed_file(iter_file_lines(path, context), context.label)
+        except FileNotFoundError:
+            continue  # a file of a live run directory that went away: nothing to explain
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        files += 1
+    return ExplainResult(tuple(explainer.findings()), files, explainer.lines_read)
+
+
+def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, FileContext]]:
+    """Every file to read, once each (a file given twice, or inside a directory given too)."""
+    seen: set[Path] = set()
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            found = list(_directory_files(path))
+        elif path.exists():
+            _check_readable(path)
+            found = [(path, _plain_context(str(path)))]
+        else:
+            raise UsageError(f"cannot read {given}: no such file or directory")
+        for file, context in found:
+            key = file.resolve()
+            if key not in seen:
+                seen.add(key)
+                yield file, context
+
+
+def _check_readable(path: Path) -> None:
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _plain_context(label: str) -> FileContext:
+    return FileContext(label=label, rank=local_rank_from_path(label))
+
+
+def _directory_files(root: Path) -> Iterator[tuple[Path, FileContext]]:
+    if any((root / marker).exists() for marker in _RUN_DIR_MARKERS):
+        hello = _hello_index(root / "events")
+        for sub in ("logs", "nccl"):
+            for path in _files_under(root / sub):
+                yield path, _run_dir_context(root, path, hello)
+        return
+    for path in _files_under(root):
+        yield path, _plain_context(str(path))
+
+
+def _files_under(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        found.extend(Path(dirpath) / name for name in sorted(filenames) if not name.startswith("."))
+    return found
+
+
+def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
+    label = str(path)
+    relative = path.relative_to(root).parts
+    owner = nccl_file_owner(label)
+    if relative[0] == "nccl" and owner is not None:
+        return FileContext(label=label, rank=hello.by_pid.get(owner))
+    host = relative[1] if len(relative) > 2 else None
+
+    def local_to_global(local: int) -> int:
+        return hello.by_local.get((host, local), hello.single_host.get(local, local))
+
+    local = local_rank_from_path(label)
+    rank = local_to_global(local) if local is not None else None
+    return FileContext(label=label, rank=rank, local_to_global=local_to_global)
+
+
+class _HelloIndex:
+    """Global ranks by (host, local rank) and by (host, pid), from the ranks' hello events."""
+
+    def __init__(self) -> None:
+        self.by_local: dict[tuple[str | None, int], int] = {}
+        self.by_pid: dict[tuple[str, int], int] = {}
+        self.hosts: set[str | None] = set()
+
+    def add(self, event: dict) -> None:
+        rank, host, local, pid = (event.get(k) for k in ("rank", "host", "local_rank", "pid"))
+        self.hosts.add(host)
+        if isinstance(local, int):
+            self.by_local.setdefault((host, local), rank)
+        if isinstance(pid, int) and isinstance(host, str):
+            self.by_pid[(host, pid)] = rank
+
+    @property
+    def single_host(self) -> dict[int, int]:
+        """On one host, a log folder named unlike the hello host still maps by local rank."""
+        if len(self.hosts) != 1:
+            return {}
+        return {local: rank for (_, local), rank in self.by_local.items()}
+
+
+def _hello_index(events_dir: Path) -> _HelloIndex:
+    index = _HelloIndex()
+    for path in sorted(events_dir.glob("rank-*.jsonl")) if events_dir.is_dir() else []:
+        try:
+            with path.open("rb") as stream:
+                for _, raw in zip(range(_HELLO_SCAN_LINES), stream, strict=False):
+                    event = parse_event_line(raw)
+                    if event is not None and event.get("kind") == "hello":
+                        index.add(event)
+                        break
+        except OSError:
+            continue
+    return index

@@ -1,0 +1,388 @@
+"""`ddpdoctor run`, start to finish: run directory, run.json, preflight doctor, torchrun, watching.
+
+    plan (launch_plan.py) -> RunDir + run.json -> doctor -> TorchrunProcess (job.py: torchrun + its workers)
+        -> Monitor polled through SupervisedRun (supervise.py) by the TUI or the headless loop
+        -> final snapshot, diagnosis.json, the closing summary, and the exit code
+
+Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor failed a check, the job hung,
+mismatched or crashed, or exited non-zero; 2 a usage error (raised before anything starts); 130 the
+user interrupted it. The job never outlives this function (see TorchrunProcess).
+
+A job that spans nodes runs one launcher per node (`--nnodes N --node-rank I`), all writing into one
+run directory on a shared filesystem: node 0 writes run.json; each node keeps its own torchrun logs
+(logs/<host>/node-<I>/), its doctor.json and its node record (nodes/node-<I>/), supervises its own
+torchrun, answers the other launchers' stack requests, and watches every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from ddpdoctor.console import make_console, symbols_for
+from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
+from ddpdoctor.launch.torchrun_cmd import job_env, torchrun_argv
+from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
+from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
+from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.protocol.torchrun_logs import AgentLogParser, signal_name
+from ddpdoctor.protocol.verdicts import RankState, Verdict
+from ddpdoctor.rank_ranges import named_ranks
+from ddpdoctor.stacks.responder import StackResponder
+
+if TYPE_CHECKING:  # pragma: no cover - read by attribute only; the command supplies the monitor
+    from ddpdoctor.monitor.snapshot import Snapshot
+
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Watchers:
+    """What watches the job, supplied by the command: the launcher sits below the monitor and the
+    TUI in the layers and never imports them.
+
+    monitor(run_dir, hang_after=, node_rank=)   a Monitor: .poll() .request_stacks() .close()
+    headless(console, live=)                    the plain-text view: .update() .job_output() .close()
+    tui(source, mode=, job=, title=)            runs the Textual app until the job ends or the user quits
+    """
+
+    monitor: Callable[..., Any]
+    headless: Callable[..., Any]
+    tui: Callable[..., Any] | None = None
+
+
+@dataclass
+class Interrupts:
+    signum: int | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    final: Snapshot
+    job_returncode: int | None
+    stopped_for: Verdict | None
+    interrupted: bool
+    abandoned_by: int | None = None  # the node whose launcher never started its part
+
+    @property
+    def started(self) -> bool:
+        """False when the job never got past the rendezvous: a node's launcher gave up before
+        starting its part, or a node never joined at all."""
+        return self.abandoned_by is None and not self.final.never_started
+
+
+def launch(plan: LaunchPlan, watchers: Watchers) -> int:
+    run_dir = RunDir.create(plan.run_dir)
+    console = make_console(sys.stderr if plan.json else sys.stdout)
+    torch_version = installed_torch_version()
+    log_dir = run_dir.node_logs_dir(plan.node_rank)
+    argv = torchrun_argv(
+        nproc_per_node=plan.nproc_per_node,
+        rendezvous=plan.rendezvous,
+        log_dir=log_dir,
+        program=plan.program,
+    )
+    # On several nodes sharing the run directory, node 0 describes the run.
+    if plan.node_rank in (None, 0) or not run_dir.run_json.exists():
+        document = run_json_document(
+            plan, run_dir=run_dir.path, torchrun=argv, torch_version=torch_version
+        )
+        write_json_atomic(run_dir.run_json, document)
+    recorder = node_recorder(plan, run_dir, log_dir)
+    if plan.doctor and not preflight(plan, run_dir, console):
+        console.print(f"run directory: {run_dir.path}", markup=False)
+        if recorder is not None:
+            recorder.ended(int(ExitCode.PROBLEMS), None, time.time())
+        if plan.json:
+            doc = {
+                "schema_version": 1,
+                "verdict": None,
+                "doctor": json.loads(run_dir.doctor_json_for(plan.node_rank).read_text()),
+                "job": {"exit_code": int(ExitCode.PROBLEMS), "started": False},
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return int(ExitCode.PROBLEMS)
+    env = job_env(os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version)
+    outcome, agent_exits = run_job(plan, watchers, run_dir, console, argv, env, recorder=recorder)
+    code = exit_code_for(outcome)
+    if recorder is not None:
+        recorder.ended(int(code), outcome.job_returncode, time.time())
+    for text in closing_lines(outcome, agent_exits, run_dir=run_dir, exit_code=code):
+        console.print(text, highlight=False, markup=False)
+    if plan.json:
+        sys.stdout.write(json.dumps(json_document(outcome, agent_exits, code), indent=2) + "\n")
+        sys.stdout.flush()
+    return int(code)
+
+
+def node_recorder(plan: LaunchPlan, run_dir: RunDir, log_dir: Path) -> NodeRecorder | None:
+    """This launcher's node record, for a job that spans nodes (None for one node)."""
+    if plan.node_rank is None:
+        return None
+    record = NodeRecord(
+        node_rank=plan.node_rank,
+        host=socket.gethostname(),
+        launcher_pid=os.getpid(),
+        log_dir=str(log_dir.relative_to(run_dir.path)),
+        nproc=plan.nproc_per_node,
+    )
+    return NodeRecorder(run_dir, record)
+
+
+def run_job(
+    plan: LaunchPlan,
+    watchers: Watchers,
+    run_dir: RunDir,
+    console: Console,
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    recorder: NodeRecorder | None = None,
+) -> tuple[RunOutcome, dict[int, Any]]:
+    """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
+    print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
+    use_tui = (
+        watchers.tui is not None and plan.tui_allowed and sys.stdout.isatty() and sys.stdin.isatty()
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    agent = AgentLogParser()
+    agent_lock = threading.Lock()
+
+    def on_agent_line(line: str) -> None:
+        with agent_lock:
+            agent.feed(line)
+
+    job = TorchrunProcess(
+        argv,
+        env,
+        agent_log=run_dir.node_logs_dir(plan.node_rank) / "torchrun.log",
+        on_line=None if use_tui else lines.put,
+        on_agent_line=on_agent_line,
+    )
+    node = plan.node_rank
+    monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=node)
+    policy = StopPolicy(keep_running=plan.keep_running, follower=node not in (None, 0))
+    supervised = SupervisedRun(
+        monitor,
+        job,
+        policy,
+        on_stop=(lambda verdict: recorder.stopped(verdict.value)) if recorder else None,
+        responder=StackResponder(run_dir, node) if node is not None else None,
+    )
+    # After the TUI has closed, the same diagnosis is printed once more as plain text.
+    view = watchers.headless(console, live=console.is_terminal and not use_tui)
+    interrupts = Interrupts()
+    try:
+        job.start()
+        if recorder is not None:
+            recorder.started(job.pid, time.time())
+        with forward_signals(job, interrupts, leave_tui=use_tui):
+            if use_tui and watchers.tui is not None:
+                # A signal ends the app by KeyboardInterrupt (Textual restores the terminal).
+                with contextlib.suppress(KeyboardInterrupt):
+                    title = f"ddpdoctor run: {plan.job_name}"
+                    watchers.tui(supervised, mode="run", job=job, title=title)
+            else:
+                watch_headless(supervised, job, view, lines)
+        end_job(job)
+    finally:
+        job.kill()
+    final = monitor.close(job_ended=job.returncode() is not None)
+    view.close(final)
+    outcome = RunOutcome(
+        final=final,
+        job_returncode=job.returncode(),
+        stopped_for=supervised.stopped_for,
+        interrupted=interrupts.signum is not None,
+        abandoned_by=supervised.abandoned_by,
+    )
+    with agent_lock:
+        return outcome, dict(agent.exits)
+
+
+def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
+    """Run the doctor for this job; False (after printing why) when a check fails."""
+    from ddpdoctor.checks.context import DoctorOptions
+    from ddpdoctor.checks.progress import progress_spinner
+    from ddpdoctor.checks.render import render_report
+    from ddpdoctor.checks.runner import run_checks
+
+    meeting_addr, meeting_port = plan.rendezvous.meeting_point()
+    from_endpoint = plan.rendezvous.master_addr is None and meeting_addr is not None
+    options = DoctorOptions(
+        nproc=plan.nproc_per_node,
+        nnodes=plan.max_nodes,
+        backend=plan.backend,
+        master_addr=meeting_addr,
+        master_port=meeting_port,
+        address_flag="--rdzv-endpoint" if from_endpoint else None,
+        workers=plan.workers,
+    )
+    with progress_spinner(not plan.json) as on_progress:
+        report = run_checks(options=options, on_progress=on_progress)
+    write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())
+    render_report(report, console, symbols=symbols_for(console.file))
+    if report.counts["fail"]:
+        console.print(
+            "ddpdoctor run: the doctor failed a check, so the job was not started: "
+            "apply the fixes above, or rerun with --no-doctor to launch anyway",
+            markup=False,
+        )
+        return False
+    console.print()
+    return True
+
+
+def watch_headless(
+    supervised: SupervisedRun, job: TorchrunProcess, view: Any, lines: queue.Queue[str]
+) -> None:
+    """Pass the job's output through and poll the monitor until torchrun has exited."""
+    view.update(supervised.poll())
+    next_poll = time.monotonic() + POLL_S
+    while job.returncode() is None:
+        try:
+            view.job_output(lines.get(timeout=max(0.0, next_poll - time.monotonic())))
+            continue
+        except queue.Empty:
+            pass
+        view.update(supervised.poll())
+        next_poll = time.monotonic() + POLL_S
+    job.wait_output(timeout=10.0)
+    with contextlib.suppress(queue.Empty):
+        while True:
+            view.job_output(lines.get_nowait())
+    view.update(supervised.poll())
+
+
+def end_job(job: TorchrunProcess) -> None:
+    """The views return when the job ended, or the user quit the TUI: then the job must end too."""
+    if job.returncode() is None:
+        job.stop()
+        job.wait(timeout=STOP_GRACE_S + 5.0)
+
+
+@contextlib.contextmanager
+def forward_signals(
+    job: TorchrunProcess, interrupts: Interrupts, *, leave_tui: bool = False
+) -> Iterator[None]:
+    """Ctrl-C and SIGTERM to the launcher go to the job (it runs in its own session). Under the
+    TUI (where Ctrl-C is a key, so a signal comes from outside) the app is left at once too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        first = interrupts.signum is None
+        interrupts.signum = signum
+        job.interrupt(signum)
+        if leave_tui and first:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def exit_code_for(outcome: RunOutcome) -> ExitCode:
+    if outcome.interrupted:
+        return ExitCode.INTERRUPTED
+    if outcome.stopped_for is not None or outcome.final.verdict.is_problem:
+        return ExitCode.PROBLEMS
+    if outcome.abandoned_by is not None:
+        return ExitCode.PROBLEMS
+    if outcome.job_returncode not in (0, None):
+        return ExitCode.PROBLEMS
+    return ExitCode.OK
+
+
+def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
+    """One line per rank that did not end cleanly, from its events, else from torchrun's table."""
+    lines: list[str] = []
+    described: set[int] = set()
+    for rank in final.ranks:
+        signame = rank.exit_signal or signal_name(rank.exit_code)
+        if rank.exit_code not in (None, 0):
+            how = f"ended by {signame}" if signame else f"exited with code {rank.exit_code}"
+            lines.append(f"rank {rank.rank} {how}")
+        elif rank.state is RankState.GONE:
+            lines.append(
+                f"rank {rank.rank} died without an exit event"
+                + (f" ({signame})" if signame else "")
+            )
+        else:
+            continue
+        described.add(rank.rank)
+    for exit_ in sorted(agent_exits.values(), key=lambda e: (e.rank is None, e.rank or 0)):
+        if exit_.rank is None or exit_.rank in described or exit_.exit_code == 0:
+            continue
+        how = f"ended by {exit_.signal}" if exit_.signal else f"exited with code {exit_.exit_code}"
+        lines.append(f"rank {exit_.rank} {how} (torchrun)")
+        described.add(exit_.rank)
+    return lines
+
+
+def closing_lines(
+    outcome: RunOutcome, agent_exits: dict[int, Any], *, run_dir: RunDir, exit_code: ExitCode
+) -> list[str]:
+    lines = rank_exit_lines(outcome.final, agent_exits)
+    if outcome.stopped_for is not None:
+        lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
+    elif outcome.interrupted:
+        lines.append("interrupted: the job was stopped")
+    elif outcome.abandoned_by is not None:
+        node = outcome.abandoned_by
+        lines = [
+            f"node {node}'s launcher ended before starting its part of the job (its doctor "
+            f"failed: see nodes/node-{node}/doctor.json), so the rendezvous could never "
+            "complete: this node stopped its torchrun instead of waiting for the rendezvous "
+            "timeout"
+        ]
+    elif outcome.final.never_started:
+        nodes = named_ranks(outcome.final.nodes_missing, "node")
+        lines = [
+            f"{nodes} never joined the rendezvous, so torchrun started no rank (its launcher "
+            "never wrote to this run directory): start it with the same options and --run-dir, "
+            "or check that it reaches the rendezvous endpoint"
+        ]
+    if not lines and outcome.job_returncode not in (0, None):
+        lines.append(f"torchrun exited with code {outcome.job_returncode}")
+    lines.append(f"run directory: {run_dir.path}")
+    verdict = "not started" if not outcome.started else outcome.final.verdict.value
+    lines.append(f"verdict: {verdict} (exit code {int(exit_code)})")
+    return lines
+
+
+def json_document(
+    outcome: RunOutcome, agent_exits: dict[int, Any], code: ExitCode
+) -> dict[str, Any]:
+    """The final diagnosis (diagnosis.json) plus how the job ended, for `run --json`."""
+    doc = outcome.final.diagnosis_json()
+    doc["job"] = {
+        "exit_code": int(code),
+        "started": outcome.started,
+        "torchrun_exit_code": outcome.job_returncode,
+        "stopped_for": outcome.stopped_for.value if outcome.stopped_for else None,
+        "interrupted": outcome.interrupted,
+        "abandoned_by_node": outcome.abandoned_by,
+        "nodes_missing": list(outcome.final.nodes_missing),
+        "rank_exits": rank_exit_lines(outcome.final, agent_exits),
+    }
+    return doc

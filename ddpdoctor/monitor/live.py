@@ -1,0 +1,360 @@
+"""Monitor: watch one run directory — tail it, fold it into RunState, diagnose, write diagnosis.json.
+
+`poll()` reads what is new, applies it and returns a diagnosed Snapshot; it never waits for py-spy
+or the log explainers (they run in background threads and land in later snapshots). The same
+Monitor serves a live run (launched here or attached with `watch`), a finished one and a directory
+copied from another machine: when nothing of the run is alive any more, time stops at the run's
+last event, so ages and waits read as they were when the record ended.
+
+A job that spans nodes has one launcher per node writing into the same run directory
+(RUN_DIR/nodes/node-<N>/node.json says which torchrun is whose). A Monitor built for node N's
+launcher (`node_rank=N`) captures the stacks of that node's own ranks itself and asks the other
+launchers for the rest; a Monitor of `ddpdoctor watch` captures the live ranks of its own host and
+asks for the rest (ddpdoctor.protocol.stack_requests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
+from ddpdoctor.monitor.log_findings import LogFindings
+from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
+from ddpdoctor.monitor.snapshot import RankView, Snapshot, Verdict
+from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.tail import RunTailer
+from ddpdoctor.protocol.events import parse_event_line
+from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
+from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.stacks.collector import StackCollector
+
+# With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
+LIVE_WINDOW_S = 30.0
+NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
+
+
+def _classifier() -> Callable[[str], Any] | None:
+    try:
+        from ddpdoctor.explain import classify_line
+    except ImportError:
+        return None
+    return classify_line
+
+
+def _asker(node_rank: int | None):
+    from ddpdoctor.protocol.stack_requests import Asker
+
+    if node_rank is None:
+        return Asker.here(role="watch")
+    return Asker.here(role="launcher", node=node_rank)
+
+
+class Monitor:
+    def __init__(
+        self,
+        run_dir: RunDir | str | os.PathLike[str],
+        *,
+        hang_after: float | None = None,
+        capture_stacks: bool = True,
+        clock: Callable[[], float] = time.time,
+        write_diagnosis: bool = True,
+        stack_timeout_s: float = 10.0,
+        explain_logs: bool = True,
+        node_rank: int | None = None,
+        ask_remote: bool = True,
+    ) -> None:
+        """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
+        ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
+        of ranks this process cannot reach."""
+        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
+        self.node_rank = node_rank
+        self.clock = clock
+        self.capture_stacks = capture_stacks
+        self.write_diagnosis = write_diagnosis
+        data = self.run.read_run_json()
+        self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
+        self.state = RunState(run_info(self.run, data), classify=_classifier())
+        self.tailer = RunTailer(self.run)
+        self.nodes: dict[int, NodeRecord] = {}
+        # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
+        # wrote a thing is then over, not starting.
+        self.job_ended = False
+        self._nodes_read_t: float | None = None
+        self.stacks = StackCollector(
+            self.run,
+            timeout_s=stack_timeout_s,
+            asker=_asker(node_rank) if ask_remote else None,
+            clock=clock,
+            launcher_ended=self._launcher_ended,
+        )
+        self.logs = LogFindings(self.run) if explain_logs else None
+        self.local_host = this_host()
+        self._lock = threading.RLock()
+        self._run_json_mtime = self._mtime(self.run.run_json)
+        self._previous = self._read_previous_diagnosis()
+        self._first_problem: tuple[tuple[Verdict, float], float] | None = None
+        self._captured_for: frozenset[int] | None = None
+        self._written_key: tuple | None = None
+        self._loaded_stored_stacks = False
+        self._last: Snapshot | None = None
+        self.write_error: str | None = None
+        self.polls = 0
+
+    # -- public API ------------------------------------------------------------------------
+
+    def poll(self) -> Snapshot:
+        """Read what is new, apply it, diagnose; never blocks on py-spy or the explainers."""
+        with self._lock:
+            return self._poll()
+
+    def request_stacks(self) -> bool:
+        """Capture py-spy stacks of every local rank now, in the background."""
+        with self._lock:
+            snap = self._last or self._poll()
+            return self._start_capture(snap)
+
+    def wait_for_stacks(self, timeout_s: float | None = None) -> Snapshot:
+        """Wait (bounded) for a capture in progress, then poll: for a launcher that wants the
+        stacks of a hang before it stops the job."""
+        self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
+        return self.poll()
+
+    def close(self, *, job_ended: bool = False) -> Snapshot:
+        """The final snapshot: everything read, captures finished, logs explained, and
+        diagnosis.json written. `job_ended`: see `self.job_ended`."""
+        with self._lock:
+            self.job_ended = self.job_ended or job_ended
+            self._poll()
+            self.stacks.wait(self.stacks.timeout_s + 5.0)
+            if self.logs is not None:
+                self.logs.refresh_now()
+            snap = self._poll(final=True)
+            self._write(snap, force=True)
+            return snap
+
+    @property
+    def last(self) -> Snapshot | None:
+        return self._last
+
+    # -- one poll --------------------------------------------------------------------------
+
+    def _poll(self, *, final: bool = False) -> Snapshot:
+        now = self.clock()
+        self.polls += 1
+        self._reload_run_json()
+        self._read_nodes(now)
+        # Liveness before reading: an exit event written before a process died is read in the
+        # same poll that sees it dead, so a clean exit never flickers as "gone".
+        self._check_liveness()
+        batch = self.tailer.poll(now)
+        for lines in batch.events:
+            for line_no, raw in lines.lines:
+                event = parse_event_line(raw)
+                if event is not None:
+                    self.state.apply(event, (lines.rel, line_no))
+        self._check_liveness(first_look=True)
+        interesting = False
+        for log in batch.logs:
+            if self.state.apply_log_lines(log.source, log.lines):
+                interesting = True
+        live = self._is_live(now)
+        taken = now if live else (self.state.last_t or now)
+        snap = self.state.snapshot(taken, live=live, hang_after=self.hang_after)
+        if self.logs is not None:
+            self.logs.note_lines(interesting)
+            self.logs.collect()
+            if not final:
+                self.logs.maybe_start(now)
+        self.stacks.collect()
+        if not live and not self._loaded_stored_stacks and not self.stacks.groups:
+            self._loaded_stored_stacks = True
+            self.stacks.load_latest()
+        snap = replace(snap, stacks=self.stacks.groups, stack_status=self.stacks.status)
+        extra = list(self.stacks.findings)
+        if self.logs is not None:
+            extra.extend(self.logs.findings)
+        diagnosis = diagnose(snap, extra_findings=extra)
+        snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
+        if (
+            self.capture_stacks
+            and snap.verdict is Verdict.HANG
+            and self._captured_for != snap.culprits
+            and live
+        ) and self._start_capture(snap):
+            self._captured_for = snap.culprits
+            snap = replace(snap, stack_status=self.stacks.status)
+        self._last = snap
+        self._write(snap)
+        return snap
+
+    def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
+        """detected_after_s: problem start -> the poll that first reached the verdict (live), or
+        -> the moment the verdict's condition held (post-mortem)."""
+        if not diagnosis.verdict.is_problem:
+            return None
+        if not live:
+            previous = self._previous
+            if previous and previous.get("verdict") == diagnosis.verdict.value:
+                recorded = previous.get("detected_after_s")
+                if isinstance(recorded, (int, float)):
+                    return float(recorded)
+            return diagnosis.detected_after_s
+        if diagnosis.started_t is None:
+            return None
+        # The same problem (verdict and start) keeps the time it was first seen, even if a
+        # poll in between missed it (a heartbeat late on a loaded machine).
+        key = (diagnosis.verdict, round(diagnosis.started_t, 1))
+        if self._first_problem is None or self._first_problem[0] != key:
+            self._first_problem = (key, now)
+        return max(0.0, self._first_problem[1] - diagnosis.started_t)
+
+    def _start_capture(self, snap: Snapshot) -> bool:
+        targets = self.own_ranks(snap)
+        remote = {
+            v.rank: self.state.node_of(v.rank)
+            for v in snap.ranks
+            if v.rank not in targets
+            and v.pid is not None
+            and not v.state.finished
+            and v.alive is not False
+        }
+        return self.stacks.start(targets, remote=remote)
+
+    def owns(self, view: RankView) -> bool:
+        """Whether this process captures the rank itself: a launcher the ranks of its own node
+        (not merely of its host: two agents may share one); a watcher the live ranks of its host
+        that no running launcher answers for."""
+        if view.alive is not True or view.pid is None or view.state.finished:
+            return False
+        node = self.state.node_of(view.rank)
+        if self.node_rank is not None:
+            return node == self.node_rank
+        # A watcher leaves a rank to its node's launcher while that one runs: py-spy attaches to
+        # a process one tracer at a time, and the launcher is there to capture it.
+        record = self.nodes.get(node) if node is not None else None
+        return record is None or record.ended
+
+    def own_ranks(self, snap: Snapshot | None = None) -> dict[int, int]:
+        """rank -> pid of the live ranks this process captures itself (see `owns`)."""
+        snap = snap or self._last
+        if snap is None:
+            return {}
+        return {v.rank: v.pid for v in snap.ranks if v.pid is not None and self.owns(v)}
+
+    def node_ranks(self, snap: Snapshot | None = None) -> dict[int, int | None]:
+        """For node N's launcher: every rank of node N, rank -> pid (None once it has ended)."""
+        snap = snap or self._last
+        if snap is None or self.node_rank is None:
+            return {}
+        return {
+            v.rank: v.pid if self.owns(v) else None
+            for v in snap.ranks
+            if self.state.node_of(v.rank) == self.node_rank
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _check_liveness(self, *, first_look: bool = False) -> None:
+        """Whether each local rank's process lives. `first_look`: only ranks seen for the first
+        time in this poll, and a dead one reads as unknown until the next poll checks it before
+        reading (its exit event may have been written after this poll read the file)."""
+        for rank, tracker in self.state.ranks.items():
+            if tracker.exit_code is not None or tracker.pid is None:
+                continue
+            if first_look:
+                if rank not in self.state.alive and is_local(tracker.host, self.local_host):
+                    self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t) or None)
+                continue
+            if self.state.alive.get(rank) is False:
+                continue  # dead stays dead (a pid can be reused)
+            if not is_local(tracker.host, self.local_host):
+                self.state.set_alive(rank, None)
+                continue
+            self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
+
+    def _is_live(self, now: float) -> bool:
+        if any(a is True for a in self.state.alive.values()):
+            return True
+        last = self.state.last_t
+        if last is None:
+            # Nothing written yet: the job is starting, unless it is known to be over (every
+            # launcher of a job over several nodes has recorded its end).
+            over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
+            return not (self.job_ended or over)
+        return now - last < LIVE_WINDOW_S
+
+    def _reload_run_json(self) -> None:
+        mtime = self._mtime(self.run.run_json)
+        if mtime != self._run_json_mtime:
+            self._run_json_mtime = mtime
+            data = self.run.read_run_json()
+            self.state.info = with_nodes(run_info(self.run, data), self.nodes)
+            if self.hang_after is None:
+                self.hang_after = recorded_hang_after(data)
+
+    def _read_nodes(self, now: float) -> None:
+        """The launchers' node records (a job that spans nodes), at most once a second."""
+        if self._nodes_read_t is not None and 0 <= now - self._nodes_read_t < NODES_EVERY_S:
+            return
+        self._nodes_read_t = now
+        records = read_node_records(self.run)
+        if records != self.nodes:
+            self.nodes = records
+            self.state.set_nodes(records)
+            self.state.info = with_nodes(self.state.info, records)
+
+    def _launcher_ended(self, node: int) -> bool:
+        record = self.nodes.get(node)
+        return record is not None and record.ended
+
+    @staticmethod
+    def _mtime(path: Path) -> float | None:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+
+    def _read_previous_diagnosis(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.run.diagnosis_json.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write(self, snap: Snapshot, *, force: bool = False) -> None:
+        if not self.write_diagnosis:
+            return
+        key = (
+            snap.verdict,
+            tuple((f.id, f.ranks) for f in snap.findings),
+            snap.culprits,
+            len(snap.stacks),
+            snap.finished,
+        )
+        if not force and key == self._written_key:
+            return
+        if (
+            (
+                not force
+                and not snap.verdict.is_problem
+                and self._written_key is None
+                and not snap.finished
+            )
+            and snap.verdict is Verdict.RUNNING
+            and not snap.findings
+        ):
+            return  # nothing to say yet: do not litter a fresh run directory
+        try:
+            write_json_atomic(self.run.diagnosis_json, snap.diagnosis_json())
+            self._written_key = key
+        except OSError as exc:
+            self.write_error = f"cannot write {self.run.diagnosis_json}: {exc.strerror or exc}"
+            self._written_key = key

@@ -1,0 +1,70 @@
+"""uneven_inputs: ranks ran different numbers of training steps when a problem hit (F31).
+
+Evidence, strongest first: the ranks' loaders had different lengths this epoch (epoch events); a
+rank finished training (exited normally) with fewer steps than a rank still training; step counts
+more than one apart (one apart is normal: a rank may stop just before its step is counted).
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.findings import Evidence, Finding, Severity
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.rank_ranges import named_ranks
+
+FIX = (
+    "Give every rank the same number of batches: use DistributedSampler (it pads the data set to "
+    "a multiple of the world size) with drop_last=True in the DataLoader where sizes still "
+    "differ, or wrap the loop in the Join context manager "
+    "(`with torch.distributed.algorithms.Join([model]):`) so ranks that run out early shadow the "
+    "others' collectives."
+)
+
+
+def detect(snap: Snapshot, verdict: Verdict) -> RuleOutcome | None:
+    if not verdict.is_problem:
+        return None
+    stepped = [v for v in snap.ranks if v.step is not None]
+    if len(stepped) < 2:
+        return None
+    evidence: list[Evidence] = []
+    batches = {v.rank: v.epoch_batches for v in snap.ranks if v.epoch_batches is not None}
+    uneven = False
+    if len(set(batches.values())) > 1:
+        uneven = True
+        for rank, count in sorted(batches.items())[:8]:
+            evidence.append(Evidence(f"rank {rank}: {count} batches this epoch"))
+    lo = min(stepped, key=lambda v: v.step or 0)
+    hi = max(stepped, key=lambda v: v.step or 0)
+    spread = (hi.step or 0) - (lo.step or 0)
+    finished_early = [
+        v
+        for v in stepped
+        if v.state is RankState.DONE
+        and any((o.step or 0) > (v.step or 0) and not o.state.finished for o in stepped)
+    ]
+    if spread >= 2 or finished_early:
+        uneven = True
+    if not uneven:
+        return None
+    short = sorted(
+        {v.rank for v in stepped if v.step == lo.step} | {v.rank for v in finished_early}
+    )
+    for view in sorted(stepped, key=lambda v: v.rank)[:8]:
+        state = " (finished)" if view.state is RankState.DONE else ""
+        evidence.append(Evidence(f"rank {view.rank}: {view.step} steps{state}"))
+    summary = (
+        f"uneven inputs: {named_ranks(short)} ran {lo.step} steps while {named_ranks([hi.rank])} ran "
+        f"{hi.step}"
+    )
+    if batches and len(set(batches.values())) > 1:
+        summary += f" (loaders of {min(batches.values())} to {max(batches.values())} batches)"
+    finding = Finding(
+        id="uneven_inputs",
+        severity=Severity.ERROR,
+        summary=summary,
+        fix=FIX,
+        ranks=tuple(short),
+        evidence=tuple(evidence),
+    )
+    return RuleOutcome(rule="uneven_inputs", findings=(finding,))

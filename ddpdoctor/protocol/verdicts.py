@@ -1,0 +1,34 @@
+"""The verdicts and rank states of diagnosis.json (`verdict`, `ranks[].state`): the words every
+layer that reads or acts on a diagnosis shares (the monitor decides them, the launcher stops a job
+on them, the views show them)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RankState(str, Enum):
+    STARTING = "starting"  # launched, no hello yet (or hello but not yet training)
+    RUNNING = "running"  # making progress
+    IN_COLLECTIVE = "in_collective"  # inside a collective, for a normal time so far
+    WAITING = "waiting"  # inside a collective longer than usual: waiting for other ranks
+    STALLED = "stalled"  # no progress past the hang threshold (or its heartbeat stopped)
+    DONE = "done"  # exited with code 0
+    FAILED = "failed"  # raised, or exited non-zero
+    GONE = "gone"  # its process vanished without an exit event (killed, OOM, a signal)
+
+    @property
+    def finished(self) -> bool:
+        return self in (RankState.DONE, RankState.FAILED, RankState.GONE)
+
+
+class Verdict(str, Enum):
+    RUNNING = "running"
+    HEALTHY = "healthy"
+    HANG = "hang"
+    MISMATCH = "mismatch"
+    CRASH = "crash"
+
+    @property
+    def is_problem(self) -> bool:
+        return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH)

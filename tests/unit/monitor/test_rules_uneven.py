@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.verdict_rules import uneven
+from tests.unit.monitor.test_monitor_builders import snap, view
+
+
+def test_different_loader_lengths_when_a_problem_hits():
+    ranks = [view(0, step=11, epoch_batches=12), view(1, step=10, epoch_batches=10)]
+    out = uneven.detect(snap(ranks), Verdict.HANG)
+    finding = out.findings[0]
+    assert finding.id == "uneven_inputs" and "uneven inputs" in finding.summary
+    assert (
+        "DistributedSampler" in finding.fix and "Join" in finding.fix and "drop_last" in finding.fix
+    )
+    assert finding.ranks == (1,)
+
+
+def test_a_rank_that_finished_early():
+    ranks = [view(0, step=11), view(1, RankState.DONE, step=10, exit_code=0)]
+    assert uneven.detect(snap(ranks), Verdict.CRASH) is not None
+
+
+def test_step_counts_far_apart():
+    assert uneven.detect(snap([view(0, step=14), view(1, step=10)]), Verdict.HANG) is not None
+
+
+def test_one_step_apart_is_normal_at_a_hang():
+    assert uneven.detect(snap([view(0, step=11), view(1, step=10)]), Verdict.HANG) is None
+
+
+def test_only_reported_with_a_problem():
+    ranks = [view(0, step=14, epoch_batches=12), view(1, step=10, epoch_batches=10)]
+    assert uneven.detect(snap(ranks), Verdict.RUNNING) is None

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ddpdoctor.protocol.events import parse_event_line
+from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
+from ddpdoctor.runtime.core import Runtime
+from ddpdoctor.runtime.heartbeat import Heartbeat, rss_bytes
+
+PERIOD = 0.02
+
+
+def heartbeats(runtime: Runtime) -> list[dict]:
+    path = runtime.run_dir.events_file(0)
+    if not path.exists():
+        return []
+    events = [parse_event_line(line) for line in path.read_bytes().split(b"\n")]
+    return [e for e in events if e and e["kind"] == "heartbeat"]
+
+
+@pytest.fixture
+def beating(tmp_path):
+    runtime = Runtime(tmp_path / "run", rank=0)
+    runtime.run_dir.events_dir.mkdir(parents=True)
+    heartbeat = Heartbeat(runtime, period_s=PERIOD, gpu_memory=lambda rt: None)
+    heartbeat.start()
+    yield runtime
+    heartbeat.stop()
+
+
+def wait_for_beats(runtime: Runtime, count: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(heartbeats(runtime)) < count:
+        assert time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.01)
+
+
+def test_keeps_beating_while_the_main_thread_sleeps(beating):
+    wait_for_beats(beating, 1)
+    before = len(heartbeats(beating))
+    time.sleep(0.25)  # the main thread does nothing; ~12 beats are due
+    assert len(heartbeats(beating)) - before >= 3
+
+
+def test_keeps_beating_while_the_main_thread_waits_on_a_lock(beating):
+    wait_for_beats(beating, 1)
+    lock = threading.Lock()
+    lock.acquire()
+    threading.Timer(0.25, lock.release).start()
+    before = len(heartbeats(beating))
+    lock.acquire()  # blocks the main thread until the timer releases it
+    assert len(heartbeats(beating)) - before >= 3
+
+
+def test_keeps_beating_while_the_main_thread_spins_in_python(beating):
+    wait_for_beats(beating, 1)
+    before = len(heartbeats(beating))
+    end = time.monotonic() + 0.25
+    n = 0
+    while time.monotonic() < end:  # holds the GIL between switch intervals
+        n += 1
+    assert len(heartbeats(beating)) - before >= 3
+
+
+def test_reports_the_open_collective_and_counters(beating):
+    rec = beating.collectives.start(
+        "barrier", GroupInfo("default", 2, None), TensorSummary(), is_async=False
+    )
+    beating.phase = "train"
+    beating.steps.steps_done = 7
+    wait_for_beats(beating, len(heartbeats(beating)) + 2)
+    beat = heartbeats(beating)[-1]
+    assert beat["open"]["op"] == "barrier"
+    assert beat["open"]["seq"] == 1
+    assert beat["open"]["group"] == "default"
+    assert beat["open"]["since_mono"] == pytest.approx(rec.start_mono)
+    assert beat["open"]["since_t"] <= beat["t"]
+    assert (beat["step"], beat["phase"]) == (7, "train")
+    assert (beat["collectives_started"], beat["collectives_done"]) == (1, 0)
+    assert beat["rss_bytes"] > 10 * 2**20
+    assert beat["gpu_mem_bytes"] is None
+    seqs = [b["seq"] for b in heartbeats(beating)]
+    assert seqs == list(range(1, len(seqs) + 1))
+    beating.collectives.end(rec)
+    wait_for_beats(beating, len(heartbeats(beating)) + 2)
+    assert heartbeats(beating)[-1]["open"] is None
+
+
+def test_polls_probes_of_collectives_in_flight(beating):
+    done = threading.Event()
+    rec = beating.collectives.start(
+        "all_reduce", GroupInfo(), TensorSummary(((4,),), ("float32",), 4, True), is_async=True
+    )
+    beating.collectives.watch(rec, done.is_set, "cuda_event")
+    time.sleep(0.1)
+    assert not rec.done
+    done.set()
+    deadline = time.monotonic() + 5
+    while not rec.done:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not beating.collectives.polling
+
+
+def test_stops_after_the_exit_event(beating):
+    beating.finish(0, "normal")
+    time.sleep(3 * PERIOD)
+    count = len(heartbeats(beating))
+    time.sleep(4 * PERIOD)
+    assert len(heartbeats(beating)) == count
+
+
+def test_rss_is_cheap_and_plausible():
+    start = time.perf_counter()
+    for _ in range(100):
+        value = rss_bytes()
+    assert (time.perf_counter() - start) / 100 < 0.005
+    assert value is not None and value > 10 * 2**20
+
+
+def test_queued_events_are_written_long_before_the_next_beat(tmp_path):
+    runtime = Runtime(tmp_path / "run", rank=0)
+    runtime.run_dir.events_dir.mkdir(parents=True)
+    heartbeat = Heartbeat(runtime, period_s=30.0, gpu_memory=lambda rt: None)
+    heartbeat.start()
+    try:
+        wait_for_beats(runtime, 1)  # the first beat; the next one is 30 s away
+        start = time.monotonic()
+        runtime.emit("collective_start", op="barrier", seq=1)  # queued: the hot path appends
+        path = runtime.run_dir.events_file(0)
+        while b'"collective_start"' not in path.read_bytes():
+            assert time.monotonic() - start < 5, "queued event never written"
+            time.sleep(0.005)
+    finally:
+        heartbeat.stop()
+
+
+def test_a_steady_stream_is_written_without_waking_the_thread_for_each_burst(beating):
+    path = beating.run_dir.events_file(0)
+    writer = beating.writer
+
+    def written():
+        return path.read_bytes().count(b'"metrics"') if path.exists() else 0
+
+    deadline = time.monotonic() + 10
+    sent = 0
+    woken_while_flowing = []
+    while written() < 3 or writer.on_first_queued is not None:  # until it flushes on a timer
+        assert time.monotonic() < deadline, "never switched to timed flushes"
+        beating.emit("metrics", i=sent)
+        sent += 1
+        time.sleep(0.002)
+    for _ in range(20):  # the stream goes on: the training thread does not wake anyone
+        woken_while_flowing.append(writer.on_first_queued)
+        beating.emit("metrics", i=sent)
+        sent += 1
+        time.sleep(0.002)
+    assert woken_while_flowing == [None] * 20
+    deadline = time.monotonic() + 10
+    while written() < sent or writer.on_first_queued is None:  # quiet: all out, re-armed
+        assert time.monotonic() < deadline, "the last events were not written"
+        time.sleep(0.01)
+    beating.emit("metrics", i=sent)  # a lone event after a quiet spell still goes out soon
+    deadline = time.monotonic() + 10
+    while written() < sent + 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)

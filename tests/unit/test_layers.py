@@ -1,0 +1,151 @@
+"""The package's layers, enforced: no import circle among ddpdoctor's modules, and no package
+importing one above it (DESIGN.md, "layout"; README, "Layout"). Imports under TYPE_CHECKING are
+annotations only and do not count."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ddpdoctor"
+
+# Lowest first. A module may import its own package and anything in a lower layer.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset(
+        {"_version", "exit_codes", "errors", "console", "findings", "rank_ranges", "background"}
+    ),
+    frozenset({"protocol", "launchers"}),
+    frozenset({"runtime", "checks", "stacks", "explain"}),
+    frozenset({"reference", "integrations"}),
+    frozenset({"launch", "distributed_doctor"}),
+    frozenset({"monitor"}),
+    frozenset({"tui"}),
+    frozenset({"commands"}),
+    frozenset({"cli", "__main__", "__init__", "reference_job"}),
+)
+LAYER_OF = {unit: level for level, units in enumerate(LAYERS) for unit in units}
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def runtime_imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The ddpdoctor modules `name` imports when it runs (lazy imports inside functions count)."""
+    tree = ast.parse(path.read_text())
+    annotations_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for stmt in branch.body
+        for node in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in annotations_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):
+                found.add(target)
+    return found
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = module_names()
+    return {name: runtime_imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_package_and_top_level_module_has_a_layer(graph):
+    assert {unit_of(m) for m in graph} - set(LAYER_OF) == set()
+
+
+def is_package(unit: str) -> bool:
+    return (PACKAGE / unit).is_dir()
+
+
+def reaches_up(src: str, dst: str) -> bool:
+    """Packages import only from lower layers; the top-level modules of one layer (the shared
+    vocabulary, the package's face) may use each other, which the circle test keeps acyclic."""
+    a, b = unit_of(src), unit_of(dst)
+    if a == b:
+        return False
+    if LAYER_OF[b] == LAYER_OF[a]:
+        return is_package(a) or is_package(b)
+    return LAYER_OF[b] > LAYER_OF[a]
+
+
+def test_no_import_reaches_a_higher_layer(graph):
+    upward = sorted(
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if reaches_up(src, dst)
+    )
+    assert upward == []
+
+
+def test_no_import_circle(graph):
+    # Tarjan's strongly connected components; any component of more than one module is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert circles == []
+
+
+def test_the_top_of_the_package_holds_only_its_face_and_shared_vocabulary():
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 10, top

@@ -182,6 +182,9 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
         ("torchrun.killed", "error", (1,), [3, 29, 38, 40]),
         ("torchrun.sigterm_peers", "info", (), [2]),
     ],
+    "local/torchrun-table-no-root-header.log": [
+        ("torchrun.failed", "error", (1,), [9, 16]),
+    ],
     "local/torchrun-tee-interleaved.log": [
         ("python.exception", "error", (1,), [5, 7]),
         ("torchrun.signal", "error", (1,), [19, 45, 54, 56]),

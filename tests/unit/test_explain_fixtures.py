@@ -114,6 +114,9 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
     "46-torch-device-unknown-warning.log": [
         ("nccl.device_unknown", "warning", (6,), [2]),
     ],
+    "47-nccl-socket-ifname-eth2-bad-address-family.log": [
+        ("nccl.bad_socket_address", "error", (), [3, 7]),
+    ],
     "local/c10d-client-connect-timeout.log": [
         ("c10d.connect_timeout", "error", (), [2, 3, 23, 24, 62]),
     ],

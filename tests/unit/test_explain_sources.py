@@ -91,6 +91,34 @@ def test_a_pasted_entry_that_starts_at_its_index_line(tmp_path):
     assert failed.ranks == (1,) and "exited with code 1" in failed.summary
 
 
+def test_a_bad_address_family_names_the_socket_ifname_the_log_set():
+    found = by_id([FIXTURES / "47-nccl-socket-ifname-eth2-bad-address-family.log"])
+    bad = found["nccl.bad_socket_address"]
+    assert "NCCL_SOCKET_IFNAME=eth2 (set earlier in this log)" in bad.summary
+    assert "family 59936" in bad.summary
+    assert "NCCL_SOCKET_IFNAME (now eth2)" in bad.fix
+
+
+def test_no_socket_interface_names_the_socket_ifname_the_log_set(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "node1:4242:4242 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth2\n"
+        "node1:4242:4242 [0] NCCL INFO Bootstrap : no socket interface found\n"
+    )
+    missing = by_id([log])["nccl.no_socket_interface"]
+    assert "NCCL_SOCKET_IFNAME=eth2" in missing.summary and "(now eth2)" in missing.fix
+    assert [e.line for e in missing.evidence] == [1, 2]
+
+
+def test_a_socket_ifname_from_another_log_is_not_named(tmp_path):
+    other = tmp_path / "a-other.log"
+    other.write_text("node2:1:1 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth2\n")
+    failing = tmp_path / "b-failing.log"
+    failing.write_text("node1:2:2 [0] NCCL INFO Bootstrap : no socket interface found\n")
+    missing = by_id([other, failing])["nccl.no_socket_interface"]
+    assert "eth2" not in missing.summary and "eth2" not in missing.fix
+
+
 def test_abort_in_a_run_directory_is_explained_with_the_gloo_size_mismatch():
     found = by_id([LOCAL / "run-gloo-size-mismatch"])
     assert "SIGABRT" in found["torchrun.signal"].summary

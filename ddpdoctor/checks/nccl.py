@@ -29,7 +29,15 @@ from ddpdoctor.checks.nccl_settings import (
     setting_value,
 )
 from ddpdoctor.checks.nccl_transport import TRANSPORT_SWITCHES, switch_on, transport_problems
-from ddpdoctor.checks.nccl_vars import RENAMED, is_known, nearest_names, value_fix, value_problem
+from ddpdoctor.checks.nccl_vars import (
+    IMAGE_NOTE,
+    RENAMED,
+    is_image_set,
+    is_known,
+    nearest_names,
+    value_fix,
+    value_problem,
+)
 from ddpdoctor.checks.problems import Problem, outcome_from
 from ddpdoctor.checks.registry import check
 
@@ -143,8 +151,11 @@ def nccl_env(ctx: CheckContext) -> CheckOutcome:
         "conf_files": files,
     }
     problems: list[Problem] = []
+    image = sorted(s.name for s in settings.values() if is_image_set(s.name))
     for setting in sorted(settings.values(), key=lambda s: s.name):
         name, value, where = setting.name, setting.value, setting.where
+        if name in image:  # container bookkeeping, no NCCL setting: listed below as info only
+            continue
         if name in RENAMED:
             new, why = RENAMED[name]
             fix = f"export {new}={value} and unset {name}" if new else f"unset {name}"
@@ -183,10 +194,11 @@ def nccl_env(ctx: CheckContext) -> CheckOutcome:
                 )
             )
     details = [
-        f"{s.name}={s.value}{s.where}" for s in sorted(settings.values(), key=lambda s: s.name)
+        f"{s.name}={s.value}{s.where}" + (f": {IMAGE_NOTE}" if s.name in image else "")
+        for s in sorted(settings.values(), key=lambda s: s.name)
     ]
-    if settings:
-        summary = f"{len(settings)} NCCL setting(s), all known and valid"
+    if len(settings) > len(image):
+        summary = f"{len(settings) - len(image)} NCCL setting(s), all known and valid"
     else:
         summary = "no NCCL_* variables set (NCCL defaults)"
     found = list(read_conf_files(ctx))

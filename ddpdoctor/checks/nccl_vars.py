@@ -239,6 +239,20 @@ RENAMED: dict[str, tuple[str | None, str]] = {
 }
 
 
+# Variables that container images and distro packages set in every shell to record which NCCL
+# they installed; NCCL and torch never read them. NVIDIA's CUDA and PyTorch images set
+# NCCL_VERSION (e.g. 2.21.5-1) next to NV_LIBNCCL_*; only the NCCL_ prefixed names reach the
+# variable lint, and they must not get a did-you-mean (NCCL_VERSION is close to
+# NCCL_IB_ROCE_VERSION_NUM) or a warning that fails `doctor --strict` in every such container.
+# The recorded version can differ from the NCCL torch loads (pytorch/pytorch#122571).
+IMAGE_SET: frozenset[str] = frozenset({"NCCL_VERSION"})
+IMAGE_NOTE = "set by the container image; NCCL does not read it"
+
+
+def is_image_set(name: str) -> bool:
+    return name in IMAGE_SET
+
+
 def _build() -> dict[str, VarSpec]:
     table: dict[str, VarSpec] = {}
     for name in _TEXT.split():

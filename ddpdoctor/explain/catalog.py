@@ -102,6 +102,7 @@ def new_analyzers() -> list[Analyzer]:
     return [
         RuleSet(rule_table()),
         nccl_init.NcclAnalyzer(),
+        nccl.SocketIfnameAnalyzer(),
         watchdog.WatchdogAnalyzer(),
         torchrun.TorchrunAnalyzer(),
         gloo.GlooAnalyzer(),

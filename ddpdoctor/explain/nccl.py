@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from ddpdoctor.explain.log_rules import Groups, rule
+import re
+from dataclasses import dataclass, field
+
+from ddpdoctor.explain.lines import SourceLine
+from ddpdoctor.explain.log_rules import Candidate, EvidenceList, Groups, LineRule, render, rule
 from ddpdoctor.explain.nccl_init import IFNAME_FIX
-from ddpdoctor.findings import Severity
+from ddpdoctor.findings import Finding, Severity
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
@@ -34,6 +38,45 @@ def _ib_fix(groups: Groups) -> str:
     )
 
 
+def _ifname_set(groups: Groups) -> str:
+    """How the log set NCCL_SOCKET_IFNAME before the failure, for a summary; "" when it did not."""
+    ifname = groups.get("ifname")
+    return f"NCCL_SOCKET_IFNAME={ifname} (set earlier in this log)" if ifname else ""
+
+
+def _no_interface_summary(groups: Groups) -> str:
+    summary = "NCCL found no network interface to bootstrap on"
+    if groups.get("ifname"):
+        return f"{summary}: {_ifname_set(groups)} matches no interface that is up with an address"
+    return summary + " (it needs an IP interface even on one node)"
+
+
+def _no_interface_fix(groups: Groups) -> str:
+    ifname = groups.get("ifname")
+    named = f"NCCL_SOCKET_IFNAME (now {ifname})" if ifname else "NCCL_SOCKET_IFNAME"
+    return (
+        f"{named} must name (or prefix-match) an interface that is up and has an IP address "
+        "(`ip -br addr`); unset it to let NCCL choose, and never exclude every interface with `^`."
+    )
+
+
+def _bad_address_summary(groups: Groups) -> str:
+    cause = _ifname_set(groups) or "NCCL_SOCKET_IFNAME"
+    return (
+        f"NCCL tried to connect to an invalid address (family {groups.get('family', '?')}): "
+        f"{cause} matches no usable interface, or the nodes run different NCCL versions"
+    )
+
+
+def _bad_address_fix(groups: Groups) -> str:
+    ifname = groups.get("ifname")
+    named = f"NCCL_SOCKET_IFNAME (now {ifname})" if ifname else "NCCL_SOCKET_IFNAME"
+    return (
+        f"Point {named} at an interface that exists and is up on every node (`ip -br addr`), "
+        "and use the same NCCL version everywhere."
+    )
+
+
 RULES = (
     rule(
         "nccl.stub_libcuda",
@@ -53,10 +96,9 @@ RULES = (
         ERROR,
         r"no socket interface found",
         ["no socket interface found"],
-        "NCCL found no network interface to bootstrap on (it needs an IP interface even on one node)",
-        "NCCL_SOCKET_IFNAME must name (or prefix-match) an interface that is up and has an IP "
-        "address (`ip -br addr`); unset it to let NCCL choose, and never exclude every interface "
-        "with `^`.",
+        _no_interface_summary,
+        _no_interface_fix,
+        emits=False,  # SocketIfnameAnalyzer: it names the NCCL_SOCKET_IFNAME the log set
         examples=("Bootstrap : no socket interface found",),
     ),
     rule(
@@ -203,10 +245,9 @@ RULES = (
         ERROR,
         r"with family (?P<family>[1-9]\d*) is neither AF_INET",
         ["is neither AF_INET"],
-        "NCCL tried to connect to an invalid address (family {family}): NCCL_SOCKET_IFNAME "
-        "matches no usable interface, or the nodes run different NCCL versions",
-        "Point NCCL_SOCKET_IFNAME at an interface that exists and is up on every node, and use the "
-        "same NCCL version everywhere.",
+        _bad_address_summary,
+        _bad_address_fix,
+        emits=False,  # SocketIfnameAnalyzer: it names the NCCL_SOCKET_IFNAME the log set
         examples=(
             "ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor "
             "AF_INET6(10)",
@@ -293,3 +334,72 @@ RULES = (
         examples=("NCCL version 2.15.5+cuda11.8",),
     ),
 )
+
+
+# NCCL's INFO lines (src/misc/socket.cc), and the variable as shells and env dumps print it.
+_IFNAME_SET = re.compile(
+    r"NCCL_SOCKET_IFNAME(?: set by environment to | set to |=)[\"']?(?P<value>[^\s\"']+)"
+)
+_IFNAME_RULES = tuple(
+    r for r in RULES if r.id in ("nccl.no_socket_interface", "nccl.bad_socket_address")
+)
+
+
+@dataclass
+class _SocketHit:
+    rule: LineRule
+    groups: dict[str, str]
+    evidence: EvidenceList = field(default_factory=EvidenceList)
+
+
+class SocketIfnameAnalyzer:
+    """NCCL's socket failures that a wrong NCCL_SOCKET_IFNAME causes, naming the value it had.
+
+    The failure line itself never says which interface was asked for; an earlier INFO line of the
+    same log does (`NCCL_SOCKET_IFNAME set by environment to eth2`), so the finding can name it.
+    """
+
+    def __init__(self) -> None:
+        self._ifname: dict[str | None, tuple[str, SourceLine]] = {}  # file -> value, its line
+        self._hits: dict[str, _SocketHit] = {}
+
+    def feed(self, line: SourceLine) -> None:
+        body = line.body
+        if "NCCL_SOCKET_IFNAME" in body:
+            setting = _IFNAME_SET.search(body)
+            if setting:
+                self._ifname[line.file] = (setting.group("value"), line)
+        for found in _IFNAME_RULES:
+            if any(n in body for n in found.needles):
+                match = found.pattern.search(body)
+                if match:
+                    self._record(found, match, line)
+
+    def _record(self, found: LineRule, match: re.Match[str], line: SourceLine) -> None:
+        hit = self._hits.get(found.id)
+        if hit is None:
+            groups = {k: v for k, v in match.groupdict().items() if v is not None}
+            hit = self._hits[found.id] = _SocketHit(found, groups)
+        setting = self._ifname.get(line.file)
+        if setting is not None and "ifname" not in hit.groups:
+            hit.groups["ifname"] = setting[0]
+            hit.evidence.add(setting[1], ())  # the setting is evidence, not a rank to blame
+        hit.evidence.add(line)
+
+    def end_file(self, file: str | None) -> None:
+        self._ifname.pop(file, None)  # a value set in one log says nothing about another
+
+    def finish(self) -> list[Candidate]:
+        return [
+            Candidate(
+                Finding(
+                    id=hit.rule.id,
+                    severity=hit.rule.severity,
+                    summary=render(hit.rule.summary, hit.groups),
+                    fix=render(hit.rule.fix, hit.groups),
+                    ranks=tuple(sorted(hit.evidence.ranks)),
+                    evidence=hit.evidence.evidence(),
+                )
+            )
+            for hit in self._hits.values()
+        ]

@@ -21,12 +21,25 @@ IFNAME_FIX = (
 
 _HEADER = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL (?:INFO|WARN)")
 _VERSION = re.compile(r"NCCL version (?P<version>\d[\w.+-]*)")
+_RELEASE = re.compile(r"(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?")
 _NETWORK = re.compile(r"Using network (?P<net>\w+)")
 _INIT = re.compile(r"rank (?P<rank>\d+) n[Rr]anks (?P<n>\d+).*Init (?P<what>START|COMPLETE)")
 _IFACE_LIST = re.compile(r"(?P<kind>Bootstrap|NET/Socket) : Using (?P<list>\[.*)")
 _IFACE = re.compile(r"\[(?P<idx>\d+)\](?P<name>[^:\s\[]+):(?P<addr>[^<\s]+)<\d+>")
 _VIA_SOCKET = re.compile(r"via NET/Socket/(?P<idx>\d+)")
 _VIRTUAL_NAME = re.compile(r"^(?:veth|docker|br-|virbr|cni|flannel|tun|tap|vxlan|kube|cali|lxc)")
+
+
+def nccl_release(version: str) -> tuple[int, int, int] | str:
+    """(major, minor, patch) of an NCCL version as logs write it; the text when it has no numbers.
+
+    NCCL's INFO line says `2.28.9+cuda13.0`, torch's error text `2.28.9` and packages `2.28.9-1`:
+    one NCCL, so the build and package suffixes are dropped before versions are compared.
+    """
+    found = _RELEASE.match(version)
+    if found is None:
+        return version
+    return (int(found["major"]), int(found["minor"]), int(found["patch"] or 0))
 
 
 def is_virtual_interface(name: str, addr: str) -> bool:
@@ -50,7 +63,8 @@ class NcclAnalyzer:
 
     def __init__(self) -> None:
         self.processes: dict[tuple[str, str, str], _Process] = {}
-        self.versions: dict[str, SourceLine] = {}
+        self.versions: dict[str, SourceLine] = {}  # one text per NCCL release, the first seen
+        self._releases: set[tuple[int, int, int] | str] = set()
         self.networks: dict[str, SourceLine] = {}
         self.iface_lines: list[SourceLine] = []
 
@@ -60,7 +74,7 @@ class NcclAnalyzer:
             return
         version = _VERSION.search(text) if "NCCL version" in text else None
         if version:
-            self.versions.setdefault(version.group("version"), line)
+            self._version(version.group("version"), line)
         header = _HEADER.search(text)
         if header is None:
             return
@@ -79,6 +93,12 @@ class NcclAnalyzer:
         if "via NET/Socket/" in text:
             for used in _VIA_SOCKET.finditer(text):
                 proc.socket_used.setdefault(used.group("idx"), line)
+
+    def _version(self, text: str, line: SourceLine) -> None:
+        release = nccl_release(text)
+        if release not in self._releases:
+            self._releases.add(release)
+            self.versions[text] = line
 
     def _init_line(self, proc: _Process, line: SourceLine) -> None:
         init = _INIT.search(line.text)

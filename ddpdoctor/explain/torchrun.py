@@ -3,6 +3,10 @@
 The table's "Root Cause (first observed failure)" is the exit torchrun noticed first; the
 "Failures" above it are usually peers it stopped with SIGTERM afterwards (consequences). A negative
 exit code is a signal: -9 SIGKILL (OOM killer or an external kill), -6 SIGABRT, -7 SIGBUS, ...
+
+Users paste excerpts, so a table may lack its headers: field lines after `<script> FAILED`, after
+the Failures block or under a bare `[N]:` still make entries. Such an entry's role is unknown; when
+no entry is marked as the root cause, the first one that was not stopped by SIGTERM is taken.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from ddpdoctor.protocol.torchrun_logs import signal_name
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 _ENTRY = re.compile(r"^\[(?P<index>\d+)\]:\s*$")
+# Pasted excerpts may lose the table's indentation; fields are only read inside a table.
 _FIELD = re.compile(
-    r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$"
+    r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$"
 )
+_SCRIPT_FAILED = re.compile(r"^[^\s:]+ FAILED$")  # the table's title: `bug.py FAILED`
 _RANK_FIELD = re.compile(r"(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
 _EXIT_FIELD = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _AGENT_FAILED = re.compile(
@@ -95,9 +101,10 @@ class _Failure:
     pid: str | None
     host: str | None = None
     local_rank: int | None = None
-    root_cause: bool = False
+    root_cause: bool | None = False  # None: from a table excerpt without its section headers
     from_agent: bool = False  # an agent log line, not a failure-table entry
     lines: list[SourceLine] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)  # the table fields read so far
 
     @property
     def signal_name(self) -> str | None:
@@ -124,7 +131,6 @@ class TorchrunAnalyzer:
 
     def feed(self, line: SourceLine) -> None:
         body = line.body
-        file = line.file
         if "unrecognized arguments" in body and _LOCAL_RANK_ARG.search(body):
             self.local_rank_args.append(line)
         if "failed (exitcode:" in body:
@@ -141,7 +147,16 @@ class TorchrunAnalyzer:
                 failure.lines.append(line)
                 self.failures.append(failure)
             return
-        stripped = body.strip()
+        self._table_line(line)
+
+    def _table_line(self, line: SourceLine) -> None:
+        """One line of a failure table, whole or pasted in part (sections: root, failures, partial:
+        an excerpt whose section header is missing)."""
+        file = line.file
+        stripped = line.body.strip()
+        if stripped.endswith(" FAILED") and _SCRIPT_FAILED.match(stripped):
+            self._section[file], self._entry[file] = "partial", None
+            return
         if stripped.startswith("Root Cause (first observed failure)"):
             self._section[file], self._entry[file] = "root", None
             return
@@ -149,24 +164,40 @@ class TorchrunAnalyzer:
             self._section[file], self._entry[file] = "failures", None
             return
         section = self._section.get(file)
-        if section is None:
+        entry = _ENTRY.match(stripped) if stripped.startswith("[") else None
+        if section is None and entry is None:  # the common case: a line outside any table
             return
-        if stripped.startswith("====") and section == "root":
+        if stripped.startswith("===="):  # the table's closing border
             self._section[file] = self._entry[file] = None
             return
-        entry = _ENTRY.match(stripped)
-        if entry:
-            failure = _Failure(rank=None, code=None, pid=None, root_cause=section == "root")
-            self.failures.append(failure)
-            self._entry[file] = failure
+        if stripped.startswith("----"):
+            if section == "failures":  # the Root Cause header comes next, unless it was cut off
+                self._section[file], self._entry[file] = "partial", None
             return
+        if entry:
+            self._section[file] = section = section or "partial"
+            self._new_entry(file, section)
+            return
+        field_match = _FIELD.match(line.body)
+        if field_match is None or section is None:
+            return
+        key = field_match.group("key")
         current = self._entry.get(file)
-        field_match = _FIELD.match(body)
-        if current is not None and field_match:
-            self._table_field(current, field_match.group("key"), field_match.group("value"), line)
+        # Without its `[N]:` line an entry starts at its first field; a field seen twice is the next.
+        if current is None or key in current.keys:
+            current = self._new_entry(file, section)
+        self._table_field(current, key, field_match.group("value"), line)
+
+    def _new_entry(self, file: str | None, section: str) -> _Failure:
+        root = {"root": True, "failures": False}.get(section)
+        failure = _Failure(rank=None, code=None, pid=None, root_cause=root)
+        self.failures.append(failure)
+        self._entry[file] = failure
+        return failure
 
     @staticmethod
     def _table_field(failure: _Failure, key: str, value: str, line: SourceLine) -> None:
+        failure.keys.add(key)
         if key == "host":
             failure.host = value.strip()
         elif key == "rank":
@@ -197,6 +228,7 @@ class TorchrunAnalyzer:
             for entry in table:
                 if entry.pid == agent.pid:
                     entry.lines.insert(0, agent.lines[0])
+        _pick_root_of_excerpt(table)
         roots = [f for f in table if f.root_cause]
         peers = [f for f in table if not f.root_cause]
         loose = [a for a in agents if a.pid not in table_pids]
@@ -228,6 +260,21 @@ class TorchrunAnalyzer:
             evidence=evidence.evidence(),
         )
         return Candidate(finding)
+
+
+def _pick_root_of_excerpt(table: list[_Failure]) -> None:
+    """Settle the role of entries read without a section header.
+
+    When no entry is marked as the root cause (its header was cut off), the first unmarked entry
+    that torchrun did not stop with SIGTERM is the culprit: stopped peers are consequences.
+    """
+    unknown = [f for f in table if f.root_cause is None]
+    if not any(f.root_cause for f in table) and unknown:
+        failed = [f for f in unknown if f.signal_name != "SIGTERM"]
+        (failed or unknown)[0].root_cause = True
+    for failure in unknown:
+        if failure.root_cause is None:
+            failure.root_cause = False
 
 
 def _root_cause(root: _Failure, others: list[_Failure]) -> Candidate:

@@ -107,18 +107,23 @@ class RunDir:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str] | None = None) -> RunDir:
-        """Make a run directory and its subfolders; a path that cannot be made is a usage error."""
-        target = Path(path) if path is not None else default_run_path()
-        run = cls(target)
+        """Make a run directory and its subfolders; a path that cannot be made is a usage error.
+
+        Without a path, a new time-named directory is claimed under ./ddpdoctor-runs. Several
+        launchers may create the same explicit path at once (nodes on a shared file system).
+        """
+        target = Path(path) if path is not None else None
         try:
+            if target is None:
+                target = claim_default_run_path()
+            run = cls(target)
             for sub in (run.path, run.events_dir, run.logs_dir, run.nccl_dir, run.stacks_dir):
                 sub.mkdir(parents=True, exist_ok=True)
-            probe = run.path / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            _probe_writable(run.path)
         except OSError as exc:
             reason = exc.strerror or str(exc)
-            raise UsageError(f"cannot create run directory {target}: {reason}") from exc
+            where = target if target is not None else Path.cwd() / DEFAULT_PARENT
+            raise UsageError(f"cannot create run directory {where}: {reason}") from exc
         return run
 
     @classmethod
@@ -140,14 +145,35 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
 
-def default_run_path(now: float | None = None) -> Path:
+def claim_default_run_path(now: float | None = None) -> Path:
+    """Create and return ./ddpdoctor-runs/<YYYYmmdd-HHMMSS>[-N], a name no other run holds.
+
+    The name is claimed by mkdir itself (no exist_ok): runs started in the same second, even in
+    other threads or processes, each get their own directory instead of sharing one.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
-    base = Path.cwd() / DEFAULT_PARENT / stamp
-    candidate, n = base, 1
-    while candidate.exists():  # two runs started in the same second get distinct directories
-        n += 1
-        candidate = base.with_name(f"{stamp}-{n}")
-    return candidate
+    parent = Path.cwd() / DEFAULT_PARENT
+    parent.mkdir(parents=True, exist_ok=True)
+    name, n = stamp, 1
+    while True:
+        candidate = parent / name
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            n += 1
+            name = f"{stamp}-{n}"
+
+
+def _probe_writable(folder: Path) -> None:
+    """Raise OSError unless a file can be created in `folder`.
+
+    The probe file is this caller's own (mkstemp: a random name, O_EXCL): launchers creating the
+    same run directory at once must never remove each other's probe.
+    """
+    fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -5,9 +5,12 @@
 - Every epoch of a loader (each `iter(loader)`) writes an `epoch` event with the number of batches
   and samples this rank will see, so ranks that would run different numbers of steps (and hang
   in the last all-reduce) show before it bites.
-- A shuffling DistributedSampler that starts an epoch again with the epoch number it had last
-  time (no `set_epoch` call in between) repeats the same order every epoch; the first time that
-  happens a `warning` event with code `sampler.set_epoch_missing` says so.
+- A shuffling DistributedSampler that runs a full pass again with the epoch number of its last
+  full pass (no `set_epoch` call in between) repeats the same order every epoch; the first time
+  that happens a `warning` event with code `sampler.set_epoch_missing` says so. The audit counts
+  full passes (iterators that handed out all `len(sampler)` indices), not `iter()` calls: scripts
+  such as pytorch/examples' DDP tutorial peek one batch (`next(iter(loader))`) before calling
+  `set_epoch`, and that peek is not an epoch.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from ddpdoctor.protocol.events import EPOCH, WARNING
@@ -25,11 +29,11 @@ SET_EPOCH_MISSING = "sampler.set_epoch_missing"
 
 
 class SamplerAudit:
-    __slots__ = ("iterations", "last_epoch", "set_since_iter", "warned")
+    __slots__ = ("last_epoch", "passes", "set_since_iter", "warned")
 
     def __init__(self) -> None:
-        self.iterations = 0
-        self.last_epoch: int | None = None
+        self.passes = 0  # full passes: iterators that handed out every index
+        self.last_epoch: int | None = None  # the epoch number of the last full pass
         self.set_since_iter = False
         self.warned = False
 
@@ -57,33 +61,57 @@ def audit_of(sampler: Any) -> SamplerAudit | None:
         return None
 
 
-def on_sampler_iter(runtime: core.Runtime, sampler: Any) -> None:
-    """A DistributedSampler starts an epoch: warn once if its order repeats the last epoch's."""
+def on_sampler_iter(sampler: Any, indices: Iterator[Any]) -> Iterator[Any]:
+    """A DistributedSampler hands out an epoch's indices: audit the pass once it is complete.
+
+    The epoch number is read now, as the shuffled order is fixed when the iterator is made.
+    """
     audit = audit_of(sampler)
     if audit is None:
-        return
-    epoch = getattr(sampler, "epoch", None)
-    if (
-        getattr(sampler, "shuffle", False)
-        and audit.iterations > 0
-        and epoch == audit.last_epoch
-        and not audit.warned
-    ):
-        audit.warned = True
-        runtime.emit(
-            WARNING,
-            code=SET_EPOCH_MISSING,
-            message=(
-                f"DistributedSampler started epoch {audit.iterations + 1} with the same epoch "
-                f"number ({epoch}) as before: set_epoch() was not called, so every epoch "
-                "repeats the same shuffled order; call sampler.set_epoch(epoch) at the start "
-                "of each epoch"
-            ),
-            details={"epoch": epoch, "iterations": audit.iterations + 1},
-        )
-    audit.iterations += 1
-    audit.last_epoch = epoch
+        return indices
     audit.set_since_iter = False
+    return _audited(sampler, audit, indices, getattr(sampler, "epoch", None))
+
+
+def _audited(
+    sampler: Any, audit: SamplerAudit, indices: Iterator[Any], epoch: Any
+) -> Iterator[Any]:
+    total = _length(sampler)
+    for given, index in enumerate(indices, 1):
+        if given == total:  # counted before the hand-out: the loop may never ask again
+            _end_pass(sampler, audit, epoch)
+        yield index
+    if total is None:  # no length to compare with: exhaustion is the end of the pass
+        _end_pass(sampler, audit, epoch)
+
+
+def _end_pass(sampler: Any, audit: SamplerAudit, epoch: Any) -> None:
+    # Runs inside the training loop's next(): a diagnostics failure must not stop the loop.
+    try:
+        on_full_pass(sampler, audit, epoch)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def on_full_pass(sampler: Any, audit: SamplerAudit, epoch: Any) -> None:
+    """A full pass ended: warn once if its order repeats the last full pass's."""
+    runtime = core.active()
+    repeated = audit.passes > 0 and epoch == audit.last_epoch
+    audit.passes += 1
+    audit.last_epoch = epoch
+    if runtime is None or audit.warned or not repeated or not getattr(sampler, "shuffle", False):
+        return
+    audit.warned = True
+    runtime.emit(
+        WARNING,
+        code=SET_EPOCH_MISSING,
+        message=(
+            f"DistributedSampler ran epoch {audit.passes} with the same epoch number ({epoch}) "
+            "as the epoch before: set_epoch() was not called, so every epoch repeats the same "
+            "shuffled order; call sampler.set_epoch(epoch) at the start of each epoch"
+        ),
+        details={"epoch": epoch, "iterations": audit.passes},
+    )
 
 
 def epoch_fields(loader: Any, distributed_sampler_type: type) -> dict[str, Any]:
@@ -177,13 +205,13 @@ def install(runtime: core.Runtime) -> None:
 
     @functools.wraps(original_sampler_iter)
     def sampler_iter(self: Any) -> Any:
-        rt = core.active()
-        if rt is not None:
-            try:
-                on_sampler_iter(rt, self)
-            except Exception:  # noqa: BLE001
-                pass
-        return original_sampler_iter(self)
+        indices = original_sampler_iter(self)
+        if core.active() is None:
+            return indices
+        try:
+            return on_sampler_iter(self, indices)
+        except Exception:  # noqa: BLE001
+            return indices
 
     @functools.wraps(original_set_epoch)
     def set_epoch(self: Any, epoch: int) -> None:

@@ -1,6 +1,6 @@
 """sampler: DistributedSampler misuse seen before it bites (F36, F31).
 
-`sampler.set_epoch_missing`: the runtime's audit saw an epoch start again without set_epoch while
+`sampler.set_epoch_missing`: the runtime's audit saw a full pass run again without set_epoch while
 shuffling, so every epoch repeats the same order. `sampler.uneven_batches`: the ranks' loaders have
 different lengths this epoch, so some rank will run out of batches first and the others will hang
 in their next collective.

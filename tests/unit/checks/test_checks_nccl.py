@@ -25,6 +25,7 @@ from ddpdoctor.checks.nccl_settings import parse_conf
 from ddpdoctor.checks.nccl_vars import KNOWN, nearest_names, value_problem
 from ddpdoctor.checks.probes.fs import DirStatus
 from ddpdoctor.checks.probes.net import NetInterface
+from ddpdoctor.checks.runner import run_checks
 from tests.unit.recorded_machines import context, load_machine, writable
 
 
@@ -149,6 +150,42 @@ def test_renamed_variables_name_their_replacement(old, new):
 def test_typo_fix_keeps_the_value():
     result = run(nccl_env, context(env={"NCCL_DEUBG": "INFO"}))
     assert result.fix == "rename NCCL_DEUBG to NCCL_DEBUG (export NCCL_DEBUG=INFO)"
+
+
+# What NVIDIA's CUDA / PyTorch container images export in every shell (nvidia/cuda Dockerfiles).
+CONTAINER_ENV = {
+    "NCCL_VERSION": "2.21.5-1",
+    "NV_LIBNCCL_VERSION": "2.21.5-1",
+    "NV_LIBNCCL_PACKAGE": "libnccl2=2.21.5-1+cuda12.4",
+    "NV_LIBNCCL_PACKAGE_NAME": "libnccl2",
+    "NV_LIBNCCL_PACKAGE_VERSION": "2.21.5-1",
+    "NV_LIBNCCL_DEV_PACKAGE": "libnccl-dev=2.21.5-1+cuda12.4",
+    "NV_LIBNCCL_DEV_PACKAGE_NAME": "libnccl-dev",
+    "NV_LIBNCCL_DEV_PACKAGE_VERSION": "2.21.5-1",
+}
+
+
+def test_container_image_variables_pass_doctor_strict():
+    report = run_checks(["nccl.env"], context=context(env=CONTAINER_ENV), strict=True)
+    result = report.by_id("nccl.env")
+    assert result.status is Status.PASS, result.summary
+    assert report.exit_code == 0
+    assert "did you mean" not in " ".join(result.details)
+    assert "NCCL_VERSION=2.21.5-1: set by the container image; NCCL does not read it" in (
+        result.details
+    )
+    assert not any(d.startswith("NV_LIBNCCL") for d in result.details)  # not NCCL_*: not linted
+
+
+def test_container_image_variables_do_not_hide_a_typo():
+    env = {**CONTAINER_ENV, "NCCL_SOKET_IFNAME": "eth0"}
+    report = run_checks(["nccl.env"], context=context(env=env), strict=True)
+    result = report.by_id("nccl.env")
+    assert result.status is Status.WARN
+    assert result.summary == (
+        "NCCL_SOKET_IFNAME is not a variable NCCL or torch reads: did you mean NCCL_SOCKET_IFNAME?"
+    )
+    assert report.exit_code != 0
 
 
 def test_configuration_files_are_read_with_nccl_precedence():

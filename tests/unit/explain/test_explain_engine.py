@@ -101,6 +101,34 @@ def test_different_nccl_versions_across_logs():
     assert found["nccl.versions_differ"].severity is Severity.ERROR
 
 
+def test_nccl_versions_compare_without_build_and_package_suffixes():
+    found = by_id(
+        explain_lines(
+            [
+                "a:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+                "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, "
+                "remote process exited or there was a network error, NCCL version 2.28.9",
+                "b:2:2 [0] NCCL INFO NCCL version 2.28.9-1",
+            ]
+        )
+    )
+    assert "nccl.versions_differ" not in found
+    assert found["nccl.init"].summary.startswith("NCCL 2.28.9+cuda13.0")
+
+
+def test_nccl_versions_differing_in_the_patch_level_still_differ():
+    found = by_id(
+        explain_lines(
+            [
+                "a:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+                "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1201, internal error, "
+                "NCCL version 2.28.3",
+            ]
+        )
+    )
+    assert found["nccl.versions_differ"].summary.endswith("2.28.9+cuda13.0, 2.28.3")
+
+
 def test_a_specific_nccl_line_is_not_also_a_generic_warn():
     found = explain_lines(
         ["host:1:2 [0] include/socket.h:390 NCCL WARN Connect to 10.0.0.9<2> failed : No route"]

@@ -114,6 +114,9 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
     "46-torch-device-unknown-warning.log": [
         ("nccl.device_unknown", "warning", (6,), [2]),
     ],
+    "47-nccl-socket-ifname-eth2-bad-address-family.log": [
+        ("nccl.bad_socket_address", "error", (), [3, 7]),
+    ],
     "local/c10d-client-connect-timeout.log": [
         ("c10d.connect_timeout", "error", (), [2, 3, 23, 24, 62]),
     ],
@@ -181,6 +184,9 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
     "local/torchrun-sigkill-table.log": [
         ("torchrun.killed", "error", (1,), [3, 29, 38, 40]),
         ("torchrun.sigterm_peers", "info", (), [2]),
+    ],
+    "local/torchrun-table-no-root-header.log": [
+        ("torchrun.failed", "error", (1,), [9, 16]),
     ],
     "local/torchrun-tee-interleaved.log": [
         ("python.exception", "error", (1,), [5, 7]),

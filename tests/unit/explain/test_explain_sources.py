@@ -49,6 +49,76 @@ def test_torchrun_table_separates_root_cause_from_the_peers_it_stopped():
     assert "exited with code 1" in failed.summary and "stopped rank 0" in failed.summary
 
 
+def test_a_torchrun_table_without_its_root_cause_header_still_names_the_culprit():
+    failed = by_id([LOCAL / "torchrun-table-no-root-header.log"])["torchrun.failed"]
+    assert failed.ranks == (1,)
+    assert "exited with code 1" in failed.summary and "stopped rank 0" in failed.summary
+
+
+# The report: an excerpt from the table's title on, the `@record` traceback in the entry.
+BUG_PY_EXCERPT = """\
+bug.py FAILED
+------------------------------------------------------------
+  time      : 2025-03-04_10:21:07
+  host      : gpu-node-3
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 52817)
+  error_file: /tmp/torchelastic_k2j4/none_x1/attempt_0/1/error.json
+  traceback : Traceback (most recent call last):
+    File "/opt/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper
+      return f(*args, **kwargs)
+    File "/home/user/bug.py", line 21, in main
+      dist.barrier()
+    File "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81, in wrapper
+      return func(*args, **kwargs)
+  RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
+============================================================
+"""
+
+
+def test_a_pasted_failure_entry_without_any_section_header(tmp_path):
+    pasted = tmp_path / "pasted.log"
+    pasted.write_text(BUG_PY_EXCERPT)
+    failed = by_id([pasted])["torchrun.failed"]
+    assert failed.ranks == (1,)
+    assert failed.summary.startswith("Rank 1 (pid 52817, on gpu-node-3) exited with code 1")
+
+
+def test_a_pasted_entry_that_starts_at_its_index_line(tmp_path):
+    pasted = tmp_path / "pasted.log"
+    pasted.write_text("[0]:\n" + BUG_PY_EXCERPT.split("\n", 2)[2])
+    failed = by_id([pasted])["torchrun.failed"]
+    assert failed.ranks == (1,) and "exited with code 1" in failed.summary
+
+
+def test_a_bad_address_family_names_the_socket_ifname_the_log_set():
+    found = by_id([FIXTURES / "47-nccl-socket-ifname-eth2-bad-address-family.log"])
+    bad = found["nccl.bad_socket_address"]
+    assert "NCCL_SOCKET_IFNAME=eth2 (set earlier in this log)" in bad.summary
+    assert "family 59936" in bad.summary
+    assert "NCCL_SOCKET_IFNAME (now eth2)" in bad.fix
+
+
+def test_no_socket_interface_names_the_socket_ifname_the_log_set(tmp_path):
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "node1:4242:4242 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth2\n"
+        "node1:4242:4242 [0] NCCL INFO Bootstrap : no socket interface found\n"
+    )
+    missing = by_id([log])["nccl.no_socket_interface"]
+    assert "NCCL_SOCKET_IFNAME=eth2" in missing.summary and "(now eth2)" in missing.fix
+    assert [e.line for e in missing.evidence] == [1, 2]
+
+
+def test_a_socket_ifname_from_another_log_is_not_named(tmp_path):
+    other = tmp_path / "a-other.log"
+    other.write_text("node2:1:1 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth2\n")
+    failing = tmp_path / "b-failing.log"
+    failing.write_text("node1:2:2 [0] NCCL INFO Bootstrap : no socket interface found\n")
+    missing = by_id([other, failing])["nccl.no_socket_interface"]
+    assert "eth2" not in missing.summary and "eth2" not in missing.fix
+
+
 def test_abort_in_a_run_directory_is_explained_with_the_gloo_size_mismatch():
     found = by_id([LOCAL / "run-gloo-size-mismatch"])
     assert "SIGABRT" in found["torchrun.signal"].summary

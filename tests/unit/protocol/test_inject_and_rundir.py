@@ -1,10 +1,16 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.protocol import rundir
 from ddpdoctor.protocol.events import encode_event, parse_event_line
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.reference.inject import parse_inject
@@ -57,6 +63,68 @@ def test_run_dir_that_cannot_be_created(tmp_path):
     blocker.write_text("")
     with pytest.raises(UsageError, match="cannot create run directory"):
         RunDir.create(blocker / "sub")
+
+
+def create_at_once(count: int, make: Callable[[], RunDir]) -> list[RunDir | BaseException]:
+    """`make` called from `count` threads released together; each thread's RunDir or error."""
+    start = threading.Barrier(count)
+    results: list[RunDir | BaseException] = [RuntimeError("did not run")] * count
+
+    def worker(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = make()
+        except BaseException as exc:  # the test reports every thread's error
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_launchers_creating_one_run_dir_at_once_all_succeed(tmp_path):
+    # Several nodes' launchers on a shared file system create the same RUN_DIR together; a
+    # shared .write-test probe made one of them fail with "No such file or directory".
+    for attempt in range(30):
+        target = tmp_path / f"run-{attempt}"
+        results = create_at_once(8, lambda target=target: RunDir.create(target))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert errors == []
+        assert {r.path for r in results} == {target}
+        assert not [p.name for p in target.iterdir() if p.name.startswith(".write-test")]
+
+
+def test_default_run_dirs_created_in_the_same_second_are_distinct(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    frozen = types.SimpleNamespace(
+        strftime=time.strftime, localtime=time.localtime, time=lambda: 1_700_000_000.0
+    )
+    monkeypatch.setattr(rundir, "time", frozen)  # every run starts in the same second
+    results = create_at_once(12, RunDir.create)
+    paths = [r.path for r in results if isinstance(r, RunDir)]
+    assert len(paths) == 12 and len(set(paths)) == 12, results
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(1_700_000_000.0))
+    expected = {stamp} | {f"{stamp}-{n}" for n in range(2, 13)}
+    assert {p.name for p in paths} == expected
+    assert {p.parent for p in paths} == {Path(tmp_path) / "ddpdoctor-runs"}
+
+
+def test_a_default_run_dir_never_reuses_an_existing_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = RunDir.create()
+    (first.path / "run.json").write_text("{}")
+    monkeypatch.setattr(
+        rundir,
+        "time",
+        types.SimpleNamespace(
+            strftime=lambda fmt, t: first.path.name, localtime=time.localtime, time=time.time
+        ),
+    )
+    second = RunDir.create()
+    assert second.path == first.path.with_name(f"{first.path.name}-2")
 
 
 @pytest.mark.parametrize(

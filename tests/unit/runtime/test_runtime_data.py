@@ -99,3 +99,37 @@ def test_plain_loaders_report_their_epochs_too(recording):
         (1, 2, True, False),
     ]
     assert epochs[0]["set_epoch_called"] is None
+
+
+def test_peeking_a_batch_before_set_epoch_is_not_an_epoch(recording):
+    # pytorch/examples distributed/ddp-tutorial-series/multigpu_torchrun.py, Trainer._run_epoch:
+    # it peeks one batch for its log line, then calls set_epoch, then runs the epoch.
+    loader, _ = loader_for(n=40, batch=4)
+    for epoch in range(3):
+        b_sz = len(next(iter(loader))[0])
+        assert b_sz == 4
+        loader.sampler.set_epoch(epoch)
+        for _batch in loader:
+            pass
+    assert events(recording, "warning") == []
+
+
+def test_peeking_does_not_hide_a_missing_set_epoch(recording):
+    loader, _ = loader_for(n=40, batch=4)
+    for _epoch in range(3):
+        next(iter(loader))
+        for _batch in loader:
+            pass
+    (warning,) = events(recording, "warning")
+    assert warning["code"] == "sampler.set_epoch_missing"
+    assert warning["details"] == {"epoch": 0, "iterations": 2}
+
+
+def test_an_epoch_cut_short_by_its_step_count_is_still_an_epoch(recording):
+    # Loops that take exactly len(loader) batches never ask the iterator for one more.
+    loader, _ = loader_for(n=40, batch=4)
+    for _epoch in range(2):
+        batches = iter(loader)
+        for _step in range(len(loader)):
+            next(batches)
+    assert [w["code"] for w in events(recording, "warning")] == ["sampler.set_epoch_missing"]

@@ -215,6 +215,7 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
         master_port=meeting_port,
         address_flag="--rdzv-endpoint" if from_endpoint else None,
         workers=plan.workers,
+        scripts=plan.checkup_scripts,
     )
     report = run_doctor(None, options, show_progress=not plan.json)
     write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())

@@ -34,6 +34,7 @@ GROUP_TITLES = {
     "rendezvous": "Rendezvous",
     "system": "System",
     "smoke": "Collective smoke test",
+    "script": "Script checkup",  # not a registered check: ddpdoctor.scriptcheck, with --script
 }
 
 CheckFunc = Callable[[CheckContext], Outcome]

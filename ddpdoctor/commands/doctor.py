@@ -26,7 +26,20 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         master_port=args.master_port,
         smoke=not args.no_smoke,
         workers=args.workers,
+        scripts=tuple(_existing_scripts(getattr(args, "script", None) or ())),
     )
+
+
+def _existing_scripts(paths) -> list[str]:
+    """A missing script is a usage error; an unreadable or broken one is a `fail` result."""
+    import os
+
+    for path in paths:
+        if not os.path.exists(path):
+            raise UsageError(f"--script {path}: no such file")
+        if os.path.isdir(path):
+            raise UsageError(f"--script {path}: is a directory, not a Python file")
+    return list(paths)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,6 +81,10 @@ def run_doctor(
         results = _run_with_spinner(checks, ctx)
     else:
         results = run_check_list(checks, ctx)
+    if options.scripts:
+        from ddpdoctor.scriptcheck import script_results
+
+        results = [*results, *script_results(options.scripts)]
     return DoctorReport.build(results, strict=strict, elapsed_s=time.monotonic() - start)
 
 

@@ -129,6 +129,14 @@ def _record(
             _record(found, sub_target, sub_value, line)
 
 
+def _module_function(call: ast.Call, module: ModuleIndex) -> bool:
+    """`torch.save(...)`, `os.path.join(...)`: a function of an imported module, not of the script."""
+    root = call.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return root is not call.func and isinstance(root, ast.Name) and root.id in module.aliases
+
+
 def target_key(expr: ast.expr) -> str | None:
     """ "x" for a name, "self.x" for an attribute of a name; None for anything else."""
     if isinstance(expr, ast.Name):
@@ -199,7 +207,7 @@ class Project:
         if self._sites is None:
             self._sites = {}
             for module, call, name in self.all_calls():
-                if name:
+                if name and not _module_function(call, module):
                     self._sites.setdefault(leaf(name), []).append((module, call))
         return self._sites.get(function_name, [])
 

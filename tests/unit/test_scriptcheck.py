@@ -320,7 +320,11 @@ IGNORED = """
 
 @pytest.mark.parametrize(
     "tag",
-    ["", "[script.init_hardcoded_rank,script.destroy_missing]", "[ script.destroy_missing , script.init_hardcoded_rank ]"],
+    [
+        "",
+        "[script.init_hardcoded_rank,script.destroy_missing]",
+        "[ script.destroy_missing , script.init_hardcoded_rank ]",
+    ],
 )
 def test_ignore_comment_silences_the_line(tmp_path: Path, tag: str) -> None:
     assert check_scripts([write(tmp_path, IGNORED.format(tag=tag))]) == []

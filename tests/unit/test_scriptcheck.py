@@ -391,3 +391,22 @@ def test_doctor_results_one_per_problem_and_a_pass_per_clean_script() -> None:
     ]
     assert results[0].fix and results[0].facts["line"] == 12
     assert "2 notes" in results[2].summary
+
+
+def test_every_rule_is_in_the_readme_table() -> None:
+    readme = (CORPUS.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("<!-- section:doctor-script -->")[1].split(
+        "<!-- /section:doctor-script"
+    )[0]
+    documented = set(re.findall(r"^\| `(script\.\w+)` \|", section, flags=re.M))
+    assert documented == {r.id for r in RULES}
+
+
+def test_package_imports_only_the_shared_vocabulary() -> None:
+    allowed = {"ddpdoctor.findings", "ddpdoctor.errors", "ddpdoctor.checks.model"}
+    package = CORPUS.parents[1] / "ddpdoctor" / "scriptcheck"
+    for path in package.glob("*.py"):
+        imported = set(re.findall(r"^\s*from (ddpdoctor[\w.]*) import", path.read_text(), re.M))
+        imported |= set(re.findall(r"^\s*import (ddpdoctor[\w.]*)", path.read_text(), re.M))
+        outside = {m for m in imported if not m.startswith("ddpdoctor.scriptcheck")}
+        assert outside <= allowed, (path.name, outside)

@@ -12,6 +12,7 @@ Public API (importing ddpdoctor stays cheap: torch and textual load only when us
 
     from ddpdoctor import explain_files       # log explainers -> list[Finding]
     from ddpdoctor import diagnose_run_dir    # post-mortem of a run directory -> Snapshot
+    from ddpdoctor import check_scripts       # static DDP checkup of training scripts
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddpdoctor.checks.registry import Check, all_checks, get_check
     from ddpdoctor.checks.report import DoctorReport
     from ddpdoctor.checks.runner import run_checks
+    from ddpdoctor.checks.scriptcheck import check_scripts
     from ddpdoctor.exit_codes import ExitCode
     from ddpdoctor.explain import explain_files
     from ddpdoctor.findings import Evidence, Finding, Severity
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _LAZY = {
     "run_checks": "ddpdoctor.checks.runner",
+    "check_scripts": "ddpdoctor.checks.scriptcheck",
     "CheckContext": "ddpdoctor.checks.context",
     "DoctorOptions": "ddpdoctor.checks.context",
     "Probes": "ddpdoctor.checks.context",

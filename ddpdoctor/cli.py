@@ -117,6 +117,12 @@ def _add_doctor(sub) -> None:
         help="with --distributed: how long to wait for every rank to join (default 60)",
     )
     p.add_argument("--junit-xml", metavar="FILE", help="also write the report as JUnit XML")
+    p.add_argument(
+        "--script",
+        action="append",
+        metavar="FILE",
+        help="also check this training script's source for DDP pitfalls (repeatable)",
+    )
 
 
 def _add_run(sub) -> None:

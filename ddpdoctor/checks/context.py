@@ -43,6 +43,7 @@ class DoctorOptions:
     smoke: bool = True
     workers: int | None = None  # DataLoader workers per rank, for the CPU budget check
     smoke_timeout_s: float = 60.0
+    scripts: tuple[str, ...] = ()  # training scripts for the static checkup (group "script")
 
 
 class Probes:

@@ -35,6 +35,7 @@ GROUP_TITLES = {
     "rendezvous": "Rendezvous",
     "system": "System",
     "smoke": "Collective smoke test",
+    "script": "Script checkup",  # not a registered check: ddpdoctor.checks.scriptcheck, with --script
 }
 
 CheckFunc = Callable[[CheckContext], CheckOutcome]

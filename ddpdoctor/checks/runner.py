@@ -125,4 +125,8 @@ def run_checks(
     checks = select_checks(ids, smoke=ctx.options.smoke)
     start = time.monotonic()
     results = run_check_list(checks, ctx, on_progress=on_progress)
+    if ctx.options.scripts:  # `--script`: the static checkup of the user's training scripts
+        from ddpdoctor.checks.scriptcheck import script_results
+
+        results = [*results, *script_results(ctx.options.scripts)]
     return DoctorReport.build(results, strict=strict, elapsed_s=time.monotonic() - start)

@@ -13,6 +13,7 @@ from ddpdoctor.checks.render import render_report
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.checks.runner import run_checks
 from ddpdoctor.console import make_console, symbols_for
+from ddpdoctor.errors import UsageError
 from ddpdoctor.exit_codes import ExitCode
 
 
@@ -26,7 +27,20 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         master_port=args.master_port,
         smoke=not args.no_smoke,
         workers=args.workers,
+        scripts=tuple(_existing_scripts(getattr(args, "script", None) or ())),
     )
+
+
+def _existing_scripts(paths) -> list[str]:
+    """A missing script is a usage error; an unreadable or broken one is a `fail` result."""
+    import os
+
+    for path in paths:
+        if not os.path.exists(path):
+            raise UsageError(f"--script {path}: no such file")
+        if os.path.isdir(path):
+            raise UsageError(f"--script {path}: is a directory, not a Python file")
+    return list(paths)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -232,6 +232,7 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
         master_port=meeting_port,
         address_flag="--rdzv-endpoint" if from_endpoint else None,
         workers=plan.workers,
+        scripts=plan.checkup_scripts,
     )
     with progress_spinner(not plan.json) as on_progress:
         report = run_checks(options=options, on_progress=on_progress)

@@ -65,6 +65,13 @@ class LaunchPlan:
         return program_argv(self.script, self.script_args, self.reference_args)
 
     @property
+    def checkup_scripts(self) -> tuple[str, ...]:
+        """The user's script for the preflight's source checkup; none for the reference job, -m, or a
+        program that is not a .py file."""
+        script = self.script or ""
+        return (script,) if script.endswith(".py") else ()
+
+    @property
     def job_name(self) -> str:
         if self.script is None:
             return "reference"

@@ -1,0 +1,65 @@
+"""The checkup as doctor results: group "script", one result per warning or error finding, one per
+script that passed (its info notes in the details), so text, JSON and JUnit show it like any check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ddpdoctor.checks.model import CheckResult, Status
+from ddpdoctor.checks.scriptcheck.check import check_scripts
+from ddpdoctor.checks.scriptcheck.finding import ScriptFinding
+from ddpdoctor.findings import Severity
+
+GROUP = "script"
+_STATUS = {Severity.ERROR: Status.FAIL, Severity.WARNING: Status.WARN, Severity.INFO: Status.PASS}
+
+
+def script_results(paths: Iterable[str]) -> list[CheckResult]:
+    paths = [str(p) for p in paths]
+    findings = check_scripts(paths)
+    results: list[CheckResult] = []
+    for path in paths:
+        mine = [f for f in findings if f.path == path or _imported_by(f, path, paths)]
+        problems = [f for f in mine if f.severity is not Severity.INFO]
+        notes = [f for f in mine if f.severity is Severity.INFO]
+        results.extend(_result(f) for f in problems)
+        if not problems:
+            results.append(_passed(path, notes))
+    return results
+
+
+def _imported_by(finding: ScriptFinding, path: str, paths: list[str]) -> bool:
+    """A finding in a local module goes with the first script given (it is reported once)."""
+    return finding.path not in paths and path == paths[0]
+
+
+def _result(finding: ScriptFinding) -> CheckResult:
+    return CheckResult(
+        id=finding.rule,
+        group=GROUP,
+        title=finding.location,
+        status=_STATUS[finding.severity],
+        summary=f"{finding.summary} [{finding.rule}]",
+        details=(f"line {finding.line}: {finding.text}", f"why: {finding.why}"),
+        fix=finding.fix,
+        facts={
+            "finding": finding.to_json(),
+            "rule": finding.rule,
+            "path": finding.path,
+            "line": finding.line,
+        },
+    )
+
+
+def _passed(path: str, notes: list[ScriptFinding]) -> CheckResult:
+    extra = f" ({len(notes)} note{'s' if len(notes) != 1 else ''}, see -v)" if notes else ""
+    return CheckResult(
+        id="script.checkup",
+        group=GROUP,
+        title=path,
+        status=Status.PASS,
+        summary=f"no DDP pitfalls found in the source{extra}",
+        details=tuple(f"info {n.location} [{n.rule}] {n.summary}: {n.fix}" for n in notes),
+        facts={"path": path, "findings": [n.to_json() for n in notes]},
+    )

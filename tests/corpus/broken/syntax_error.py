@@ -1,0 +1,5 @@
+import torch.distributed as dist
+
+
+def main(:  # <- script.syntax_error
+    dist.init_process_group("gloo")

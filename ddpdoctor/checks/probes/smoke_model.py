@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddpdoctor.rank_ranges import named_ranks
+
 STEPS = ("import", "init", "barrier", "all_reduce", "broadcast", "all_gather", "sweep", "done")
 # 8 B .. 64 MiB: latency-bound small messages up to bandwidth-bound large ones.
 DEFAULT_SIZES = (8, 1 << 10, 64 << 10, 1 << 20, 8 << 20, 64 << 20)
@@ -170,7 +172,7 @@ def _hang(report: SmokeReport) -> Blame:
     behind = [r for r in stuck if r.progress == least]
     waiting = [r for r in stuck if r.progress > least]
     step = report.timed_out_step or behind[0].next_step()
-    names = _ranks_text(r.rank for r in behind)
+    names = named_ranks(r.rank for r in behind)
     if all(r.current in r.finished or r.current is None for r in behind) and waiting:
         after = behind[0].last_finished or "start"
         what = f"{names} never started {behind[0].next_step()} (last finished: {after})"
@@ -213,8 +215,3 @@ def _what(rank: RankOutcome) -> str:
 def _tail_lines(rank: RankOutcome, count: int = 6) -> list[str]:
     lines = [line for line in rank.output_tail.splitlines() if line.strip()]
     return [f"rank {rank.rank} output: {line[:300]}" for line in lines[-count:]]
-
-
-def _ranks_text(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ddpdoctor._version import __version__
-from ddpdoctor.console import error_line
+from ddpdoctor.console import error_line, safe_stream
 from ddpdoctor.errors import DdpdoctorError, UsageError
 from ddpdoctor.exit_codes import ExitCode
 
@@ -58,11 +58,26 @@ _positive_float = _number(float, 0, inclusive=False)
 
 
 def _port(text: str) -> int:
-    # Deliberately lenient here: a bad port is reported by the doctor's port check with its fix.
+    # Deliberately lenient for `doctor`: a bad port is reported by the port check with its fix.
     try:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+
+
+def _tcp_port(text: str) -> int:
+    """For `run`: a port torchrun can use, 1..65535 (torchrun would fail with a traceback)."""
+    port = _port(text)
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1 to 65535)")
+    return port
+
+
+def _directory(text: str) -> str:
+    """A directory path; '' would silently mean the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path is not a directory")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +159,9 @@ def _add_run(sub) -> None:
         help="fault for the reference job: KIND:rank=R[,step=S][,seconds=X] with KIND in "
         "hang, crash, exit, slow, mismatch, shape (repeatable)",
     )
-    p.add_argument("--run-dir", metavar="DIR", help="default ./ddpdoctor-runs/<timestamp>")
+    p.add_argument(
+        "--run-dir", type=_directory, metavar="DIR", help="default ./ddpdoctor-runs/<timestamp>"
+    )
     p.add_argument("--no-tui", action="store_true", help="plain text even on a terminal")
     p.add_argument(
         "--hang-after",
@@ -170,7 +187,7 @@ def _add_run(sub) -> None:
     multi.add_argument("--rdzv-endpoint", metavar="HOST:PORT")
     multi.add_argument("--rdzv-id")
     multi.add_argument("--master-addr", metavar="ADDR")
-    multi.add_argument("--master-port", type=_port, metavar="PORT")
+    multi.add_argument("--master-port", type=_tcp_port, metavar="PORT")
     multi.add_argument(
         "--join-timeout",
         type=_positive_int,
@@ -186,7 +203,7 @@ def _add_watch(sub) -> None:
         help="watch a run directory (live or finished) and diagnose it",
         description="Attach to a run directory. Quitting leaves the job alone.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", type=_directory, metavar="RUN_DIR")
     p.add_argument("--no-tui", action="store_true", help="plain text even on a terminal")
     p.add_argument("--json", action="store_true", help="print the snapshot and diagnosis once")
     p.add_argument("--hang-after", type=_positive_float, metavar="SECONDS")
@@ -223,6 +240,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # ddpdoctor's own output must never end it (nor the job it runs): a reader that went away or
+    # a full disk ends the printing quietly (console.SafeStream), here for every print and dump.
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = safe_stream(sys.stdout), safe_stream(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     try:

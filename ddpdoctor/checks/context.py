@@ -44,6 +44,9 @@ class DoctorOptions:
     workers: int | None = None  # DataLoader workers per rank, for the CPU budget check
     smoke_timeout_s: float = 60.0
     scripts: tuple[str, ...] = ()  # training scripts for the static checkup (group "script")
+    # Set by `ddpdoctor run` for a one-node launch (torchrun --standalone), which picks a free
+    # port itself: MASTER_PORT and torchrun's default 29500 are then never used.
+    launcher_picks_port: bool = False
 
 
 class Probes:

@@ -50,6 +50,12 @@ def master_port(ctx: CheckContext) -> CheckOutcome:
     skip = _skip_for_scheme(ctx)
     if skip:
         return skip
+    if ctx.options.launcher_picks_port:
+        return passed(
+            "the launch picks a free port itself (torchrun --standalone): "
+            "MASTER_PORT and the default 29500 are not used",
+            facts={"port": None, "source": "standalone"},
+        )
     plan, label = ctx.plan, net_facts.port_label(ctx)
     port_text, port_number = master_port_text(ctx)
     problem = port_problem(port_text, port_number, label)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ddpdoctor.checks.context import DoctorOptions
@@ -15,6 +14,7 @@ from ddpdoctor.checks.runner import run_checks
 from ddpdoctor.console import make_console, symbols_for
 from ddpdoctor.errors import UsageError
 from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.protocol import jsontext
 
 
 def options_from_args(args: argparse.Namespace) -> DoctorOptions:
@@ -65,7 +65,7 @@ def emit_report(report: DoctorReport, args: argparse.Namespace) -> None:
 
         write_junit(report, args.junit_xml)
     if args.json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        sys.stdout.write(jsontext.dumps(report.to_json(), indent=2) + "\n")
         return
     console = make_console()
     render_report(report, console, verbose=args.verbose, symbols=symbols_for(sys.stdout))
@@ -78,7 +78,7 @@ def list_checks(*, json_out: bool) -> int:
             {"id": c.id, "group": c.group, "title": c.title, "timeout_s": c.timeout_s}
             for c in checks
         ]
-        sys.stdout.write(json.dumps({"schema_version": 1, "checks": rows}, indent=2) + "\n")
+        sys.stdout.write(jsontext.dumps({"schema_version": 1, "checks": rows}, indent=2) + "\n")
         return int(ExitCode.OK)
     group = None
     width = max(len(c.id) for c in checks)

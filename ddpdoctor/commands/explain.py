@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ddpdoctor.console import make_console, stream_is_unicode, symbols_for
@@ -12,6 +11,7 @@ from ddpdoctor.explain.engine import explain_paths
 from ddpdoctor.explain.render import render_findings
 from ddpdoctor.findings import Severity
 from ddpdoctor.monitor.postmortem import without_ddpdoctors_own_stop
+from ddpdoctor.protocol import jsontext
 
 SCHEMA_VERSION = 1
 
@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
     findings = without_ddpdoctors_own_stop(result.findings, args.files)
     if args.json:
         document = {"schema_version": SCHEMA_VERSION, "findings": [f.to_json() for f in findings]}
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(jsontext.dumps(document, indent=2) + "\n")
     else:
         render_findings(
             findings,

@@ -2,21 +2,22 @@
 
 The TUI on a terminal; otherwise (or with --no-tui) live text until the job finishes or Ctrl-C,
 which leaves the job alone. `--json` prints the diagnosis.json document once. Exit codes: 0 healthy
-or still running, 1 hang / mismatch / crash, 2 not a run directory.
+or still running (or interrupted by its user), 1 hang / mismatch / crash / not started, 2 not a
+run directory. A finished run's diagnosis.json, written by its launcher, is never overwritten.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
-from ddpdoctor.console import make_console
+from ddpdoctor.console import make_console, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.monitor import Monitor
 from ddpdoctor.monitor.headless import HeadlessView
 from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 POLL_S = 0.5
@@ -30,11 +31,10 @@ def main(args: argparse.Namespace) -> int:
     run = RunDir.open(args.run_dir)  # not a run directory: UsageError, exit 2
     if args.json:
         snap = Monitor(run, hang_after=args.hang_after, capture_stacks=False).close()
-        json.dump(snap.diagnosis_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(jsontext.dumps(snap.diagnosis_json(), indent=2) + "\n")
         return exit_code_for(snap)
     monitor = Monitor(run, hang_after=args.hang_after)
-    if not args.no_tui and sys.stdout.isatty() and sys.stdin.isatty():
+    if not args.no_tui and tui_capable():
         run_tui = _tui()
         if run_tui is not None:
             run_tui(monitor, mode="watch")

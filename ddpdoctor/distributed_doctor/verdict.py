@@ -4,7 +4,6 @@ section; and how it is emitted (text, --json, --junit-xml)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from ddpdoctor.distributed_doctor.nodes import Member, NodeMap
 from ddpdoctor.distributed_doctor.results import cluster_result
 from ddpdoctor.launchers.identity import LaunchInfo
 from ddpdoctor.launchers.slurm import task_hosts
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.rank_ranges import fold_ranks
 
 JOIN_FIX = (
@@ -131,7 +131,7 @@ def emit_outcome(outcome: ClusterOutcome, args: argparse.Namespace) -> None:
         write_junit(outcome.report, args.junit_xml)
     if args.json:
         document = {**outcome.report.to_json(), "cluster": outcome.cluster}
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(jsontext.dumps(document, indent=2) + "\n")
         return
     from ddpdoctor.console import make_console, symbols_for
     from ddpdoctor.distributed_doctor.render import render_distributed

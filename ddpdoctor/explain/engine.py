@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -123,6 +124,14 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path
 
 
 def _check_readable(path: Path) -> None:
+    """A regular file this user can read. A FIFO would block the open until a writer comes, a
+    device (/dev/zero) never ends: neither is a log."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"cannot read {path}: not a regular file (explain reads log files)")
     try:
         with path.open("rb"):
             pass
@@ -151,8 +160,20 @@ def _files_under(root: Path) -> list[Path]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(Path(dirpath) / name for name in sorted(filenames) if not name.startswith("."))
+        found.extend(
+            Path(dirpath) / name
+            for name in sorted(filenames)
+            if not name.startswith(".") and _regular(Path(dirpath) / name)
+        )
     return found
+
+
+def _regular(path: Path) -> bool:
+    """Only regular files inside a directory: a FIFO or device there is skipped, not read."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:

@@ -8,6 +8,7 @@ Files are streamed with a bounded line length, so a 1 GB log or binary junk neve
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,12 +88,20 @@ def nccl_file_owner(path: str) -> tuple[str, int] | None:
     return (match.group("host"), int(match.group("pid"))) if match else None
 
 
-def iter_text_lines(stream: BinaryIO) -> Iterator[str]:
-    """Decoded lines of a binary stream, each at most MAX_LINE_BYTES; bad bytes become U+FFFD."""
+def iter_text_lines(stream: BinaryIO, limit: int | None = None) -> Iterator[str]:
+    """Decoded lines of a binary stream, each at most MAX_LINE_BYTES; bad bytes become U+FFFD.
+    `limit`: read no more than this many bytes (a log still growing is read as it was)."""
+    remaining = limit
     while True:
-        raw = stream.readline(MAX_LINE_BYTES)
+        if remaining is not None and remaining <= 0:
+            return
+        raw = stream.readline(
+            MAX_LINE_BYTES if remaining is None else min(MAX_LINE_BYTES, remaining)
+        )
         if not raw:
             return
+        if remaining is not None:
+            remaining -= len(raw)
         if not raw.endswith(b"\n") and len(raw) >= MAX_LINE_BYTES:
             _skip_rest_of_line(stream)
         text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -109,6 +118,9 @@ def _skip_rest_of_line(stream: BinaryIO) -> None:
 
 
 def iter_file_lines(path: Path, context: FileContext) -> Iterator[SourceLine]:
+    """The lines of a regular file, as far as it reached when it was opened: a file that grows
+    while it is read (a live log, a writer in a loop) cannot keep the reader going forever."""
     with path.open("rb") as stream:
-        for number, text in enumerate(iter_text_lines(stream), start=1):
+        size = os.fstat(stream.fileno()).st_size
+        for number, text in enumerate(iter_text_lines(stream, size), start=1):
             yield context.make_line(text, number)

@@ -32,12 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ddpdoctor.console import make_console, symbols_for
+from ddpdoctor.console import make_console, symbols_for, tui_capable
 from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.launch.capacity import HostCapacity, check_nproc
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.launch.torchrun_cmd import job_env, torchrun_argv
 from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.protocol.torchrun_logs import AgentLogParser, signal_name
@@ -69,6 +72,14 @@ class Watchers:
 @dataclass
 class Interrupts:
     signum: int | None = None
+    monitor: Any = None
+    verdict_before: Verdict | None = None  # the verdict when the user stopped the run
+
+    def note(self, signum: int) -> None:
+        if self.signum is None:
+            last = getattr(self.monitor, "last", None)
+            self.verdict_before = last.verdict if last is not None else None
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,9 @@ class RunOutcome:
 
 
 def launch(plan: LaunchPlan, watchers: Watchers) -> int:
+    check_nproc(plan.nproc_per_node, HostCapacity.here(), plan.workers or 0)
+    if plan.run_dir is not None:
+        RunDir.check_fresh(plan.run_dir, node_rank=plan.node_rank)
     run_dir = RunDir.create(plan.run_dir)
     console = make_console(sys.stderr if plan.json else sys.stdout)
     torch_version = installed_torch_version()
@@ -105,6 +119,9 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
         write_json_atomic(run_dir.run_json, document)
     recorder = node_recorder(plan, run_dir, log_dir)
     if plan.doctor and not preflight(plan, run_dir, console):
+        # diagnosis.json says so too, so `watch` on this directory ends at once: not started.
+        final = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
+        final.close(job_ended=True)
         console.print(f"run directory: {run_dir.path}", markup=False)
         if recorder is not None:
             recorder.ended(int(ExitCode.PROBLEMS), None, time.time())
@@ -115,17 +132,28 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
                 "doctor": json.loads(run_dir.doctor_json_for(plan.node_rank).read_text()),
                 "job": {"exit_code": int(ExitCode.PROBLEMS), "started": False},
             }
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
         return int(ExitCode.PROBLEMS)
     env = job_env(os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version)
-    outcome, agent_exits = run_job(plan, watchers, run_dir, console, argv, env, recorder=recorder)
+    # Every process of the job carries this marker: whatever still has it when the launch ends
+    # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
+    # launcher itself is killed.
+    launch_id = env[ENV_LAUNCH_ID] = new_launch_id()
+    reaper = Reaper(launch_id)
+    try:
+        outcome, agent_exits = run_job(
+            plan, watchers, run_dir, console, argv, env, recorder=recorder
+        )
+    finally:
+        end_marked(launch_id)
+        reaper.close()
     code = exit_code_for(outcome)
     if recorder is not None:
         recorder.ended(int(code), outcome.job_returncode, time.time())
     for text in closing_lines(outcome, agent_exits, run_dir=run_dir, exit_code=code):
         console.print(text, highlight=False, markup=False)
     if plan.json:
-        sys.stdout.write(json.dumps(json_document(outcome, agent_exits, code), indent=2) + "\n")
+        sys.stdout.write(jsontext.dumps(json_document(outcome, agent_exits, code), indent=2) + "\n")
         sys.stdout.flush()
     return int(code)
 
@@ -156,9 +184,7 @@ def run_job(
 ) -> tuple[RunOutcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
     print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
-    use_tui = (
-        watchers.tui is not None and plan.tui_allowed and sys.stdout.isatty() and sys.stdin.isatty()
-    )
+    use_tui = watchers.tui is not None and plan.tui_allowed and tui_capable()
     lines: queue.Queue[str] = queue.Queue()
     agent = AgentLogParser()
     agent_lock = threading.Lock()
@@ -167,12 +193,15 @@ def run_job(
         with agent_lock:
             agent.feed(line)
 
+    log_dir = run_dir.node_logs_dir(plan.node_rank)
     job = TorchrunProcess(
         argv,
         env,
-        agent_log=run_dir.node_logs_dir(plan.node_rank) / "torchrun.log",
+        agent_log=log_dir / "torchrun.log",
         on_line=None if use_tui else lines.put,
         on_agent_line=on_agent_line,
+        log_dir=log_dir,
+        run_root=run_dir.path,
     )
     node = plan.node_rank
     monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=node)
@@ -186,7 +215,7 @@ def run_job(
     )
     # After the TUI has closed, the same diagnosis is printed once more as plain text.
     view = watchers.headless(console, live=console.is_terminal and not use_tui)
-    interrupts = Interrupts()
+    interrupts = Interrupts(monitor=monitor)
     try:
         job.start()
         if recorder is not None:
@@ -202,8 +231,15 @@ def run_job(
         end_job(job)
     finally:
         job.kill()
-    final = monitor.close(job_ended=job.returncode() is not None)
+    final = monitor.close(
+        job_ended=job.returncode() is not None,
+        interrupted=interrupts.signum is not None,
+        verdict_before=interrupts.verdict_before,
+    )
     view.close(final)
+    write_error = getattr(monitor, "write_error", None)
+    if write_error:
+        console.print(f"ddpdoctor: warning: {write_error}", markup=False, soft_wrap=True)
     outcome = RunOutcome(
         final=final,
         job_returncode=job.returncode(),
@@ -233,20 +269,29 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
         address_flag="--rdzv-endpoint" if from_endpoint else None,
         workers=plan.workers,
         scripts=plan.checkup_scripts,
+        # torchrun --standalone picks a free port: a busy 29500 is nothing to this launch.
+        launcher_picks_port=plan.rendezvous.standalone,
     )
     with progress_spinner(not plan.json) as on_progress:
         report = run_checks(options=options, on_progress=on_progress)
     write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())
     render_report(report, console, symbols=symbols_for(console.file))
-    if report.counts["fail"]:
+    if doctor_blocks(report.counts):
         console.print(
-            "ddpdoctor run: the doctor failed a check, so the job was not started: "
-            "apply the fixes above, or rerun with --no-doctor to launch anyway",
+            "ddpdoctor run: the doctor failed a check (or one could not run), so the job was "
+            "not started: apply the fixes above, or rerun with --no-doctor to launch anyway",
             markup=False,
         )
         return False
     console.print()
     return True
+
+
+def doctor_blocks(counts: dict[str, int]) -> bool:
+    """A failed check, or one that could not run (`error`: it timed out, or raised), stops the
+    launch: a check that could not look is no evidence the job can run (`--nproc 100000` once
+    made the smoke test fail to start and the launch went on)."""
+    return bool(counts.get("fail") or counts.get("error"))
 
 
 def watch_headless(
@@ -289,7 +334,7 @@ def forward_signals(
 
     def handler(signum: int, _frame: Any) -> None:
         first = interrupts.signum is None
-        interrupts.signum = signum
+        interrupts.note(signum)
         job.interrupt(signum)
         if leave_tui and first:
             raise KeyboardInterrupt
@@ -348,6 +393,8 @@ def closing_lines(
         lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
     elif outcome.interrupted:
         lines.append("interrupted: the job was stopped")
+    elif outcome.final.verdict is Verdict.NOT_STARTED and not outcome.final.nodes_missing:
+        lines = [f.summary for f in outcome.final.findings if f.id == "run.not_started"]
     elif outcome.abandoned_by is not None:
         node = outcome.abandoned_by
         lines = [
@@ -366,7 +413,9 @@ def closing_lines(
     if not lines and outcome.job_returncode not in (0, None):
         lines.append(f"torchrun exited with code {outcome.job_returncode}")
     lines.append(f"run directory: {run_dir.path}")
-    verdict = "not started" if not outcome.started else outcome.final.verdict.value
+    verdict = (
+        "not started" if not outcome.started else outcome.final.verdict.value.replace("_", " ")
+    )
     lines.append(f"verdict: {verdict} (exit code {int(exit_code)})")
     return lines
 

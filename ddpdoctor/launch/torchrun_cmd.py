@@ -109,13 +109,12 @@ def torchrun_argv(
         "--nproc-per-node",
         str(nproc_per_node),
         *rendezvous.argv(),
-        # Per-rank stdout/stderr files under the run directory, and on the console as well
-        # (torchrun prefixes each console line with the local rank, "[default0]:").
+        # Per-rank stdout/stderr files under the run directory. No --tee: the launcher reads
+        # the files back for display (launch/output_tail.py), so torchrun's own output, which
+        # goes to torchrun.log, holds torchrun's lines only, as before.
         "--log-dir",
         str(log_dir),
         "--redirects",
-        "3",
-        "--tee",
         "3",
         *program,
     ]

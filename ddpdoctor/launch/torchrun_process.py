@@ -6,7 +6,12 @@ signal to torchrun's group does not reach the ranks: the TorchrunProcess therefo
 the job it has seen (torchrun's descendants, and the rank pids the monitor reports) and signals each
 one's group itself. Nothing of the job outlives the launcher: `kill()` runs on every way out,
 normal, exception or atexit, and torchrun is told by the kernel (PR_SET_PDEATHSIG) to stop its
-workers should the launcher itself be killed.
+workers should the launcher itself be killed; a reaper process (reaper.py) ends whatever carries
+the launch's marker after that, daemons of the ranks included.
+
+torchrun's output goes straight to torchrun.log and the ranks' to their --log-dir files: none of it
+passes through the launcher, so a launcher that dies (or whose own stdout is a closed pipe) neither
+loses it nor blocks the job on a full pipe. An OutputTail reads the files back for display.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+from ddpdoctor.launch.output_tail import OutputTail
+from ddpdoctor.protocol.rundir import open_private
 
 STOP_GRACE_S = 3.0  # SIGTERM first; whatever still runs after this long gets SIGKILL
 # torchrun's prefix on the ranks' tee'd output: "[default0]:" (role "default", local rank).
@@ -51,7 +59,11 @@ class TorchrunProcess:
         on_line: Callable[[str], None] | None = None,
         on_agent_line: Callable[[str], None] | None = None,
         cwd: str | None = None,
+        log_dir: Path | None = None,
+        run_root: Path | None = None,
     ) -> None:
+        """`log_dir`: torchrun's --log-dir, whose rank logs are shown through `on_line`;
+        `run_root`: the run directory it lies in."""
         self.argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
@@ -59,7 +71,9 @@ class TorchrunProcess:
         self._on_line = on_line
         self._on_agent_line = on_agent_line
         self._proc: subprocess.Popen[bytes] | None = None
-        self._pump: threading.Thread | None = None
+        self._log_dir = log_dir if log_dir is not None else agent_log.parent
+        self._run_root = run_root if run_root is not None else self._log_dir.parent.parent
+        self._tail: OutputTail | None = None
         self._lock = threading.Lock()
         self._known: dict[int, psutil.Process] = {}
         self._stop_requested = False
@@ -69,20 +83,32 @@ class TorchrunProcess:
 
     def start(self) -> None:
         self._agent_log.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=self._env,
-            cwd=self._cwd,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        fd = open_private(self._agent_log)
+        try:
+            start_offset = os.fstat(fd).st_size
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                env=self._env,
+                cwd=self._cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            os.close(fd)
         atexit.register(self.kill)
         self._remember(self._proc.pid)
-        self._pump = threading.Thread(target=self._pump_output, name="job-output", daemon=True)
-        self._pump.start()
+        self._tail = OutputTail(
+            self._agent_log,
+            self._log_dir,
+            self._run_root,
+            start_offset=start_offset,
+            on_line=self._on_line,
+            on_agent_line=self._on_agent_line,
+        )
+        self._tail.start()
 
     @property
     def pid(self) -> int | None:
@@ -101,9 +127,9 @@ class TorchrunProcess:
             return None
 
     def wait_output(self, timeout: float) -> None:
-        """Wait until torchrun's last line has been read (its pipe closed)."""
-        if self._pump is not None:
-            self._pump.join(timeout)
+        """Once torchrun has exited: read its last lines (and the ranks') and stop following."""
+        if self._tail is not None:
+            self._tail.stop(timeout)
 
     @property
     def stop_requested(self) -> bool:
@@ -223,24 +249,6 @@ class TorchrunProcess:
                     os.killpg(proc.pid, signum)
                 else:
                     proc.send_signal(signum)
-
-    # -- output -------------------------------------------------------------------------------
-
-    def _pump_output(self) -> None:
-        """Read torchrun's output line by line: torchrun's own lines go to torchrun.log (the
-        ranks' lines are already in their own files), and every line to `on_line`."""
-        assert self._proc is not None and self._proc.stdout is not None
-        with open(self._agent_log, "a", encoding="utf-8", errors="replace") as log:
-            for raw in iter(self._proc.stdout.readline, b""):
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if not RANK_LINE.match(line):
-                    log.write(line + "\n")
-                    log.flush()
-                    if self._on_agent_line is not None:
-                        self._on_agent_line(line)
-                if self._on_line is not None:
-                    self._on_line(line)
-        self._proc.stdout.close()
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -19,6 +19,8 @@ VERDICT_STYLE = {
     Verdict.HANG: "bold red",
     Verdict.MISMATCH: "bold red",
     Verdict.CRASH: "bold red",
+    Verdict.NOT_STARTED: "bold red",
+    Verdict.INTERRUPTED: "bold yellow",
 }
 SEVERITY_SYMBOL = {Severity.ERROR: "fail", Severity.WARNING: "warn", Severity.INFO: "skip"}
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
@@ -36,11 +38,16 @@ MAX_FRAMES = 14
 
 def verdict_line(snap: Snapshot) -> Text:
     """ "HANG: culprit rank 1 (detected 5.3 s after it started)" """
-    if snap.never_started:
+    if snap.never_started and snap.nodes_missing:
         text = Text("NOT STARTED", style="bold red")
         text.append(f": {named_ranks(snap.nodes_missing, 'node')} never joined the rendezvous")
         return text
-    text = Text(snap.verdict.value.upper(), style=VERDICT_STYLE[snap.verdict])
+    text = Text(snap.verdict.value.replace("_", " ").upper(), style=VERDICT_STYLE[snap.verdict])
+    if snap.verdict in (Verdict.NOT_STARTED, Verdict.INTERRUPTED):
+        reason = next((f.summary for f in snap.findings if f.id.startswith("run.")), None)
+        if reason:
+            text.append(f": {reason}")
+        return text
     if snap.verdict.is_problem:
         if snap.culprits:
             text.append(f": culprit {named_ranks(snap.culprits)}")

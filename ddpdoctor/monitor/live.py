@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
@@ -36,6 +37,8 @@ from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
+# Findings that say how the ranks ended: after the user stopped the run, that was the stop.
+STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal"})
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
 NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
@@ -107,6 +110,12 @@ class Monitor:
         self._last: Snapshot | None = None
         self.write_error: str | None = None
         self.polls = 0
+        # The launcher's own diagnosis.json of an ended run is authoritative: a watcher never
+        # writes over it (its verdict could only be the same or, from a partial read, worse).
+        self._authoritative = bool(self._previous and self._previous.get("final") is True)
+        # Set by the launcher when the user stopped the run: (whether, the verdict before).
+        self._interrupted: tuple[bool, Verdict | None] = (False, None)
+        self._final = False
 
     # -- public API ------------------------------------------------------------------------
 
@@ -127,11 +136,22 @@ class Monitor:
         self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
         return self.poll()
 
-    def close(self, *, job_ended: bool = False) -> Snapshot:
+    def close(
+        self,
+        *,
+        job_ended: bool = False,
+        interrupted: bool = False,
+        verdict_before: Verdict | None = None,
+    ) -> Snapshot:
         """The final snapshot: everything read, captures finished, logs explained, and
-        diagnosis.json written. `job_ended`: see `self.job_ended`."""
+        diagnosis.json written. `job_ended`: see `self.job_ended` (the launcher's diagnosis.json
+        is then final: marked so, and authoritative for later watchers). `interrupted`: the user
+        stopped the run; unless `verdict_before` (the verdict when they did) was a problem, the
+        run is INTERRUPTED, not a crash of the ranks that were stopped."""
         with self._lock:
             self.job_ended = self.job_ended or job_ended
+            self._final = self.job_ended
+            self._interrupted = (interrupted, verdict_before)
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None:
@@ -154,7 +174,7 @@ class Monitor:
         # Liveness before reading: an exit event written before a process died is read in the
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
-        batch = self.tailer.poll(now)
+        batch = self.tailer.poll(now, drain=final or self.polls == 1)
         for lines in batch.events:
             for line_no, raw in lines.lines:
                 event = parse_event_line(raw)
@@ -181,8 +201,10 @@ class Monitor:
         extra = list(self.stacks.findings)
         if self.logs is not None:
             extra.extend(self.logs.findings)
+        extra.extend(unreadable_findings(self.tailer.unreadable))
         diagnosis = diagnose(snap, extra_findings=extra)
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
+        snap = self._ended_verdict(snap, live)
         if (
             self.capture_stacks
             and snap.verdict is Verdict.HANG
@@ -194,6 +216,88 @@ class Monitor:
         self._last = snap
         self._write(snap)
         return snap
+
+    def _ended_verdict(self, snap: Snapshot, live: bool) -> Snapshot:
+        """The verdicts only an ended run gets: NOT_STARTED when no rank ever reported, and
+        INTERRUPTED when the user stopped it before any problem was found."""
+        interrupted, before = self._interrupted
+        if interrupted and not (before is not None and before.is_problem):
+            note = Finding(
+                "run.interrupted",
+                Severity.INFO,
+                "stopped by the user (Ctrl-C or SIGTERM to ddpdoctor run)",
+                "Nothing to fix: rerun to let the job finish.",
+            )
+            kept = tuple(f for f in snap.findings if f.id not in STOP_EFFECTS)
+            return replace(
+                snap,
+                verdict=Verdict.INTERRUPTED,
+                findings=(note, *kept),
+                culprits=frozenset(),
+                detected_after_s=None,
+                finished=True,
+            )
+        if live or self.state.last_t is not None or snap.verdict is not Verdict.RUNNING:
+            return snap
+        # Nodes that never joined are the reason already (finding run.nodes_missing).
+        reason = () if snap.nodes_missing else (self._not_started_reason(),)
+        return replace(
+            snap,
+            verdict=Verdict.NOT_STARTED,
+            findings=(*reason, *snap.findings),
+            finished=True,
+        )
+
+    def _not_started_reason(self) -> Finding:
+        doctor = self._doctor_failures()
+        if doctor:
+            return Finding(
+                "run.not_started",
+                Severity.ERROR,
+                f"the preflight doctor found {doctor}, so the job was not started",
+                "Apply the fixes in doctor.json (ddpdoctor doctor shows them), or rerun with "
+                "--no-doctor to launch anyway.",
+            )
+        if self.tailer.events_dir_error:
+            return Finding(
+                "run.not_started",
+                Severity.ERROR,
+                f"no rank's record can be read: events/: {self.tailer.events_dir_error}",
+                "Make the run directory readable to this user (or watch as its owner).",
+            )
+        return Finding(
+            "run.not_started",
+            Severity.ERROR,
+            "the launch ended and no rank recorded that it started: torchrun ended before "
+            "starting a rank, or the ranks could not write to events/",
+            "See logs/<host>/torchrun.log (ddpdoctor explain RUN_DIR), and check that the run "
+            "directory's events/ folder is writable by the job.",
+        )
+
+    def _doctor_failures(self) -> str | None:
+        """'2 failed checks' from the run's doctor.json(s), when its preflight blocked it."""
+        paths = [self.run.doctor_json, *sorted(self.run.nodes_dir.glob("node-*/doctor.json"))]
+        for path in paths:
+            try:
+                counts = json.loads(path.read_text()).get("counts", {})
+                failed, errors = int(counts.get("fail", 0)), int(counts.get("error", 0))
+            except (OSError, ValueError, AttributeError, TypeError):
+                continue
+            parts = [f"{failed} failed check(s)"] if failed else []
+            parts += [f"{errors} check(s) that could not run"] if errors else []
+            if parts:
+                return " and ".join(parts) + f" ({path.relative_to(self.run.path)})"
+        return None
+
+    def _launcher_gone(self) -> bool:
+        """The launcher named in run.json ran on this host and has exited: a run that has
+        written nothing by then never will."""
+        data = self.run.read_run_json()
+        pid, hosts = data.get("launcher_pid"), data.get("hosts") or []
+        if not isinstance(pid, int) or not hosts or not is_local(str(hosts[0]), self.local_host):
+            return False
+        started = data.get("started_t")
+        return not pid_alive(pid, started if isinstance(started, (int, float)) else None)
 
     def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
         """detected_after_s: problem start -> the poll that first reached the verdict (live), or
@@ -288,6 +392,8 @@ class Monitor:
             # Nothing written yet: the job is starting, unless it is known to be over (every
             # launcher of a job over several nodes has recorded its end).
             over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
+            if not self.nodes and not self.job_ended:
+                over = self._launcher_gone()
             return not (self.job_ended or over)
         return now - last < LIVE_WINDOW_S
 
@@ -330,7 +436,7 @@ class Monitor:
         return data if isinstance(data, dict) else None
 
     def _write(self, snap: Snapshot, *, force: bool = False) -> None:
-        if not self.write_diagnosis:
+        if not self.write_diagnosis or (self._authoritative and not self.job_ended):
             return
         key = (
             snap.verdict,
@@ -353,8 +459,25 @@ class Monitor:
         ):
             return  # nothing to say yet: do not litter a fresh run directory
         try:
-            write_json_atomic(self.run.diagnosis_json, snap.diagnosis_json())
+            document = snap.diagnosis_json()
+            document["final"] = self._final
+            write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:
             self.write_error = f"cannot write {self.run.diagnosis_json}: {exc.strerror or exc}"
             self._written_key = key
+
+
+def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
+    """A file of the run (or events/ itself) that cannot be read: what it says is unknown, so
+    a verdict without it must say so."""
+    return [
+        Finding(
+            "run.unreadable",
+            Severity.ERROR,
+            f"cannot read {rel}: {why}: the ranks it records are not seen",
+            "Make the run directory readable to this user (chmod -R u+rX RUN_DIR), or watch it "
+            "as the user who ran it.",
+        )
+        for rel, why in sorted(unreadable.items())
+    ]

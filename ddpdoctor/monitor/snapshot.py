@@ -265,7 +265,10 @@ class Snapshot:
 
     @property
     def never_started(self) -> bool:
-        """The run is over and no rank ever started: a node never joined the rendezvous."""
+        """The run is over and no rank ever started (its doctor failed, torchrun ended first, a
+        node never joined the rendezvous)."""
+        if self.verdict is Verdict.NOT_STARTED:
+            return True
         return bool(self.nodes_missing) and not self.live and self.verdict is Verdict.RUNNING
 
     def diagnosis_json(self) -> dict[str, Any]:

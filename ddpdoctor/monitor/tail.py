@@ -34,6 +34,7 @@ class FileTail:
     line_no: int = 0  # lines emitted so far (1-based numbers for the next ones follow it)
     partial: bytes = b""
     resets: int = 0  # truncations / rotations seen
+    error: str | None = None  # why the last read failed (permission denied, ...), else None
 
     def _reset(self) -> None:
         self.offset = 0
@@ -44,8 +45,11 @@ class FileTail:
     def read(self, max_bytes: int = MAX_READ_BYTES) -> list[tuple[int, bytes]]:
         try:
             st = os.stat(self.path)
-        except OSError:
+        except FileNotFoundError:
             return []  # not there (yet, or any more): nothing new
+        except OSError as exc:
+            self.error = exc.strerror or str(exc)
+            return []
         if (self.inode is not None and st.st_ino != self.inode) or st.st_size < self.offset:
             self._reset()
         self.inode = st.st_ino
@@ -58,8 +62,10 @@ class FileTail:
             with open(self.path, "rb", buffering=0) as fh:
                 fh.seek(self.offset)
                 data = fh.read(want)
-        except OSError:
+        except OSError as exc:
+            self.error = exc.strerror or str(exc)
             return []
+        self.error = None
         self.offset += len(data)
         return self._split(data)
 
@@ -114,9 +120,25 @@ class RunTailer:
         self._events: dict[str, tuple[FileTail, str]] = {}  # path -> (tail, relative path)
         self._logs: dict[str, tuple[FileTail, LogSource]] = {}
         self._last_discovery: float | None = None
+        self.events_dir_error: str | None = None  # why events/ cannot be listed, if it cannot
+
+    @property
+    def unreadable(self) -> dict[str, str]:
+        """Files (relative path -> why) and events/ itself that could not be read last time."""
+        found = {rel: tail.error for tail, rel in self._events.values() if tail.error}
+        if self.events_dir_error:
+            found["events/"] = self.events_dir_error
+        return found
 
     def discover(self, now: float) -> None:
         self._last_discovery = now
+        try:
+            os.listdir(self.run.events_dir)
+            self.events_dir_error = None
+        except FileNotFoundError:
+            self.events_dir_error = None
+        except OSError as exc:
+            self.events_dir_error = exc.strerror or str(exc)
         for key, name in _list_files(self.run.events_dir, suffix=".jsonl"):
             if key not in self._events and name.startswith("rank-"):
                 self._events[key] = (FileTail(key), f"events/{name}")
@@ -132,17 +154,23 @@ class RunTailer:
                 if source is not None:
                     self._logs[key] = (FileTail(path), source)
 
-    def poll(self, now: float) -> TailBatch:
-        """Everything new since the last poll (discovering new files at most every second)."""
-        if self._last_discovery is None or now - self._last_discovery >= self.discover_every_s:
+    def poll(self, now: float, *, drain: bool = False) -> TailBatch:
+        """Everything new since the last poll (discovering new files at most every second).
+        `drain`: read every file to its end, however much that is (a finished run's first look:
+        a verdict from part of a file would be wrong), instead of MAX_READ_BYTES a file."""
+        if (
+            drain
+            or self._last_discovery is None
+            or now - self._last_discovery >= self.discover_every_s
+        ):
             self.discover(now)
         batch = TailBatch()
         for tail, rel in self._events.values():
-            lines = tail.read()
+            lines = _read(tail, drain)
             if lines:
                 batch.events.append(EventLines(rel, lines))
         for tail, source in self._logs.values():
-            raw = tail.read()
+            raw = _read(tail, drain)
             if raw:
                 text = [(n, b.decode("utf-8", errors="replace")) for n, b in raw]
                 batch.logs.append(LogLines(source, text))
@@ -151,6 +179,16 @@ class RunTailer:
     @property
     def event_files(self) -> int:
         return len(self._events)
+
+
+def _read(tail: FileTail, drain: bool) -> list[tuple[int, bytes]]:
+    lines = tail.read()
+    while drain:
+        more = tail.read()
+        if not more:
+            break
+        lines.extend(more)
+    return lines
 
 
 def _list_files(folder: Path, *, suffix: str) -> Iterator[tuple[str, str]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.protocol import jsontext
 
 # Set by the launcher in every rank's environment; the in-rank runtime writes where it points.
 ENV_RUN_DIR = "DDPDOCTOR_RUN_DIR"
@@ -111,20 +113,63 @@ class RunDir:
 
         Without a path, a new time-named directory is claimed under ./ddpdoctor-runs. Several
         launchers may create the same explicit path at once (nodes on a shared file system).
+
+        Run directories are private (0700: the hello events hold the script's command line, the
+        logs whatever the job prints) and made safely: a directory owned by another user, or a
+        subfolder that is a symlink or not a folder, is refused instead of written into.
         """
         target = Path(path) if path is not None else None
         try:
             if target is None:
                 target = claim_default_run_path()
             run = cls(target)
-            for sub in (run.path, run.events_dir, run.logs_dir, run.nccl_dir, run.stacks_dir):
-                sub.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(run.path, top=True)
+            for sub in (run.events_dir, run.logs_dir, run.nccl_dir, run.stacks_dir):
+                make_private_dir(sub)
             _probe_writable(run.path)
+            _probe_writable(run.events_dir)
         except OSError as exc:
             reason = exc.strerror or str(exc)
             where = target if target is not None else Path.cwd() / DEFAULT_PARENT
             raise UsageError(f"cannot create run directory {where}: {reason}") from exc
         return run
+
+    @classmethod
+    def check_fresh(cls, path: str | os.PathLike[str], *, node_rank: int | None = None) -> None:
+        """Refuse to start a run in a directory that holds another run: its events, logs and
+        verdict would mix with the new run's (an old crash listed under a healthy rerun).
+
+        A job that spans nodes shares one directory between its launchers, so there only this
+        node's own record (nodes/node-<N>/) makes the directory used."""
+        target = Path(path)
+        try:
+            st = os.stat(target)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UsageError(f"cannot use run directory {target}: {exc.strerror or exc}") from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"cannot use run directory {target}: it is not a directory")
+        _check_owner(target, st)
+        run = cls(target)
+        fix = "choose a new --run-dir, or leave --run-dir out for a fresh ./ddpdoctor-runs/<time>"
+        if node_rank is not None:
+            if os.path.lexists(run.node_dir(node_rank)):
+                raise UsageError(
+                    f"run directory {target} already holds node {node_rank}'s part of a run "
+                    f"(nodes/node-{node_rank}/): {fix}"
+                )
+            return
+        try:
+            entries = os.listdir(target)
+        except OSError as exc:
+            raise UsageError(f"cannot use run directory {target}: {exc.strerror or exc}") from exc
+        if entries:
+            raise UsageError(
+                f"run directory {target} is not empty (it holds an earlier run: "
+                f"{', '.join(sorted(entries)[:4])}{', ...' if len(entries) > 4 else ''}): {fix}"
+            )
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
@@ -145,6 +190,41 @@ class RunDir:
         return data if isinstance(data, dict) else {}
 
 
+class UnsafeRunDir(OSError):
+    """A run directory (or a folder in it) that must not be written into."""
+
+
+def _check_owner(path: Path, st: os.stat_result) -> None:
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        raise UsageError(
+            f"cannot use run directory {path}: it is owned by another user (uid {st.st_uid}), "
+            "so its files could be read or replaced by them: choose a directory of your own"
+        )
+
+
+def make_private_dir(path: Path, *, top: bool = False) -> None:
+    """mkdir 0700, or accept an existing folder of this user's; never a symlink inside a run
+    directory (`top`: the run directory itself may be reached through a symlinked parent or
+    be one, as with --run-dir /scratch/run; its contents may not)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.stat(path) if top else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise UnsafeRunDir(0, f"{path} is {what}: refusing to write through it")
+    _check_owner(path, st)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
+    """A file descriptor on `path` inside a run directory: created 0600, never through a
+    symlink (O_NOFOLLOW), not inherited by children (O_CLOEXEC)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 def claim_default_run_path(now: float | None = None) -> Path:
     """Create and return ./ddpdoctor-runs/<YYYYmmdd-HHMMSS>[-N], a name no other run holds.
 
@@ -158,7 +238,7 @@ def claim_default_run_path(now: float | None = None) -> Path:
     while True:
         candidate = parent / name
         try:
-            candidate.mkdir()
+            candidate.mkdir(0o700)
             return candidate
         except FileExistsError:
             n += 1
@@ -182,8 +262,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=False)
-            fh.write("\n")
+            fh.write(jsontext.dumps(data, indent=2, sort_keys=False) + "\n")
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -28,7 +28,18 @@ class Verdict(str, Enum):
     HANG = "hang"
     MISMATCH = "mismatch"
     CRASH = "crash"
+    # The run is over and no rank ever reported: the launch's doctor failed, torchrun ended
+    # before starting a rank (or a node never joined), or no rank could write its events.
+    NOT_STARTED = "not_started"
+    # The user stopped the run (Ctrl-C, SIGTERM to the launcher) before any problem was found:
+    # the ranks that then failed were stopped, they did not crash.
+    INTERRUPTED = "interrupted"
 
     @property
     def is_problem(self) -> bool:
-        return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH)
+        return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH, Verdict.NOT_STARTED)
+
+    @property
+    def is_final(self) -> bool:
+        """A verdict only an ended run gets."""
+        return self in (Verdict.HEALTHY, Verdict.NOT_STARTED, Verdict.INTERRUPTED)

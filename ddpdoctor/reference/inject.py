@@ -6,6 +6,7 @@ reference job, which reads the same text.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ddpdoctor.errors import UsageError
@@ -51,6 +52,9 @@ class InjectSpec:
             )
 
 
+MAX_SECONDS = 86400.0  # a day: longer than any fault a run needs to show
+
+
 def parse_inject(text: str) -> InjectSpec:
     """Parse one spec; every mistake is a UsageError naming the spec and what is wrong."""
     kind, sep, rest = text.strip().partition(":")
@@ -68,6 +72,8 @@ def parse_inject(text: str) -> InjectSpec:
             raise UsageError(f"--inject {text!r}: {item.strip()!r} is not KEY=VALUE")
         if key not in ("rank", "step", "seconds"):
             raise UsageError(f"--inject {text!r}: unknown key {key!r} (rank, step, seconds)")
+        if key in fields:
+            raise UsageError(f"--inject {text!r}: {key}= is given twice")
         fields[key] = value
     if "rank" not in fields:
         raise UsageError(f"--inject {text!r}: missing rank=R")
@@ -81,8 +87,12 @@ def parse_inject(text: str) -> InjectSpec:
             raise UsageError(
                 f"--inject {text!r}: seconds={fields['seconds']!r} is not a number"
             ) from None
-        if seconds < 0:
-            raise UsageError(f"--inject {text!r}: seconds must be >= 0")
+        # nan and inf parse as floats but make no sleep: time.sleep raises on them (and on
+        # anything beyond a C double's range of seconds), inside the rank.
+        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+            raise UsageError(
+                f"--inject {text!r}: seconds must be a number from 0 to {MAX_SECONDS:g}"
+            )
     elif kind == "slow":
         seconds = DEFAULT_SLOW_SECONDS
     return InjectSpec(kind=kind, rank=rank, step=step, seconds=seconds)

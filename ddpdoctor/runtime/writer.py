@@ -36,7 +36,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.runtime.records import Record
+
+# Private (the run directory is, too), never through a symlink planted in the run directory,
+# and not inherited by the processes the rank starts.
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # After a failed write, wait this long before trying the file again (quietly).
 RETRY_AFTER_S = 30.0
@@ -49,7 +54,9 @@ _LINE_BREAKERS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85"
 
 
 # The settings of ddpdoctor.protocol.events.encode_event, built once: this runs for every event.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False)
+# allow_nan=False: a NaN or inf in an event is written as null (jsontext.finite), never as the
+# invalid JSON token NaN.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str, ensure_ascii=False, allow_nan=False)
 
 
 class EventWriter:
@@ -148,7 +155,7 @@ class EventWriter:
         try:
             fd = self._fd
             if fd is None:
-                fd = self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fd = self._fd = os.open(self.path, _OPEN_FLAGS, 0o600)
             written = os.write(fd, data)
             if written < len(data):  # a regular file takes it in one go; odd filesystems may not
                 view = memoryview(data)[written:]
@@ -169,7 +176,10 @@ class EventWriter:
         try:
             if type(event) is tuple:
                 return event[0](event, self.rank)
-            return _ENCODER.encode(event)
+            try:
+                return _ENCODER.encode(event)
+            except ValueError:
+                return _ENCODER.encode(jsontext.finite(event))
         except Exception as exc:  # noqa: BLE001 - a value json cannot handle must not stop training
             kind = (
                 event.get("kind") if isinstance(event, dict) else getattr(event[0], "__name__", "")

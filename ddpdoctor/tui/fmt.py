@@ -20,6 +20,8 @@ VERDICT_STYLES: dict[Verdict, str] = {
     Verdict.HANG: "bold white on red3",
     Verdict.MISMATCH: "bold white on dark_magenta",
     Verdict.CRASH: "bold white on red3",
+    Verdict.NOT_STARTED: "bold white on red3",
+    Verdict.INTERRUPTED: "bold black on yellow3",
 }
 
 # Short labels keep the state column narrow; the colours are the point: waiting yellow,

@@ -31,9 +31,11 @@ def test_single_node_is_standalone_with_per_rank_logs(tmp_path):
     assert argv[:5] == ["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     assert "--standalone" in argv
     i = argv.index("--log-dir")
-    assert argv[i : i + 6] == [
-        "--log-dir", str(tmp_path / "logs" / "vm"), "--redirects", "3", "--tee", "3",
+    assert argv[i : i + 4] == [
+        "--log-dir", str(tmp_path / "logs" / "vm"), "--redirects", "3",
     ]  # fmt: skip
+    # No --tee: the launcher reads the rank logs back itself (nothing of the job passes through it)
+    assert "--tee" not in argv
     assert argv[-4:] == ["-m", "ddpdoctor.reference", "--steps", "5"]
 
 

@@ -1,0 +1,134 @@
+"""Nothing of a job outlives `ddpdoctor run`, not even when ddpdoctor is killed with SIGKILL.
+
+Every process of the job carries the launch's marker in its environment (DDPDOCTOR_LAUNCH_ID,
+read back from /proc/<pid>/environ, which a process cannot change after it started): torchrun, the
+ranks, their DataLoader workers and any daemon a rank starts with a double fork and setsid, which
+torchrun's own cleanup never sees.
+
+- `end_marked(id)` ends them all: SIGTERM, a grace period, SIGKILL; scanned again until none is
+  left (a process may fork while it is being ended). The launcher calls it when the job is over.
+- `Reaper` is a small process in a session of its own that waits on a pipe from the launcher.
+  The pipe reaches end-of-file when the launcher exits, however it exits (SIGKILL included);
+  the reaper then ends whatever still carries the marker, and exits itself.
+
+    python -m ddpdoctor.launch.reaper LAUNCH_ID     (reads stdin until EOF)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+
+ENV_LAUNCH_ID = "DDPDOCTOR_LAUNCH_ID"
+GRACE_S = 3.0  # SIGTERM first; whatever runs this long after gets SIGKILL
+MAX_ROUNDS = 20
+
+
+def new_launch_id() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def marked_pids(launch_id: str, *, proc: str = "/proc") -> list[int]:
+    """The pids whose environment holds DDPDOCTOR_LAUNCH_ID=<launch_id> (this user's processes:
+    another user's environ cannot be read, and is none of ours)."""
+    needle = f"{ENV_LAUNCH_ID}={launch_id}".encode()
+    me = os.getpid()
+    found = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"{proc}/{name}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a zombie waits for its parent; it is already over)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def end_marked(launch_id: str, *, grace_s: float = GRACE_S) -> int:
+    """End every process of the launch; returns how many were found. Bounded in time."""
+    seen: set[int] = set()
+    for _ in range(MAX_ROUNDS):
+        pids = [p for p in marked_pids(launch_id) if _alive(p)]
+        if not pids:
+            break
+        seen.update(pids)
+        _signal(pids, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.05)
+        _signal([p for p in pids if _alive(p)], signal.SIGKILL)
+        grace_s = min(grace_s, 0.5)  # later rounds: only what was forked meanwhile
+    return len(seen)
+
+
+class Reaper:
+    """The watchdog process: started before the job, told the launcher has gone by its pipe."""
+
+    def __init__(self, launch_id: str, env: Mapping[str, str] | None = None) -> None:
+        self.launch_id = launch_id
+        clean = {k: v for k, v in (env or os.environ).items() if k != ENV_LAUNCH_ID}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor.launch.reaper", launch_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=clean,
+            start_new_session=True,  # no terminal signal reaches it; it outlives the launcher
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self, timeout: float = 10.0) -> None:
+        """The launcher is done: the reaper sweeps once more and exits."""
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0]:
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Blocks until the launcher closes the pipe or dies: then its job must end too.
+    with contextlib.suppress(OSError):
+        while sys.stdin.buffer.read(4096):
+            pass
+    end_marked(argv[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,33 @@
+"""JSON as ddpdoctor writes it: always valid JSON.
+
+Python's json writes NaN and Infinity by default, which no other JSON reader accepts (jq, browsers,
+JavaScript's JSON.parse). A loss that went NaN or a time that overflowed must not make diagnosis.json
+or `--json` unreadable: non-finite numbers are written as null, and `allow_nan=False` makes any
+that slip through an error here instead of a broken file downstream.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN / inf float (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """json.dumps that never writes NaN or Infinity (they become null)."""
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+def dump(value: Any, fh: Any, **kwargs: Any) -> None:
+    fh.write(dumps(value, **kwargs))

@@ -66,3 +66,20 @@ def test_warnings_go_on(doctor_returns, tmp_path):
     ok, text = preflight_of([], tmp_path / "r")
     assert ok and "port 29500: warn" in text
     assert json.loads((tmp_path / "r" / "doctor.json").read_text())["counts"]["warn"] == 1
+
+
+def test_a_check_that_could_not_run_stops_the_run_like_a_failure(doctor_returns, tmp_path):
+    # `--nproc 100000` once made the smoke test "could not run" (too many files) and the launch
+    # went on to start 100000 workers: an `error` is no evidence the job can run.
+    doctor_returns(result(Status.PASS, "system.shm"), result(Status.ERROR, "smoke.collectives"))
+    ok, text = preflight_of([], tmp_path / "r")
+    assert not ok
+    assert "could not run" in text and "the job was not started" in text
+
+
+def test_a_one_node_launch_tells_the_port_check_it_picks_its_own_port(doctor_returns, tmp_path):
+    calls = doctor_returns(result(Status.PASS))
+    preflight_of([], tmp_path / "standalone")
+    preflight_of(["--master-port", "29511"], tmp_path / "fixed")
+    assert calls[0][1].launcher_picks_port is True  # torchrun --standalone
+    assert calls[1][1].launcher_picks_port is False  # a port of the user's: check it

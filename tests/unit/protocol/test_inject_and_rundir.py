@@ -37,6 +37,13 @@ def test_inject_specs_parse():
         ("hang:rank=0,color=red", "unknown key"),
         ("slow:rank=0,seconds=fast", "not a number"),
         ("hang:rank", "not KEY=VALUE"),
+        # probes of issue 15: these crashed inside the fault code, or silently took the last key
+        ("slow:rank=0,seconds=nan", "seconds must be a number from 0 to 86400"),
+        ("slow:rank=0,seconds=inf", "seconds must be a number from 0 to 86400"),
+        ("slow:rank=0,seconds=-inf", "seconds must be a number from 0 to 86400"),
+        ("slow:rank=0,seconds=1e300", "seconds must be a number from 0 to 86400"),
+        ("hang:rank=0,rank=1", "rank= is given twice"),
+        ("slow:rank=0,seconds=1,seconds=2", "seconds= is given twice"),
     ],
 )
 def test_bad_inject_specs_are_usage_errors(text, words):

@@ -72,6 +72,12 @@ def watch_headless(monitor: Monitor, console, *, live: bool, poll_s: float = POL
     view.close(snap)
     if monitor.write_error:
         console.print(f"note: {monitor.write_error}", markup=False, soft_wrap=True)
+    elif not monitor.writes_diagnosis:
+        console.print(
+            f"{monitor.run.diagnosis_json} is the launcher's final diagnosis: left as it is",
+            markup=False,
+            soft_wrap=True,
+        )
     else:
         console.print(
             f"diagnosis written to {monitor.run.diagnosis_json}", markup=False, soft_wrap=True

@@ -123,6 +123,7 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
         final = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
         final.close(job_ended=True)
         console.print(f"run directory: {run_dir.path}", markup=False)
+        console.print(f"verdict: not started (exit code {int(ExitCode.PROBLEMS)})", markup=False)
         if recorder is not None:
             recorder.ended(int(ExitCode.PROBLEMS), None, time.time())
         if plan.json:

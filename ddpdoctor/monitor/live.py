@@ -161,6 +161,11 @@ class Monitor:
             return snap
 
     @property
+    def writes_diagnosis(self) -> bool:
+        """Whether this monitor writes diagnosis.json (not over a launcher's final one)."""
+        return self.write_diagnosis and not (self._authoritative and not self.job_ended)
+
+    @property
     def last(self) -> Snapshot | None:
         return self._last
 
@@ -436,7 +441,7 @@ class Monitor:
         return data if isinstance(data, dict) else None
 
     def _write(self, snap: Snapshot, *, force: bool = False) -> None:
-        if not self.write_diagnosis or (self._authoritative and not self.job_ended):
+        if not self.writes_diagnosis:
             return
         key = (
             snap.verdict,

@@ -24,6 +24,7 @@ from ddpdoctor.monitor.verdict_rules import sampler as sampler_rule
 from ddpdoctor.monitor.verdict_rules import straggler as straggler_rule
 from ddpdoctor.monitor.verdict_rules import transport as transport_rule
 from ddpdoctor.monitor.verdict_rules import uneven as uneven_rule
+from ddpdoctor.monitor.verdict_rules import world_size as world_size_rule
 
 # A mismatch explains a crash that follows it; allow for the abort to land a little later.
 MISMATCH_EXPLAINS_CRASH_S = 1.0
@@ -50,7 +51,7 @@ class Diagnosis:
 def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
-    mismatch = mismatch_rule.detect(snap)
+    mismatch = mismatch_rule.detect(snap) or world_size_rule.detect(snap)
     if mismatch is not None and (
         crash is None
         or (mismatch.onset_t or 0.0) <= (crash.onset_t or 0.0) + MISMATCH_EXPLAINS_CRASH_S

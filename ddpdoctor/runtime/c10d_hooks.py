@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdoctor.protocol.events import DEFAULT_GROUP
+from ddpdoctor.protocol.events import DEFAULT_GROUP, WARNING
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
 from ddpdoctor.runtime.records import CollectiveDesc
@@ -342,6 +343,30 @@ def _replace(runtime: core.Runtime, module: Any, name: str, original: Any, new: 
     runtime.on_deactivate(undo)
 
 
+WORLD_SIZE_ARG = 3  # init_process_group(backend, init_method, timeout, world_size, rank, ...)
+
+
+def _note_world_size(runtime: core.Runtime | None, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Record a world size the script asks for that the launch cannot fill, BEFORE init blocks
+    on it for good (the monitor's world-size rule reads it): world_size=3 under 2 ranks."""
+    if runtime is None:
+        return
+    asked = kwargs.get("world_size", args[WORLD_SIZE_ARG] if len(args) > WORLD_SIZE_ARG else -1)
+    try:
+        asked, launched = int(asked), int(os.environ.get("WORLD_SIZE", ""))
+    except (TypeError, ValueError):
+        return
+    if asked > 0 and asked != launched:
+        runtime.emit(
+            WARNING,
+            code="init.world_size_mismatch",
+            message=f"init_process_group(world_size={asked}) but the launcher started "
+            f"{launched} ranks (WORLD_SIZE={launched})",
+            requested_world_size=asked,
+            world_size=launched,
+        )
+
+
 def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
     """init_process_group tells the rank, backend and device; destroy ends the last step."""
     init = c10d.init_process_group
@@ -351,6 +376,7 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
         @functools.wraps(init)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
             forget_calls()
+            _note_world_size(core.active(), args, kwargs)
             result = init(*args, **kwargs)
             current = core.active()
             if current is not None:

@@ -158,8 +158,13 @@ def test_sigkill_to_ddpdoctor_ends_every_process_of_the_job_and_keeps_torchruns_
                         str(run_dir), "--", str(script))  # fmt: skip
     with background(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         wait_for(
-            lambda: len(list(run_dir.glob("logs/*/*/attempt_0/*/stdout.log"))) == 2
-            and all("ready" in p.read_text() for p in run_dir.glob("logs/*/*/attempt_0/*/stdout.log")),
+            lambda: (
+                len(list(run_dir.glob("logs/*/*/attempt_0/*/stdout.log"))) == 2
+                and all(
+                    "ready" in p.read_text()
+                    for p in run_dir.glob("logs/*/*/attempt_0/*/stdout.log")
+                )
+            ),
             timeout=90,
             what="both ranks to start",
         )

@@ -9,7 +9,9 @@ from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.rank_ranges import named_ranks
 
-HANDLED = frozenset({"sampler.set_epoch_missing", "sampler.uneven_batches"})
+HANDLED = frozenset(
+    {"sampler.set_epoch_missing", "sampler.uneven_batches", "init.world_size_mismatch"}
+)
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:

@@ -63,7 +63,12 @@ def run_that_never_started(tmp_path, *, launcher_pid: int):
     run = new_run(tmp_path)
     run.run_json.write_text(
         json.dumps(
-            {"world_size": 2, "backend": "gloo", "hosts": [this_host()], "launcher_pid": launcher_pid}
+            {
+                "world_size": 2,
+                "backend": "gloo",
+                "hosts": [this_host()],
+                "launcher_pid": launcher_pid,
+            }
         )
     )
     return run
@@ -133,9 +138,7 @@ def crashed_after_ctrl_c(tmp_path):
 def test_a_run_the_user_stopped_is_interrupted_not_a_crash(tmp_path):
     run, clock = crashed_after_ctrl_c(tmp_path)
     assert quiet(run, clock).close(job_ended=True).verdict is Verdict.CRASH  # without the note
-    snap = quiet(run, clock).close(
-        job_ended=True, interrupted=True, verdict_before=Verdict.RUNNING
-    )
+    snap = quiet(run, clock).close(job_ended=True, interrupted=True, verdict_before=Verdict.RUNNING)
     assert snap.verdict is Verdict.INTERRUPTED and not snap.verdict.is_problem
     assert snap.findings[0].id == "run.interrupted" and not snap.culprits
     assert json.loads(run.diagnosis_json.read_text())["verdict"] == "interrupted"

@@ -22,11 +22,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 # its own (as torchrun does) that ignores SIGTERM, reports the worker's pid, and waits.
 AGENT = textwrap.dedent(
     """
-    import signal, subprocess, sys, time
+    import os, signal, subprocess, sys, time
     mode = sys.argv[1]
     if mode == "print":
         print("agent line", flush=True)
-        print("[default0]:rank line", flush=True)
+        # a rank's output goes to its --log-dir file, as with torchrun --redirects 3
+        rank_dir = os.path.join(sys.argv[2], "rdzv", "attempt_0", "0")
+        os.makedirs(rank_dir)
+        with open(os.path.join(rank_dir, "stdout.log"), "w") as fh:
+            fh.write("rank line\\n")
         sys.exit(0)
     if mode == "sigint":
         def on_int(signum, frame):
@@ -51,11 +55,14 @@ def start_job(tmp_path: Path, mode: str) -> tuple[TorchrunProcess, list[str]]:
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     lines: list[str] = []
+    log_dir = tmp_path / "logs" / "vm"
     job = TorchrunProcess(
-        [PYTHON, str(script), mode],
+        [PYTHON, str(script), mode, str(log_dir)],
         clean_env(),
-        agent_log=tmp_path / "logs" / "torchrun.log",
+        agent_log=log_dir / "torchrun.log",
         on_line=lines.append,
+        log_dir=log_dir,
+        run_root=tmp_path,
     )
     job.start()
     return job, lines
@@ -81,8 +88,9 @@ def test_output_goes_to_the_view_and_torchruns_own_lines_to_its_log(tmp_path):
     job, lines = start_job(tmp_path, "print")
     assert job.wait(timeout=20) == 0
     job.wait_output(timeout=10)
-    assert lines == ["agent line", "[default0]:rank line"]
-    assert (tmp_path / "logs" / "torchrun.log").read_text() == "agent line\n"
+    assert sorted(lines) == ["[default0]:rank line", "agent line"]
+    # torchrun's own output went straight to its log, not through the launcher
+    assert (tmp_path / "logs" / "vm" / "torchrun.log").read_text() == "agent line\n"
     job.kill()
 
 

@@ -278,9 +278,10 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
     write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())
     render_report(report, console, symbols=symbols_for(console.file))
     if doctor_blocks(report.counts):
+        what = "failed a check" if report.counts["fail"] else "could not run a check"
         console.print(
-            "ddpdoctor run: the doctor failed a check (or one could not run), so the job was "
-            "not started: apply the fixes above, or rerun with --no-doctor to launch anyway",
+            f"ddpdoctor run: the doctor {what}, so the job was not started: "
+            "apply the fixes above, or rerun with --no-doctor to launch anyway",
             markup=False,
         )
         return False

@@ -145,10 +145,8 @@ class RunDir:
         target = Path(path)
         try:
             st = os.stat(target)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise UsageError(f"cannot use run directory {target}: {exc.strerror or exc}") from exc
+        except OSError:
+            return  # nothing there to mix with (and create() says why it cannot be made)
         if not stat.S_ISDIR(st.st_mode):
             raise UsageError(f"cannot use run directory {target}: it is not a directory")
         _check_owner(target, st)

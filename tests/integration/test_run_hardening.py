@@ -243,3 +243,32 @@ def test_explain_refuses_a_fifo_and_a_device_instead_of_blocking(tmp_path):
         assert result.returncode == 2
         assert result.stderr == f"ddpdoctor: error: cannot read {target}: not a regular file " \
             "(explain reads log files)\n"  # fmt: skip
+
+
+WORLD_OF_THREE = textwrap.dedent(
+    """
+    import torch.distributed as dist
+    dist.init_process_group("gloo", world_size=3)  # 2 ranks launched: waits for a third forever
+    print("never here", flush=True)
+    """
+)
+
+
+def test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped(tmp_path):
+    script = tmp_path / "three.py"
+    script.write_text(WORLD_OF_THREE)
+    run_dir = tmp_path / "run"
+    result = run(
+        ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--run-dir",
+                      str(run_dir), "--", str(script)),
+        timeout=150,
+        cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "verdict: mismatch (exit code 1)" in result.stdout
+    final = diagnosis(run_dir)
+    assert final["verdict"] == "mismatch"
+    first = final["findings"][0]
+    assert first["id"] == "init.world_size_mismatch"
+    assert "world_size=3 but 2 ranks launched" in first["summary"]
+    assert job_processes(run_dir) == []

@@ -148,3 +148,22 @@ def test_a_problem_found_before_the_interrupt_stays(tmp_path):
     run, clock = crashed_after_ctrl_c(tmp_path)
     snap = quiet(run, clock).close(job_ended=True, interrupted=True, verdict_before=Verdict.HANG)
     assert snap.verdict is Verdict.CRASH
+
+
+def test_a_launch_that_ended_with_nothing_recorded_is_not_started(tmp_path):
+    # The ranks ran but could not write to events/ (or torchrun never started one): an ended
+    # run with no record is a problem, never "running (exit code 0)".
+    run = new_run(tmp_path)
+    snap = quiet(run, Clock()).close(job_ended=True)
+    assert snap.verdict is Verdict.NOT_STARTED and snap.verdict.is_problem
+    assert "could not write to events/" in snap.findings[0].summary
+
+
+def test_a_diagnosis_that_cannot_be_written_is_reported(tmp_path):
+    run, clock = new_run(tmp_path), Clock()
+    Writer(run, clock).start()
+    run.diagnosis_json.mkdir()  # nothing can be renamed over a folder
+    monitor = quiet(run, clock)
+    monitor.close(job_ended=True)
+    assert monitor.write_error is not None
+    assert monitor.write_error.startswith(f"cannot write {run.diagnosis_json}: ")

@@ -1,0 +1,88 @@
+"""The reaper ends every process carrying the launch's marker, also when the launcher is gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, marked_pids, new_launch_id
+from tests.procs import clean_env, kill_group, wait_for
+
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(600)"
+)
+
+
+@pytest.fixture
+def marked():
+    started: list[subprocess.Popen] = []
+
+    def start(launch_id: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STUBBORN],
+            env=clean_env({ENV_LAUNCH_ID: launch_id}),
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # as a setsid daemon: no group of the job's holds it
+        )
+        started.append(proc)
+        assert proc.stdout.readline() == "ready\n"  # SIGTERM is ignored from here on
+        return proc
+
+    yield start
+    for proc in started:
+        kill_group(proc)
+
+
+def test_end_marked_ends_only_the_launchs_processes_even_those_ignoring_sigterm(marked):
+    ours, other = new_launch_id(), new_launch_id()
+    a, b, bystander = marked(ours), marked(ours), marked(other)
+    wait_for(lambda: len(marked_pids(ours)) == 2, timeout=20, what="the marked processes")
+    assert sorted(marked_pids(ours)) == sorted([a.pid, b.pid])
+    assert end_marked(ours, grace_s=0.5) == 2
+    assert a.wait(timeout=10) == -9 and b.wait(timeout=10) == -9
+    assert bystander.poll() is None and marked_pids(other) == [bystander.pid]
+
+
+def test_the_reaper_acts_when_its_launcher_dies(marked, tmp_path):
+    launch_id = new_launch_id()
+    # A stand-in launcher that starts the reaper, then is killed with SIGKILL.
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from ddpdoctor.launch.reaper import Reaper; "
+         "r = Reaper(sys.argv[1]); print(r.pid, flush=True); time.sleep(600)", launch_id],
+        stdout=subprocess.PIPE, text=True, env=clean_env(), start_new_session=True,
+    )  # fmt: skip
+    try:
+        reaper_pid = int(launcher.stdout.readline())
+        job = marked(launch_id)
+        wait_for(lambda: marked_pids(launch_id) == [job.pid], timeout=20, what="the job")
+        time.sleep(0.5)
+        assert job.poll() is None  # the reaper waits while its launcher lives
+        launcher.kill()
+        launcher.wait(timeout=10)
+        assert job.wait(timeout=20) in (-9, -15)
+        wait_for(lambda: not _running(reaper_pid), timeout=20, what="the reaper to exit")
+    finally:
+        kill_group(launcher)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_closing_the_reaper_after_a_clean_end_leaves_nothing(marked):
+    launch_id = new_launch_id()
+    reaper = Reaper(launch_id)
+    job = marked(launch_id)
+    wait_for(lambda: marked_pids(launch_id), timeout=20, what="the job")
+    reaper.close(timeout=20)
+    assert job.poll() is not None and marked_pids(launch_id) == []

@@ -395,8 +395,6 @@ def closing_lines(
         lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
     elif outcome.interrupted:
         lines.append("interrupted: the job was stopped")
-    elif outcome.final.verdict is Verdict.NOT_STARTED and not outcome.final.nodes_missing:
-        lines = [f.summary for f in outcome.final.findings if f.id == "run.not_started"]
     elif outcome.abandoned_by is not None:
         node = outcome.abandoned_by
         lines = [
@@ -405,13 +403,15 @@ def closing_lines(
             "complete: this node stopped its torchrun instead of waiting for the rendezvous "
             "timeout"
         ]
-    elif outcome.final.never_started:
+    elif outcome.final.never_started and outcome.final.nodes_missing:
         nodes = named_ranks(outcome.final.nodes_missing, "node")
         lines = [
             f"{nodes} never joined the rendezvous, so torchrun started no rank (its launcher "
             "never wrote to this run directory): start it with the same options and --run-dir, "
             "or check that it reaches the rendezvous endpoint"
         ]
+    elif outcome.final.verdict is Verdict.NOT_STARTED:
+        lines = [f.summary for f in outcome.final.findings if f.id == "run.not_started"]
     if not lines and outcome.job_returncode not in (0, None):
         lines.append(f"torchrun exited with code {outcome.job_returncode}")
     lines.append(f"run directory: {run_dir.path}")

@@ -120,8 +120,10 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     recorder = node_recorder(plan, run_dir, log_dir)
     if plan.doctor and not preflight(plan, run_dir, console):
         # diagnosis.json says so too, so `watch` on this directory ends at once: not started.
-        final = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
-        final.close(job_ended=True)
+        # (A node of a job over several nodes says it in its node record: the other launchers
+        # write the shared diagnosis.json.)
+        if plan.node_rank is None:
+            watchers.monitor(run_dir, hang_after=plan.hang_after).close(job_ended=True)
         console.print(f"run directory: {run_dir.path}", markup=False)
         console.print(f"verdict: not started (exit code {int(ExitCode.PROBLEMS)})", markup=False)
         if recorder is not None:

@@ -95,6 +95,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ddpdoctor.protocol import jsontext
+
 SCHEMA_VERSION = 1
 
 HELLO = "hello"
@@ -154,5 +156,5 @@ def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
 
 
 def encode_event(event: dict[str, Any]) -> str:
-    """One line of JSON (no newline inside, however odd the values are)."""
-    return json.dumps(event, separators=(",", ":"), default=str, ensure_ascii=False)
+    """One line of JSON (no newline inside, however odd the values are; NaN and inf as null)."""
+    return jsontext.dumps(event, separators=(",", ":"), default=str, ensure_ascii=False)

@@ -38,8 +38,3 @@ class Verdict(str, Enum):
     @property
     def is_problem(self) -> bool:
         return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH, Verdict.NOT_STARTED)
-
-    @property
-    def is_final(self) -> bool:
-        """A verdict only an ended run gets."""
-        return self in (Verdict.HEALTHY, Verdict.NOT_STARTED, Verdict.INTERRUPTED)

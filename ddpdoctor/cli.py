@@ -146,7 +146,9 @@ def _add_run(sub) -> None:
         help="launch the reference DDP job, or your script, under torchrun and watch it",
         description="Launch an instrumented DDP job under torchrun and watch every rank. "
         "Without a script, runs the reference job; `ddpdoctor run [OPTIONS] -- train.py ARGS` "
-        "runs your script unchanged.",
+        "runs your script unchanged under ddpdoctor's torchrun; `-- COMMAND ARGS` (python, "
+        "torchrun, srun, mpirun, ...) runs your own launch command as given and watches the "
+        "ranks it starts.",
     )
     p.add_argument("--nproc", type=_positive_int, help="ranks on this node (default: GPUs, else 2)")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
@@ -180,6 +182,12 @@ def _add_run(sub) -> None:
     p.add_argument("--batch-size", type=_positive_int, help="reference job batch size per rank")
     p.add_argument("--workers", type=_non_negative_int, help="DataLoader workers per rank")
     p.add_argument("--json", action="store_true", help="print the final diagnosis as JSON")
+    p.add_argument(
+        "--no-slurm-env",
+        action="store_true",
+        help="under srun, leave RANK, WORLD_SIZE, MASTER_* unset instead of filling them from "
+        "Slurm's variables",
+    )
     multi = p.add_argument_group("multi-node (passed to torchrun)")
     multi.add_argument("--nnodes", metavar="N[:M]")
     multi.add_argument("--node-rank", type=_non_negative_int)

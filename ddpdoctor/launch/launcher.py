@@ -40,6 +40,7 @@ from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launc
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.launch.torchrun_cmd import job_env, torchrun_argv
 from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
+from ddpdoctor.launch.user_command import command_env
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
@@ -105,12 +106,15 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     console = make_console(sys.stderr if plan.json else sys.stdout)
     torch_version = installed_torch_version()
     log_dir = run_dir.node_logs_dir(plan.node_rank)
-    argv = torchrun_argv(
-        nproc_per_node=plan.nproc_per_node,
-        rendezvous=plan.rendezvous,
-        log_dir=log_dir,
-        program=plan.program,
-    )
+    if plan.command is not None:  # the user's own launch command, run as given
+        argv = list(plan.command.argv)
+    else:
+        argv = torchrun_argv(
+            nproc_per_node=plan.nproc_per_node,
+            rendezvous=plan.rendezvous,
+            log_dir=log_dir,
+            program=plan.program,
+        )
     # On several nodes sharing the run directory, node 0 describes the run.
     if plan.node_rank in (None, 0) or not run_dir.run_json.exists():
         document = run_json_document(
@@ -137,7 +141,18 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
             }
             sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
         return int(ExitCode.PROBLEMS)
-    env = job_env(os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version)
+    if plan.command is not None:
+        env = command_env(
+            os.environ,
+            run_dir=run_dir,
+            backend=plan.backend,
+            torch_version=torch_version,
+            slurm_env=plan.slurm_env,
+        )
+    else:
+        env = job_env(
+            os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version
+        )
     # Every process of the job carries this marker: whatever still has it when the launch ends
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.

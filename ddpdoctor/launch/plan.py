@@ -22,6 +22,7 @@ from typing import Any
 from ddpdoctor._version import __version__
 from ddpdoctor.checks.probes.smoke import nvml_visible_gpus
 from ddpdoctor.errors import UsageError
+from ddpdoctor.launch.command import UserCommand, classify
 from ddpdoctor.launch.torchrun_cmd import Rendezvous, program_argv
 from ddpdoctor.reference.config import DEFAULT_STEPS, ReferenceConfig, reference_argv
 from ddpdoctor.reference.inject import InjectSpec, parse_inject
@@ -50,9 +51,16 @@ class LaunchPlan:
     tui_allowed: bool = True  # False with --no-tui or --json
     workers: int | None = None
     argv: tuple[str, ...] = ()  # the ddpdoctor command line, for run.json
+    # `-- COMMAND ARGS` of a program (python, torchrun, srun, ...): run as given, not under
+    # ddpdoctor's torchrun; None for the reference job or a script
+    command: UserCommand | None = None
+    slurm_env: bool = True  # under srun, fill torch's variables from Slurm's (--no-slurm-env)
 
     @property
-    def world_size(self) -> int:
+    def world_size(self) -> int | None:
+        """None for a user's command: its ranks say how many they are when they join."""
+        if self.command is not None:
+            return None
         return self.nproc_per_node * self.max_nodes
 
     @property
@@ -68,11 +76,16 @@ class LaunchPlan:
     def checkup_scripts(self) -> tuple[str, ...]:
         """The user's script for the preflight's source checkup; none for the reference job, -m, or a
         program that is not a .py file."""
+        if self.command is not None:
+            found = self.command.python_script
+            return (found,) if found else ()
         script = self.script or ""
         return (script,) if script.endswith(".py") else ()
 
     @property
     def job_name(self) -> str:
+        if self.command is not None:
+            return os.path.basename(self.command.argv[0])
         if self.script is None:
             return "reference"
         return self.script_args[0] if self.script == "-m" and self.script_args else self.script
@@ -105,6 +118,10 @@ def plan_from_args(
 ) -> LaunchPlan:
     injects = tuple(parse_inject(text) for text in args.inject)
     script = args.script
+    if script is not None:
+        command = classify([script, *args.script_args])
+        if command.is_command:
+            return _command_plan(args, command, injects, argv)
     if script is not None:
         _check_user_script(args, injects)
     max_nodes = parse_nnodes(args.nnodes)
@@ -177,6 +194,58 @@ def plan_from_args(
     )
 
 
+# Flags that shape ddpdoctor's own torchrun: a user's command starts its ranks its own way.
+TORCHRUN_ONLY_FLAGS = (
+    "nproc",
+    "nnodes",
+    "node_rank",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "master_addr",
+    "master_port",
+    "join_timeout",
+)
+
+
+def _command_plan(
+    args: argparse.Namespace,
+    command: UserCommand,
+    injects: tuple[InjectSpec, ...],
+    argv: Sequence[str] | None,
+) -> LaunchPlan:
+    """`ddpdoctor run -- COMMAND ARGS`: the command runs as given and starts its own ranks."""
+    if injects:
+        raise UsageError(
+            "--inject only works with the reference job: a command of yours runs unchanged"
+        )
+    flags = [*REFERENCE_ONLY_FLAGS, *TORCHRUN_ONLY_FLAGS]
+    given = [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name, None)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} only apply when ddpdoctor starts torchrun itself (-- SCRIPT); "
+            f"'{command.argv[0]}' starts its ranks its own way: give them to it instead"
+        )
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if visible_gpu_count() else "gloo"
+    return LaunchPlan(
+        nproc_per_node=DEFAULT_NPROC_WITHOUT_GPU,  # for the preflight doctor only
+        max_nodes=1,
+        backend=backend,
+        run_dir=args.run_dir,
+        hang_after=args.hang_after,
+        keep_running=args.keep_running,
+        doctor=not args.no_doctor,
+        json=args.json,
+        tui_allowed=not (args.no_tui or args.json),
+        workers=args.workers,
+        argv=tuple(sys.argv[1:] if argv is None else argv),
+        command=command,
+        slurm_env=not getattr(args, "no_slurm_env", False),
+    )
+
+
 def _check_multi_node(args: argparse.Namespace, max_nodes: int) -> None:
     """A job that spans nodes needs a place to meet and, for ddpdoctor, a name for each launcher:
     its --node-rank names its folders in the shared run directory (logs/<host>/node-<N>/,
@@ -228,12 +297,16 @@ def run_json_document(
         "name": run_dir.name,
         "command": shlex.join(["ddpdoctor", *plan.argv]),
         "argv": ["ddpdoctor", *plan.argv],
-        "torchrun": list(torchrun),
+        "torchrun": list(torchrun) if plan.command is None else None,
+        "launch_mode": "torchrun" if plan.command is None else "command",
+        "job_command": list(torchrun),
+        "launcher_kind": plan.command.kind if plan.command is not None else "torchrun",
+        "slurm_env": plan.slurm_env,
         "script": plan.job_name,
-        "script_args": list(plan.script_args) if plan.script else [],
+        "script_args": list(plan.script_args) if plan.script and plan.command is None else [],
         "world_size": plan.world_size,
-        "nproc_per_node": plan.nproc_per_node,
-        "nnodes": plan.max_nodes,
+        "nproc_per_node": plan.nproc_per_node if plan.command is None else None,
+        "nnodes": plan.max_nodes if plan.command is None else None,
         "node_rank": plan.rendezvous.node_rank,
         "backend": plan.backend,
         "hosts": [socket.gethostname()],

@@ -44,9 +44,15 @@ def activate(run_dir: str | os.PathLike[str] | None = None) -> core.Runtime | No
 
 
 def start(
-    run_dir: str | os.PathLike[str] | None = None, *, script: str | None = None
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    script: str | None = None,
+    join_only: bool = False,
 ) -> core.Runtime | None:
-    """activate(), plus what the bootstrap knows: the script it is about to run."""
+    """activate(), plus what the bootstrap knows: the script it is about to run.
+
+    `join_only` (autostart.py): the process becomes a rank only by joining a process group; its
+    rank comes from the group, never from $RANK, and if it never joins it writes nothing."""
     existing = core.active()
     if existing is not None:
         return existing
@@ -55,9 +61,12 @@ def start(
         return None
     try:
         runtime = core.Runtime(
-            Path(target).absolute(), rank=env_int("RANK"), heartbeat_s=heartbeat_period()
+            Path(target).absolute(),
+            rank=None if join_only else env_int("RANK"),
+            heartbeat_s=heartbeat_period(),
         )
         runtime.script = script
+        runtime.join_only = join_only
         try:
             runtime.run_dir.events_dir.mkdir(parents=True, exist_ok=True)
         except OSError:

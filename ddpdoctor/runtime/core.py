@@ -99,6 +99,10 @@ class Runtime:
         self.cuda_device: int | None = None  # the GPU this rank uses, once known
         self.cuda_marker: CudaMarker | None = default_cuda_marker
         self.script: str | None = None  # what the bootstrap runs (a path, or "-m module")
+        # Started by autostart at init_process_group: a rank only once it has joined; a process
+        # that never joins (its init failed) is no rank and writes nothing.
+        self.join_only = False
+        self.world_size: int | None = None  # from the process group, once joined
         self.exit_hint: ExitHint | None = None
         self.heartbeat: Heartbeat | None = None  # its thread, once activate() started it
         self.finished = False
@@ -207,17 +211,19 @@ class Runtime:
                 device=self.device,
                 script=self.script,
                 heartbeat_s=self.heartbeat_s,
+                world_size=self.world_size,
             ),
         )
 
     def on_process_group(self) -> None:
         """init_process_group returned: learn rank, backend and device, and say hello again."""
         try:
-            rank, _world, backend, device = info.process_group_facts()
+            rank, world, backend, device = info.process_group_facts()
         except Exception:  # noqa: BLE001
             return
         if rank is not None and self._writer is None:
             self.set_rank(rank)
+        self.world_size = world or self.world_size
         self.backend = backend or self.backend
         if device is not None:
             self.cuda_device = device
@@ -254,6 +260,11 @@ class Runtime:
                 return
             self._finishing = True
             rank_unknown = self._writer is None
+        if rank_unknown and self.join_only:  # never joined: no rank, nothing to say
+            with self._lock:
+                self.finished = True
+                self._early = []
+            return
         if rank_unknown:  # never learned its rank: the file of rank 0 is the best guess
             self.set_rank(0)
         self.collectives.poll()  # async ops that completed since the heartbeat last looked

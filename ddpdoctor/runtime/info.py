@@ -6,9 +6,13 @@ import os
 import platform
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ddpdoctor._version import __version__
+
+ENV_FILLED_FROM = "DDPDOCTOR_ENV_FROM"  # the launcher whose variables ddpdoctor translated
+ENV_FILLED = "DDPDOCTOR_ENV_FILLED"  # the names it filled, comma-separated
 
 
 def env_int(name: str) -> int | None:
@@ -20,11 +24,17 @@ def env_int(name: str) -> int | None:
 
 
 def hello_fields(
-    *, backend: str | None, device: str | None, script: str | None, heartbeat_s: float
+    *,
+    backend: str | None,
+    device: str | None,
+    script: str | None,
+    heartbeat_s: float,
+    world_size: int | None = None,
 ) -> dict[str, Any]:
-    return {
+    """`world_size`: the process group's, once joined (an mp.spawn rank has no $WORLD_SIZE)."""
+    fields = {
         "local_rank": env_int("LOCAL_RANK"),
-        "world_size": env_int("WORLD_SIZE"),
+        "world_size": world_size or env_int("WORLD_SIZE"),
         "local_world_size": env_int("LOCAL_WORLD_SIZE"),
         "group_rank": env_int("GROUP_RANK"),
         "host": socket.gethostname(),
@@ -38,7 +48,32 @@ def hello_fields(
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "restart_count": env_int("TORCHELASTIC_RESTART_COUNT"),
         "heartbeat_s": heartbeat_s,
+        "parent": parent_of(os.getppid()),
     }
+    fields.update(env_filled(os.environ))
+    return fields
+
+
+def env_filled(env: Mapping[str, str]) -> dict[str, Any]:
+    """Which of torch's variables ddpdoctor filled in from a launcher's (autostart.py): the hello
+    event's {"env_from": "slurm", "env_filled": [...]}, or {}."""
+    source = env.get(ENV_FILLED_FROM)
+    if not source:
+        return {}
+    return {"env_from": source, "env_filled": [n for n in env.get(ENV_FILLED, "").split(",") if n]}
+
+
+def parent_of(ppid: int) -> dict[str, Any]:
+    """The process that started this rank (the launcher: torchrun's agent, an mp.spawn parent,
+    slurmstepd, mpirun's daemon), from /proc: {"pid", "argv"}; argv empty where unreadable."""
+    argv: list[str] = []
+    try:
+        with open(f"/proc/{ppid}/cmdline", "rb") as fh:
+            raw = fh.read(4096)
+        argv = [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+    except OSError:
+        pass
+    return {"pid": ppid, "argv": argv}
 
 
 def versions() -> dict[str, Any]:

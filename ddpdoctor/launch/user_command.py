@@ -1,0 +1,39 @@
+"""Running a user's own launch command (`ddpdoctor run -- python|torchrun|srun|... ARGS`).
+
+ddpdoctor runs the command exactly as given; what changes is only its environment: the job's
+usual one (run directory, unbuffered output, NCCL logs: torchrun_cmd.job_env) plus
+ddpdoctor/runtime/site first on PYTHONPATH, whose sitecustomize brings the runtime up in every
+Python process of the job (ddpdoctor/runtime/autostart.py: a process becomes a rank when it joins
+a process group). Under srun the ranks fill torch's variables from Slurm's unless `--no-slurm-env`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ddpdoctor.launch.torchrun_cmd import job_env
+from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.runtime.autostart import ENV_SLURM_ENV, SITE_DIR
+
+
+def with_site_dir(pythonpath: str | None, site_dir: str = str(SITE_DIR)) -> str:
+    """PYTHONPATH with the sitecustomize folder first (once); the user's entries keep their
+    order after it, and their own sitecustomize still runs (ours chains to it)."""
+    entries = [p for p in (pythonpath or "").split(os.pathsep) if p and p != site_dir]
+    return os.pathsep.join([site_dir, *entries])
+
+
+def command_env(
+    base: Mapping[str, str],
+    *,
+    run_dir: RunDir,
+    backend: str,
+    torch_version: str | None,
+    slurm_env: bool = True,
+) -> dict[str, str]:
+    env = job_env(base, run_dir=run_dir, backend=backend, torch_version=torch_version)
+    env["PYTHONPATH"] = with_site_dir(base.get("PYTHONPATH"))
+    if not slurm_env:
+        env[ENV_SLURM_ENV] = "0"
+    return env

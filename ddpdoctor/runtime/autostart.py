@@ -1,0 +1,222 @@
+"""The runtime in every Python process of a job that ddpdoctor did not start itself.
+
+`ddpdoctor run -- COMMAND` puts ddpdoctor/runtime/site/ first on the job's PYTHONPATH; its
+sitecustomize calls `on_startup()` in every Python process the command starts, before the
+process runs any code of its own. What happens there:
+
+1. Launchers are left alone: torchrun's agent (`torchrun`, `python -m torch.distributed.run`),
+   `accelerate launch`, `deepspeed`, and multiprocessing's helper processes.
+2. Under srun with no torch variables, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+   MASTER_ADDR and MASTER_PORT are filled from Slurm's (as Lightning's SLURMEnvironment does;
+   the mapping is ddpdoctor.launchers.slurm), unless $DDPDOCTOR_SLURM_ENV is "0". The ranks'
+   hello event says so (`env_from: "slurm"`, `env_filled: [...]`).
+3. A post-import hook waits for `torch.distributed`. Once it is imported, `init_process_group`
+   is wrapped: **a process is a rank when it joins a process group**. At that call the runtime
+   starts (hooks, heartbeat; what it records is held in memory while the rank is unknown) and
+   when the call returns the process takes its rank from the process group, opens
+   events/rank-<R>.jsonl and writes what it held. A process that never joins (the mp.spawn
+   parent, a DataLoader worker, a compile worker, a helper script) writes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from collections.abc import Callable, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR
+from ddpdoctor.runtime.info import ENV_FILLED, ENV_FILLED_FROM
+
+# The folder whose sitecustomize.py calls on_startup(); `ddpdoctor run` prepends it to PYTHONPATH.
+SITE_DIR = Path(__file__).resolve().parent / "site"
+ENV_AUTOSTART = "DDPDOCTOR_AUTOSTART"  # "0": the sitecustomize does nothing
+ENV_SLURM_ENV = "DDPDOCTOR_SLURM_ENV"  # "0": leave Slurm's variables untranslated (--no-slurm-env)
+WATCHED_MODULE = "torch.distributed"
+SLURM_FILLED = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+# Python processes that start ranks but never are one: their argv as python saw it.
+LAUNCHER_MODULES = frozenset(
+    {"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"}
+)
+LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed"})
+HELPER_SNIPPETS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def is_launcher(orig_argv: Sequence[str]) -> bool:
+    """The interpreter's command line (sys.orig_argv) is a launcher's or multiprocessing's own."""
+    args = list(orig_argv[1:])
+    while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        args.pop(0)  # interpreter options: -u, -B, -X ...
+    if not args:
+        return False
+    if args[0] == "-m":
+        return len(args) > 1 and args[1] in LAUNCHER_MODULES
+    if args[0] == "-c":
+        return len(args) > 1 and any(snippet in args[1] for snippet in HELPER_SNIPPETS)
+    return os.path.basename(args[0]) in LAUNCHER_SCRIPTS
+
+
+def fill_from_slurm(env: MutableMapping[str, str]) -> tuple[str, ...]:
+    """Fill torch's variables from Slurm's in `env` when this is an srun task that has none of
+    them; the names filled (none when not under srun, turned off, or already set)."""
+    if env.get(ENV_SLURM_ENV) == "0" or not in_slurm_step(env):
+        return ()
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return ()  # torchrun's worker, a wrapper that mapped them, or a previous process of ours
+    try:
+        mapped = torch_env_from_slurm(env)
+    except SlurmEnvError as exc:
+        _warn(f"Slurm's variables were not translated: {exc}")
+        return ()
+    filled = tuple(name for name in SLURM_FILLED if name in mapped and name not in env)
+    for name in filled:
+        env[name] = mapped[name]
+    if filled:
+        env[ENV_FILLED_FROM] = "slurm"
+        env[ENV_FILLED] = ",".join(filled)
+    return filled
+
+
+def on_startup(
+    env: MutableMapping[str, str] | None = None, orig_argv: Sequence[str] | None = None
+) -> bool:
+    """Called by the sitecustomize; True when this process waits to become a rank."""
+    env = os.environ if env is None else env
+    argv = list(getattr(sys, "orig_argv", sys.argv) if orig_argv is None else orig_argv)
+    if not env.get(ENV_RUN_DIR) or env.get(ENV_AUTOSTART) == "0" or is_launcher(argv):
+        return False
+    fill_from_slurm(env)
+    when_imported(WATCHED_MODULE, wrap_init_process_group)
+    return True
+
+
+# -- the rank joins -------------------------------------------------------------------------
+
+JOIN_MARK = "__ddpdoctor_join__"
+
+
+def wrap_init_process_group(dist: Any) -> None:
+    """Start the runtime when this process joins a process group (once per process)."""
+    c10d = getattr(dist, "distributed_c10d", None)
+    original = getattr(c10d, "init_process_group", None) or getattr(
+        dist, "init_process_group", None
+    )
+    if original is None or getattr(original, JOIN_MARK, False):
+        return
+    from ddpdoctor.runtime import c10d_hooks, core
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        runtime = core.active() or _start_runtime()
+        c10d_hooks.forget_calls()
+        result = original(*args, **kwargs)
+        if runtime is not None and core.active() is runtime:
+            runtime.on_process_group()
+        return result
+
+    setattr(init_process_group, JOIN_MARK, True)
+    # the runtime's own lifecycle wrapper must not wrap this one again
+    setattr(init_process_group, c10d_hooks.WRAPPED_MARK, original)
+    for module in (c10d, dist):
+        if module is not None and getattr(module, "init_process_group", None) is original:
+            module.init_process_group = init_process_group
+
+
+def _start_runtime() -> Any:
+    from ddpdoctor.runtime import activation
+
+    return activation.start(join_only=True, script=_script_label())
+
+
+def _script_label() -> str | None:
+    argv = list(getattr(sys, "argv", []) or [])
+    return argv[0] if argv and argv[0] not in ("-c", "") else None
+
+
+# -- a post-import hook -----------------------------------------------------------------------
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback once the named module has been executed (the first import of it)."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy.on = False
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _CallbackLoader(spec.loader, self)
+        return spec
+
+    def fire(self, module: Any) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        try:
+            self.callback(module)
+        except Exception as exc:  # noqa: BLE001 - the import itself must succeed
+            _warn(f"event recording is off: {type(exc).__name__}: {exc}")
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, hook: _AfterImport) -> None:
+        self.loader = loader
+        self.hook = hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        # the module keeps its real loader (linecache and inspect read sources through it)
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.hook.fire(module)
+
+
+def when_imported(name: str, callback: Callable[[Any], None]) -> None:
+    """Call `callback(module)` once `name` is imported (now, if it already is)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    if not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"ddpdoctor: warning: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,47 @@
+"""ddpdoctor's sitecustomize: put on PYTHONPATH by `ddpdoctor run -- COMMAND`, so that every Python
+process of the job (the ranks an mp.spawn parent, a torchrun or srun starts) runs it at startup.
+
+The mechanism is the one coverage.py uses to measure subprocesses. It does nothing outside a
+ddpdoctor run ($DDPDOCTOR_RUN_DIR unset), and then hands over to the sitecustomize the environment
+already had (the next one on sys.path), exactly as if this one were not there.
+"""
+
+import os
+import sys
+
+
+def _ddpdoctor_startup() -> None:
+    if not os.environ.get("DDPDOCTOR_RUN_DIR"):
+        return
+    try:
+        from ddpdoctor.runtime import autostart
+
+        autostart.on_startup()
+    except Exception as exc:  # noqa: BLE001 - a job must start even when ddpdoctor cannot
+        try:
+            sys.stderr.write(
+                f"ddpdoctor: warning: event recording is off: {type(exc).__name__}: {exc}\n"
+            )
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _chain_to_next_sitecustomize() -> None:
+    """Import the sitecustomize that this one hides (a venv's, a distribution's, coverage's)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = sys.modules.pop("sitecustomize", None)
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        import sitecustomize  # noqa: F401 - the next one runs on import
+    except ModuleNotFoundError as exc:
+        if exc.name != "sitecustomize":
+            raise
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+    finally:
+        sys.path[:] = saved
+
+
+_ddpdoctor_startup()
+_chain_to_next_sitecustomize()

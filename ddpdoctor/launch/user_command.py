@@ -9,19 +9,11 @@ a process group). Under srun the ranks fill torch's variables from Slurm's unles
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from ddpdoctor.launch.torchrun_cmd import job_env
 from ddpdoctor.protocol.rundir import RunDir
-from ddpdoctor.runtime.autostart import ENV_SLURM_ENV, SITE_DIR
-
-
-def with_site_dir(pythonpath: str | None, site_dir: str = str(SITE_DIR)) -> str:
-    """PYTHONPATH with the sitecustomize folder first (once); the user's entries keep their
-    order after it, and their own sitecustomize still runs (ours chains to it)."""
-    entries = [p for p in (pythonpath or "").split(os.pathsep) if p and p != site_dir]
-    return os.pathsep.join([site_dir, *entries])
+from ddpdoctor.runtime.autostart import ENV_SLURM_ENV, with_site_dir
 
 
 def command_env(

@@ -55,6 +55,7 @@ class HeadlessView:
         self._tasks: dict[str, TaskID] = {}
         self._status = Text("")
         self._closed = False
+        self._shown_launchers: set[tuple[str | None, int]] = set()
 
     # -- output of the job -----------------------------------------------------------------
 
@@ -69,6 +70,7 @@ class HeadlessView:
     def update(self, snap: Snapshot) -> None:
         if self._closed:
             return
+        self._print_launchers(snap)
         if self.live:
             self._update_bars(snap)
         else:
@@ -88,6 +90,7 @@ class HeadlessView:
             self._update_bars(snap)
             self._live.stop()
             self._live = None
+        self._print_launchers(snap, final=True)
         if snap.verdict.is_problem and self._printed_problem is None:
             for line in diagnosis_lines(snap, self.symbols):
                 self._print(line)
@@ -105,6 +108,18 @@ class HeadlessView:
         self._print(verdict_line(snap))
 
     # -- internals -------------------------------------------------------------------------
+
+    def _print_launchers(self, snap: Snapshot, *, final: bool = False) -> None:
+        """Each launcher once: what started the ranks (an mp.spawn parent, torchrun's agent,
+        slurmstepd), printed when every rank of the world has said hello, or at the end."""
+        complete = sum(len(launcher.ranks) for launcher in snap.launchers) >= len(snap.ranks)
+        if not (complete or final):
+            return
+        for launcher in snap.launchers:
+            key = (launcher.host, launcher.pid)
+            if key not in self._shown_launchers:
+                self._shown_launchers.add(key)
+                self._print(f"launcher: {launcher.describe()}", markup=False)
 
     def _print(self, line: Text | str, *, markup: bool = True) -> None:
         # soft_wrap: long lines stay whole (a terminal wraps them; a CI log keeps them greppable)

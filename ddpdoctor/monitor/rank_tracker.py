@@ -88,6 +88,7 @@ class RankTracker:
         self.pid: int | None = None
         self.local_rank: int | None = None
         self.ppid: int | None = None  # its node's torchrun (which launcher owns it)
+        self.parent_argv: tuple[str, ...] = ()  # that launcher's command line, when the hello said
         self.group_rank: int | None = None  # torchrun's node number (GROUP_RANK)
         self.world_size: int | None = None
         self.backend: str | None = None
@@ -168,6 +169,9 @@ class RankTracker:
         self.host = text(e.get("host")) or self.host
         self.local_rank = integer(e.get("local_rank"))
         self.ppid = integer(e.get("ppid"))
+        parent = e.get("parent")
+        if isinstance(parent, dict) and isinstance(parent.get("argv"), list):
+            self.parent_argv = tuple(str(word) for word in parent["argv"])
         self.group_rank = integer(e.get("group_rank"))
         self.world_size = integer(e.get("world_size")) or self.world_size
         self.backend = text(e.get("backend")) or self.backend

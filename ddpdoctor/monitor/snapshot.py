@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.monitor.launchers import LauncherView
 from ddpdoctor.protocol.verdicts import RankState, Verdict
 from ddpdoctor.stacks.groups import StackGroup
 
@@ -247,6 +248,8 @@ class Snapshot:
     # A job over several nodes whose ranks have not started: the launchers (--node-rank) that
     # have not recorded themselves in the run directory, which torchrun's rendezvous waits for.
     nodes_missing: tuple[int, ...] = ()
+    # The processes that started the ranks and are no rank themselves (monitor/launchers.py).
+    launchers: tuple[LauncherView, ...] = ()
 
     def rank(self, rank: int) -> RankView | None:
         """The view of one rank (ranks are sorted by rank, usually dense from 0)."""
@@ -283,6 +286,7 @@ class Snapshot:
             "stacks": [s.to_json() for s in self.stacks],
             "culprits": sorted(self.culprits),
             "nodes_missing": list(self.nodes_missing),
+            "launchers": [launcher.to_json() for launcher in self.launchers],
             "run": {
                 "name": self.run.name,
                 "run_dir": self.run.run_dir,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.monitor.launchers import launcher_views
 from ddpdoctor.monitor.rank_tracker import RankTracker, num
 from ddpdoctor.monitor.snapshot import (
     POINT_TO_POINT_OPS,
@@ -245,6 +246,7 @@ class RunState:
             thresholds=thresholds,
             live=live,
             nodes_missing=self._nodes_missing(),
+            launchers=launcher_views(self.ranks),
         )
 
     def _nodes_missing(self) -> tuple[int, ...]:

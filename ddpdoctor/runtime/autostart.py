@@ -56,6 +56,13 @@ LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed"})
 HELPER_SNIPPETS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
+def with_site_dir(pythonpath: str | None, site_dir: str = str(SITE_DIR)) -> str:
+    """PYTHONPATH with the sitecustomize folder first (once); the user's entries keep their
+    order after it, and their own sitecustomize still runs (ours chains to it)."""
+    entries = [p for p in (pythonpath or "").split(os.pathsep) if p and p != site_dir]
+    return os.pathsep.join([site_dir, *entries])
+
+
 def is_launcher(orig_argv: Sequence[str]) -> bool:
     """The interpreter's command line (sys.orig_argv) is a launcher's or multiprocessing's own."""
     args = list(orig_argv[1:])

@@ -27,8 +27,10 @@ from typing import Any
 from ddpdoctor.console import error_line
 from ddpdoctor.errors import UsageError
 from ddpdoctor.exit_codes import ExitCode
-from ddpdoctor.runtime import activation
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR
+from ddpdoctor.runtime import activation, autostart
 from ddpdoctor.runtime.exit_hooks import exit_code_of
+from ddpdoctor.runtime.info import env_int
 
 USAGE = "usage: python -m ddpdoctor.runtime.bootstrap SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -134,6 +136,18 @@ def _trimmed(tb: types.TracebackType | None) -> types.TracebackType | None:
     return tb
 
 
+def _start(target: Target) -> Any:
+    """The runtime for this process. Under torchrun ($RANK set) it records at once as that rank.
+    Without $RANK the script may start its ranks itself (mp.spawn): this process becomes a rank
+    only if it joins a process group, and its children run ddpdoctor's sitecustomize, so each of
+    them becomes one when it joins (ddpdoctor/runtime/autostart.py)."""
+    if env_int("RANK") is not None or not os.environ.get(ENV_RUN_DIR):
+        return activation.start(script=target.label)
+    os.environ["PYTHONPATH"] = autostart.with_site_dir(os.environ.get("PYTHONPATH"))
+    autostart.when_imported(autostart.WATCHED_MODULE, autostart.wrap_init_process_group)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if target.path is not None and not os.path.isdir(target.path):
         # python puts the script's (real) folder first on sys.path, in place of the cwd
         sys.path[0] = os.path.dirname(os.path.realpath(target.path))
-    runtime = activation.start(script=target.label)
+    runtime = _start(target)
     try:
         execute(target)
     except SystemExit as exc:

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint format clean bench
+.PHONY: demo test lint format clean bench cluster cluster-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,14 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/detect.py
 	$(BIN)/python benchmarks/monitor_scale.py
 	$(BIN)/python benchmarks/tui.py
+
+# A one-host Slurm (Debian's slurm-wlm and munge; needs root) for the tests marked `slurm`, which
+# are skipped, with the reason, while no Slurm node is idle. Idempotent.
+cluster:
+	bash scripts/cluster.sh start
+
+cluster-stop:
+	bash scripts/cluster.sh stop
 
 clean:
 	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache

@@ -121,7 +121,7 @@ def plan_from_args(
     if script is not None:
         command = classify([script, *args.script_args])
         if command.is_command:
-            return _command_plan(args, command, injects, argv)
+            return _command_plan(args, command, injects, argv, gpu_count)
     if script is not None:
         _check_user_script(args, injects)
     max_nodes = parse_nnodes(args.nnodes)
@@ -213,6 +213,7 @@ def _command_plan(
     command: UserCommand,
     injects: tuple[InjectSpec, ...],
     argv: Sequence[str] | None,
+    gpu_count: Callable[[], int],
 ) -> LaunchPlan:
     """`ddpdoctor run -- COMMAND ARGS`: the command runs as given and starts its own ranks."""
     if injects:
@@ -228,7 +229,7 @@ def _command_plan(
         )
     backend = args.backend
     if backend == "auto":
-        backend = "nccl" if visible_gpu_count() else "gloo"
+        backend = "nccl" if gpu_count() else "gloo"
     return LaunchPlan(
         nproc_per_node=DEFAULT_NPROC_WITHOUT_GPU,  # for the preflight doctor only
         max_nodes=1,

@@ -1,0 +1,77 @@
+"""The launchers of a run (the processes that started its ranks and are no rank themselves), from
+the ranks' hello events: in the snapshot, its JSON and the text view."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from ddpdoctor.monitor.headless import HeadlessView
+from ddpdoctor.monitor.launchers import LauncherView, launcher_views
+from ddpdoctor.monitor.snapshot import RunInfo
+from ddpdoctor.monitor.state import RunState
+
+SPAWN_PARENT = ["/venv/bin/python", "multigpu.py", "4", "2"]
+
+
+def hello(rank: int, *, pid: int, ppid: int, argv, host="vm", world_size=2, t=1.0) -> dict:
+    return {
+        "v": 1, "t": t, "mono": t, "rank": rank, "kind": "hello", "host": host, "pid": pid,
+        "ppid": ppid, "world_size": world_size, "parent": {"pid": ppid, "argv": argv},
+    }  # fmt: skip
+
+
+def state_with(*events: dict, world_size=None) -> RunState:
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=world_size))
+    for n, event in enumerate(events, 1):
+        state.apply(event, (f"events/rank-{event['rank']}.jsonl", n))
+    return state
+
+
+def test_the_spawn_parent_is_one_launcher_of_both_ranks_and_the_world_is_two():
+    state = state_with(
+        hello(1, pid=11, ppid=10, argv=SPAWN_PARENT), hello(0, pid=12, ppid=10, argv=SPAWN_PARENT)
+    )
+    snap = state.snapshot(2.0)
+    assert [v.rank for v in snap.ranks] == [0, 1]  # from the hellos: run.json gave no size
+    assert snap.launchers == (LauncherView("vm", 10, tuple(SPAWN_PARENT), (0, 1)),)
+    assert snap.launchers[0].describe() == "python multigpu.py 4 2 (vm:10) started ranks 0, 1"
+    assert snap.diagnosis_json()["launchers"] == [
+        {"host": "vm", "pid": 10, "argv": SPAWN_PARENT, "ranks": [0, 1]}
+    ]
+
+
+def test_one_launcher_per_node_ordered_by_rank():
+    step = ["slurmstepd: [7.0]"]
+    state = state_with(
+        hello(2, pid=5, ppid=4, argv=step, host="b", world_size=4),
+        hello(0, pid=5, ppid=4, argv=step, host="a", world_size=4),
+        hello(1, pid=6, ppid=4, argv=step, host="a", world_size=4),
+        hello(3, pid=6, ppid=4, argv=[], host="b", world_size=4),
+    )
+    views = launcher_views(state.ranks)
+    assert [(v.host, v.ranks) for v in views] == [("a", (0, 1)), ("b", (2, 3))]
+    assert views[0].label == "slurmstepd: [7.0]"
+    assert LauncherView("h", 9, (), (0,)).label == "pid 9"
+
+
+def test_old_hellos_without_a_parent_give_no_argv():
+    event = hello(0, pid=3, ppid=2, argv=[], world_size=1)
+    del event["parent"]
+    assert state_with(event).snapshot(2.0).launchers == (LauncherView("vm", 2, (), (0,)),)
+
+
+def test_the_text_view_names_each_launcher_once_when_every_rank_is_in():
+    out = io.StringIO()
+    view = HeadlessView(Console(file=out, width=200, color_system=None), live=False)
+    first = state_with(hello(0, pid=12, ppid=10, argv=SPAWN_PARENT))
+    view.update(first.snapshot(2.0))
+    assert "launcher:" not in out.getvalue()  # rank 1 has not said hello: wait for it
+    both = state_with(
+        hello(0, pid=12, ppid=10, argv=SPAWN_PARENT), hello(1, pid=11, ppid=10, argv=SPAWN_PARENT)
+    )
+    view.update(both.snapshot(2.0))
+    view.close(both.snapshot(3.0))
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
+    assert lines == ["launcher: python multigpu.py 4 2 (vm:10) started ranks 0, 1"]

@@ -20,6 +20,16 @@ def hosts_text(hosts: tuple[str, ...], limit: int = 2) -> str:
     return ", ".join(hosts)
 
 
+def launchers_text(snapshot: Snapshot) -> str:
+    """What started the ranks (they are no ranks): "started by python multigpu.py 4 2"."""
+    launchers = snapshot.launchers
+    if not launchers:
+        return ""
+    if len(launchers) == 1:
+        return f"started by {launchers[0].label}"
+    return f"started by {len(launchers)} launchers"
+
+
 def verdict_badge(snapshot: Snapshot | None) -> Text:
     if snapshot is None:
         return Text(" CONNECTING ", style="bold black on grey70")
@@ -39,6 +49,9 @@ def title_line(snapshot: Snapshot | None, title: str | None) -> Text:
     hosts = run.hosts or tuple(dict.fromkeys(rv.host for rv in snapshot.ranks if rv.host))
     line.append(" │ ", style="dim")
     line.append(f"{world} ranks · {run.backend or 'backend ?'} · {hosts_text(hosts)}")
+    launchers = launchers_text(snapshot)
+    if launchers:
+        line.append(f" · {launchers}", style="dim")
     line.append(" │ ", style="dim")
     line.append(fmt.clock(snapshot.elapsed_s))
     return line

@@ -267,3 +267,16 @@ def test_call_with_timeout_bounds_and_reraises():
 def test_rank_view_defaults_are_sane():
     rv = rank_view(0)
     assert rv.state is RankState.RUNNING and rv.step_times
+
+
+def test_the_title_line_names_what_started_the_ranks():
+    from ddpdoctor.monitor.launchers import LauncherView
+    from ddpdoctor.tui.header import title_line
+    from tests.tui.canned import healthy_snapshot
+
+    snap = healthy_snapshot()
+    assert "started by" not in title_line(snap, None).plain
+    one = replace(snap, launchers=(LauncherView("vm", 7, ("/v/python", "multigpu.py"), (0, 1)),))
+    assert "· started by python multigpu.py │" in title_line(one, None).plain
+    two = replace(one, launchers=one.launchers * 2)
+    assert "· started by 2 launchers │" in title_line(two, None).plain

@@ -13,6 +13,7 @@ program; anything else is a usage error.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 from collections.abc import Sequence
@@ -88,3 +89,36 @@ def program_kind(words: Sequence[str]) -> str:
             return "torchrun"
         return "python"
     return "program"
+
+
+_SPAWNERS = frozenset({"spawn", "start_processes"})
+_MP_NAMES = frozenset({"mp", "multiprocessing", "torch_mp", "tmp"})
+
+
+def starts_own_ranks(path: str) -> bool:
+    """The script calls torch.multiprocessing's spawn / start_processes: it starts its ranks
+    itself, so under ddpdoctor's torchrun it would be one process starting a world of its own."""
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in _SPAWNERS:
+            continue
+        owner = node.func.value
+        name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+        if name in _MP_NAMES:
+            return True
+    return False
+
+
+def spawn_hint(script: str) -> str:
+    """The warning for a script that starts its own ranks, given as a script."""
+    return (
+        f"{script} starts its own ranks (mp.spawn): under ddpdoctor's torchrun it would run as one "
+        f"rank that starts a world of its own; run it as `ddpdoctor run -- python {script} ...` "
+        "and ddpdoctor watches the ranks it spawns"
+    )

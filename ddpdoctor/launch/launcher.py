@@ -35,6 +35,7 @@ from rich.console import Console
 from ddpdoctor.console import make_console, symbols_for, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.launch.capacity import HostCapacity, check_nproc
+from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
@@ -122,6 +123,8 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
         )
         write_json_atomic(run_dir.run_json, document)
     recorder = node_recorder(plan, run_dir, log_dir)
+    if plan.command is None and plan.script and starts_own_ranks(plan.script):
+        console.print(f"ddpdoctor: warning: {spawn_hint(plan.script)}", markup=False)
     if plan.doctor and not preflight(plan, run_dir, console):
         # diagnosis.json says so too, so `watch` on this directory ends at once: not started.
         # (A node of a job over several nodes says it in its node record: the other launchers

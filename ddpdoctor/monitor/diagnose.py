@@ -65,9 +65,18 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     return crash, crash
 
 
+_STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")
+
+
 def reports_the_stop(finding: Finding) -> bool:
-    return finding.id == "torchrun.signal" and any(
-        name in finding.summary for name in ("SIGTERM", "SIGKILL", "SIGINT")
+    """A launcher's report that a rank was ended by a signal: torchrun's failure table, or an
+    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`."""
+    if finding.id == "torchrun.signal":
+        return any(name in finding.summary for name in _STOP_SIGNALS)
+    return (
+        finding.id == "python.exception"
+        and "ProcessExitedException" in finding.summary
+        and any(f"terminated with signal {name}" in finding.summary for name in _STOP_SIGNALS)
     )
 
 

@@ -120,6 +120,8 @@ def test_mp_spawn_tcp_hang_names_the_rank_stops_the_job_and_leaves_nothing(tmp_p
     culprit_stacks = [s for s in doc["stacks"] if 1 in s["ranks"]]
     assert culprit_stacks and any("spawn_tcp_hang.py" in f for f in culprit_stacks[0]["frames"])
     assert event_files(run_dir) == ["rank-0.jsonl", "rank-1.jsonl"]
+    # the parent's ProcessExitedException (a rank ended by the stop) is the stop, not a fault
+    assert not [f for f in doc["findings"] if f["id"] == "python.exception"]
     assert_nothing_left(run_dir)
 
 

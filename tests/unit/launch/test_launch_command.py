@@ -126,3 +126,17 @@ def test_the_job_env_puts_the_sitecustomize_first_and_keeps_the_users_path(tmp_p
     assert ENV_SLURM_ENV not in env
     assert with_site_dir(env["PYTHONPATH"]) == env["PYTHONPATH"]  # once, however often
     assert with_site_dir(None) == str(SITE_DIR)
+
+
+def test_a_script_that_spawns_its_own_ranks_is_recognised(tmp_path):
+    from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
+
+    tutorial = Path(__file__).resolve().parents[2] / "corpus" / "ddp_tutorial_series"
+    assert starts_own_ranks(str(tutorial / "multigpu.py"))  # mp.spawn(main, ...)
+    assert not starts_own_ranks(str(tutorial / "multigpu_torchrun.py"))
+    other = tmp_path / "s.py"
+    other.write_text("import torch.multiprocessing\ntorch.multiprocessing.start_processes(f)\n")
+    assert starts_own_ranks(str(other))
+    other.write_text("def broken(:\n")
+    assert not starts_own_ranks(str(other))
+    assert "ddpdoctor run -- python multigpu.py" in spawn_hint("multigpu.py")

@@ -75,3 +75,16 @@ def test_the_text_view_names_each_launcher_once_when_every_rank_is_in():
     view.close(both.snapshot(3.0))
     lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
     assert lines == ["launcher: python multigpu.py 4 2 (vm:10) started ranks 0, 1"]
+
+
+def test_an_mp_spawn_parents_report_of_the_stop_is_the_stop_not_a_fault():
+    from ddpdoctor.findings import Finding, Severity
+    from ddpdoctor.monitor.diagnose import reports_the_stop
+
+    def exception(text: str) -> Finding:
+        return Finding(id="python.exception", severity=Severity.ERROR, summary=text, fix="")
+
+    stopped = "A process raised torch.multiprocessing.spawn.ProcessExitedException: process 0 "
+    assert reports_the_stop(exception(stopped + "terminated with signal SIGTERM at x.py:48"))
+    assert not reports_the_stop(exception(stopped + "terminated with signal SIGSEGV at x.py:48"))
+    assert not reports_the_stop(exception("A process raised ValueError: bad record"))

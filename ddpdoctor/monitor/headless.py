@@ -55,7 +55,7 @@ class HeadlessView:
         self._tasks: dict[str, TaskID] = {}
         self._status = Text("")
         self._closed = False
-        self._shown_launchers: set[tuple[str | None, int]] = set()
+        self._shown_launchers: set[tuple[str | None, int, tuple[int, ...]]] = set()
 
     # -- output of the job -----------------------------------------------------------------
 
@@ -113,11 +113,10 @@ class HeadlessView:
         """Each launcher once: what started the ranks (an mp.spawn parent, torchrun's agent,
         slurmstepd), printed when every rank of the world has said hello, or at the end."""
         complete = sum(len(launcher.ranks) for launcher in snap.launchers) >= len(snap.ranks)
-        if not (complete or final):
-            return
         for launcher in snap.launchers:
-            key = (launcher.host, launcher.pid)
-            if key not in self._shown_launchers:
+            # a launcher whose processes have not all joined is worth a line at once
+            key = (launcher.host, launcher.pid, launcher.not_joined or ())
+            if (complete or final or launcher.not_joined) and key not in self._shown_launchers:
                 self._shown_launchers.add(key)
                 self._print(f"launcher: {launcher.describe()}", markup=False)
 

@@ -10,13 +10,43 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.rank_ranges import named_ranks
 
 MAX_ARGV_CHARS = 120
+# multiprocessing's own helpers, children of an mp.spawn parent that are never ranks
+HELPER_SNIPPETS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+ChildLister = Callable[[int], list[tuple[int, tuple[str, ...]]]]
+
+
+def proc_children(pid: int) -> list[tuple[int, tuple[str, ...]]]:
+    """The live children of a process on this host, from /proc: [(pid, argv)]; [] when unknown."""
+    found: list[tuple[int, tuple[str, ...]]] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                pids = [int(p) for p in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in pids:
+            try:
+                with open(f"/proc/{child}/cmdline", "rb") as fh:
+                    raw = fh.read(4096)
+            except OSError:
+                continue
+            found.append(
+                (child, tuple(w.decode("utf-8", "replace") for w in raw.split(b"\0") if w))
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -25,6 +55,9 @@ class LauncherView:
     pid: int
     argv: tuple[str, ...]
     ranks: tuple[int, ...]
+    # Its live children that have not joined a process group (never ranks, or not yet), known
+    # only while the job runs and for a launcher on the watcher's host; None when unknown.
+    not_joined: tuple[int, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -39,7 +72,14 @@ class LauncherView:
 
     def describe(self) -> str:
         where = f"{self.host}:" if self.host else "pid "
-        return f"{self.label} ({where}{self.pid}) started {named_ranks(self.ranks)}"
+        text = f"{self.label} ({where}{self.pid}) started {named_ranks(self.ranks)}"
+        if self.not_joined:
+            pids = ", ".join(map(str, self.not_joined))
+            text += (
+                f"; {len(self.not_joined)} more of its processes (pid {pids}) have not joined "
+                "a process group"
+            )
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,12 +87,20 @@ class LauncherView:
             "pid": self.pid,
             "argv": list(self.argv),
             "ranks": list(self.ranks),
+            "not_joined": None if self.not_joined is None else list(self.not_joined),
         }
 
 
-def launcher_views(ranks: Mapping[int, Any]) -> tuple[LauncherView, ...]:
-    """One view per (host, parent pid) of the ranks' trackers (they carry .host, .ppid and
-    .parent_argv from the hello event), ordered by their lowest rank."""
+def launcher_views(
+    ranks: Mapping[int, Any],
+    *,
+    live: bool = False,
+    children: ChildLister = proc_children,
+    host: str | None = None,
+) -> tuple[LauncherView, ...]:
+    """One view per (host, parent pid) of the ranks' trackers (they carry .host, .ppid, .pid and
+    .parent_argv from the hello event), ordered by their lowest rank. `live`: also count each
+    local launcher's children that are no rank (a rank that has not called init_process_group)."""
     found: dict[tuple[str | None, int], tuple[tuple[str, ...], list[int]]] = {}
     for rank, tracker in ranks.items():
         ppid = getattr(tracker, "ppid", None)
@@ -64,11 +112,36 @@ def launcher_views(ranks: Mapping[int, Any]) -> tuple[LauncherView, ...]:
         entry[1].append(rank)
         if argv and not entry[0]:
             found[key] = (argv, entry[1])
-    views = [
-        LauncherView(host=host, pid=pid, argv=argv, ranks=tuple(sorted(members)))
-        for (host, pid), (argv, members) in found.items()
-    ]
+    here = host or (socket.gethostname() if live else None)
+    rank_pids = {getattr(t, "pid", None) for t in ranks.values()}
+    views = []
+    for (where, pid), (argv, members) in found.items():
+        not_joined = None
+        if live and where == here and argv and current_argv(pid) == argv:
+            not_joined = tuple(
+                sorted(
+                    child
+                    for child, child_argv in children(pid)
+                    if child not in rank_pids and not _is_helper(child_argv)
+                )
+            )
+        views.append(LauncherView(where, pid, argv, tuple(sorted(members)), not_joined))
     return tuple(sorted(views, key=lambda v: (min(v.ranks), v.host or "", v.pid)))
+
+
+def current_argv(pid: int) -> tuple[str, ...]:
+    """A local process's command line now (empty when gone): the launcher a hello named is
+    still the process of that pid, not a newer one that reuses it."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(4096)
+    except OSError:
+        return ()
+    return tuple(w.decode("utf-8", "replace") for w in raw.split(b"\0") if w)
+
+
+def _is_helper(argv: tuple[str, ...]) -> bool:
+    return any(snippet in word for word in argv for snippet in HELPER_SNIPPETS)
 
 
 def launcher_lines(launchers: tuple[LauncherView, ...]) -> list[str]:

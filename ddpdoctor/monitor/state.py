@@ -246,7 +246,7 @@ class RunState:
             thresholds=thresholds,
             live=live,
             nodes_missing=self._nodes_missing(),
-            launchers=launcher_views(self.ranks),
+            launchers=launcher_views(self.ranks, live=live),
         )
 
     def _nodes_missing(self) -> tuple[int, ...]:

@@ -25,9 +25,11 @@ def launchers_text(snapshot: Snapshot) -> str:
     launchers = snapshot.launchers
     if not launchers:
         return ""
+    waiting = sum(len(launcher.not_joined or ()) for launcher in launchers)
+    suffix = f" ({waiting} of its processes not joined)" if waiting else ""
     if len(launchers) == 1:
-        return f"started by {launchers[0].label}"
-    return f"started by {len(launchers)} launchers"
+        return f"started by {launchers[0].label}{suffix}"
+    return f"started by {len(launchers)} launchers{suffix}"
 
 
 def verdict_badge(snapshot: Snapshot | None) -> Text:

@@ -15,7 +15,7 @@ from ddpdoctor.monitor.state import RunState
 SPAWN_PARENT = ["/venv/bin/python", "multigpu.py", "4", "2"]
 
 
-def hello(rank: int, *, pid: int, ppid: int, argv, host="vm", world_size=2, t=1.0) -> dict:
+def hello(rank: int, *, pid: int, ppid: int, argv, host="node-a", world_size=2, t=1.0) -> dict:
     return {
         "v": 1, "t": t, "mono": t, "rank": rank, "kind": "hello", "host": host, "pid": pid,
         "ppid": ppid, "world_size": world_size, "parent": {"pid": ppid, "argv": argv},
@@ -35,10 +35,10 @@ def test_the_spawn_parent_is_one_launcher_of_both_ranks_and_the_world_is_two():
     )
     snap = state.snapshot(2.0)
     assert [v.rank for v in snap.ranks] == [0, 1]  # from the hellos: run.json gave no size
-    assert snap.launchers == (LauncherView("vm", 10, tuple(SPAWN_PARENT), (0, 1)),)
-    assert snap.launchers[0].describe() == "python multigpu.py 4 2 (vm:10) started ranks 0, 1"
+    assert snap.launchers == (LauncherView("node-a", 10, tuple(SPAWN_PARENT), (0, 1)),)
+    assert snap.launchers[0].describe() == "python multigpu.py 4 2 (node-a:10) started ranks 0, 1"
     assert snap.diagnosis_json()["launchers"] == [
-        {"host": "vm", "pid": 10, "argv": SPAWN_PARENT, "ranks": [0, 1]}
+        {"host": "node-a", "pid": 10, "argv": SPAWN_PARENT, "ranks": [0, 1], "not_joined": None}
     ]
 
 
@@ -59,7 +59,7 @@ def test_one_launcher_per_node_ordered_by_rank():
 def test_old_hellos_without_a_parent_give_no_argv():
     event = hello(0, pid=3, ppid=2, argv=[], world_size=1)
     del event["parent"]
-    assert state_with(event).snapshot(2.0).launchers == (LauncherView("vm", 2, (), (0,)),)
+    assert state_with(event).snapshot(2.0).launchers == (LauncherView("node-a", 2, (), (0,)),)
 
 
 def test_the_text_view_names_each_launcher_once_when_every_rank_is_in():
@@ -74,7 +74,7 @@ def test_the_text_view_names_each_launcher_once_when_every_rank_is_in():
     view.update(both.snapshot(2.0))
     view.close(both.snapshot(3.0))
     lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
-    assert lines == ["launcher: python multigpu.py 4 2 (vm:10) started ranks 0, 1"]
+    assert lines == ["launcher: python multigpu.py 4 2 (node-a:10) started ranks 0, 1"]
 
 
 def test_an_mp_spawn_parents_report_of_the_stop_is_the_stop_not_a_fault():
@@ -88,3 +88,24 @@ def test_an_mp_spawn_parents_report_of_the_stop_is_the_stop_not_a_fault():
     assert reports_the_stop(exception(stopped + "terminated with signal SIGTERM at x.py:48"))
     assert not reports_the_stop(exception(stopped + "terminated with signal SIGSEGV at x.py:48"))
     assert not reports_the_stop(exception("A process raised ValueError: bad record"))
+
+
+def test_a_live_local_launchers_children_that_did_not_join_are_named(monkeypatch):
+    from ddpdoctor.monitor import launchers
+
+    state = state_with(hello(0, pid=12, ppid=10, argv=SPAWN_PARENT, host="here"))
+    monkeypatch.setattr(launchers, "current_argv", lambda pid: tuple(SPAWN_PARENT))
+    helper = ("python", "-c", "from multiprocessing.resource_tracker import main;main(3)")
+    kids = {10: [(12, ("python",)), (13, ("python",)), (14, helper)]}
+    [view] = launcher_views(state.ranks, live=True, children=kids.__getitem__, host="here")
+    assert view.not_joined == (13,)  # rank 0 joined; 14 is multiprocessing's helper
+    assert view.describe().endswith(
+        "started rank 0; 1 more of its processes (pid 13) have not joined a process group"
+    )
+    # post-mortem, another host, or a launcher pid that now runs something else: unknown
+    assert launcher_views(state.ranks, children=kids.__getitem__, host="here")[0].not_joined is None
+    [away] = launcher_views(state.ranks, live=True, children=kids.__getitem__, host="elsewhere")
+    assert away.not_joined is None
+    monkeypatch.setattr(launchers, "current_argv", lambda pid: ("bash",))
+    [reused] = launcher_views(state.ranks, live=True, children=kids.__getitem__, host="here")
+    assert reused.not_joined is None

@@ -50,7 +50,13 @@ SLURM_FILLED = (
 
 # Python processes that start ranks but never are one: their argv as python saw it.
 LAUNCHER_MODULES = frozenset(
-    {"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"}
+    {
+        "torch.distributed.run",
+        "torch.distributed.launch",
+        "accelerate.commands.launch",
+        "deepspeed.launcher.launch",
+        "deepspeed.launcher.runner",
+    }
 )
 LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed"})
 HELPER_SNIPPETS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")

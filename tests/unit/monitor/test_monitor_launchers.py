@@ -109,3 +109,19 @@ def test_a_live_local_launchers_children_that_did_not_join_are_named(monkeypatch
     monkeypatch.setattr(launchers, "current_argv", lambda pid: ("bash",))
     [reused] = launcher_views(state.ranks, live=True, children=kids.__getitem__, host="here")
     assert reused.not_joined is None
+
+
+def test_the_text_view_names_processes_that_have_not_joined_at_once():
+    from dataclasses import replace
+
+    out = io.StringIO()
+    view = HeadlessView(Console(file=out, width=200, color_system=None), live=False)
+    snap = state_with(hello(0, pid=12, ppid=10, argv=SPAWN_PARENT, world_size=3)).snapshot(2.0)
+    waiting = replace(snap, launchers=(replace(snap.launchers[0], not_joined=(13,)),))
+    view.update(waiting)
+    view.update(waiting)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("launcher:")]
+    assert lines == [
+        "launcher: python multigpu.py 4 2 (node-a:10) started rank 0; 1 more of its processes "
+        "(pid 13) have not joined a process group"
+    ]

@@ -87,6 +87,7 @@ def test_a_process_that_never_joins_writes_nothing(tmp_path):
         (["python", "-u", "-m", "torch.distributed.launch", "t.py"], True),
         (["/venv/bin/python", "/venv/bin/torchrun", "t.py"], True),
         (["python", "/venv/bin/accelerate", "launch", "t.py"], True),
+        (["python", "-u", "-m", "deepspeed.launcher.launch", "--world_info=x", "t.py"], True),
         (["python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(3)"], True),
         (["python", "t.py"], False),
         (["python", "-m", "pkg.train"], False),

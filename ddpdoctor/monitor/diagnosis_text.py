@@ -76,7 +76,10 @@ def status_line(snap: Snapshot) -> str:
     if losses:
         parts.append(f"loss {sum(losses) / len(losses):.4g}")
     counts = Counter(v.state.value for v in snap.ranks)
-    parts.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if snap.ranks:
+        parts.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    else:  # a user's command: its processes become ranks when they join a process group
+        parts.append("no rank has joined a process group yet")
     if snap.nodes_missing:
         parts.append(f"waiting for {named_ranks(snap.nodes_missing, 'node')} to join")
     waiting = [v for v in snap.ranks if v.state is RankState.WAITING and v.collective]

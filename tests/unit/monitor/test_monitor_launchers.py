@@ -125,3 +125,13 @@ def test_the_text_view_names_processes_that_have_not_joined_at_once():
         "launcher: python multigpu.py 4 2 (node-a:10) started rank 0; 1 more of its processes "
         "(pid 13) have not joined a process group"
     ]
+
+
+def test_the_status_line_says_when_no_rank_has_joined_yet():
+    from ddpdoctor.monitor.diagnosis_text import status_line
+
+    assert status_line(state_with().snapshot(2.0)).endswith(
+        "no rank has joined a process group yet"
+    )
+    joined = state_with(hello(0, pid=12, ppid=10, argv=SPAWN_PARENT, world_size=1))
+    assert "not joined" not in status_line(joined.snapshot(2.0))

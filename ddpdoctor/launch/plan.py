@@ -84,8 +84,10 @@ class LaunchPlan:
 
     @property
     def job_name(self) -> str:
-        if self.command is not None:
-            return os.path.basename(self.command.argv[0])
+        if self.command is not None:  # "python multigpu.py", "torchrun train.py", "srun"
+            program = os.path.basename(self.command.argv[0])
+            script = self.command.python_script
+            return f"{program} {os.path.basename(script)}" if script else program
         if self.script is None:
             return "reference"
         return self.script_args[0] if self.script == "-m" and self.script_args else self.script

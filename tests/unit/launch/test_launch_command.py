@@ -83,7 +83,9 @@ def test_a_command_plan_has_no_world_size_and_no_torchrun(tmp_path, monkeypatch)
     Path("train.py").write_text("print(1)\n")
     p = plan("--no-doctor", "--", sys.executable, "train.py", "4")
     assert p.command is not None and p.command.kind == "python"
-    assert p.world_size is None and p.job_name == os.path.basename(sys.executable)
+    assert p.world_size is None
+    assert p.job_name == f"{os.path.basename(sys.executable)} train.py"
+    assert plan("--", sys.executable, "-c", "pass").job_name == os.path.basename(sys.executable)
     assert p.checkup_scripts == ("train.py",) and p.slurm_env
     doc = run_json_document(p, run_dir=tmp_path, torchrun=list(p.command.argv))
     assert doc["launch_mode"] == "command" and doc["launcher_kind"] == "python"

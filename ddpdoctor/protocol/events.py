@@ -38,7 +38,11 @@ heartbeat thread, or before the next immediate event.)
 hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
                    a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
                    starts (backend null) and again when init_process_group returns (backend,
-                   world_size and device then known): the latest hello wins.
+                   world_size and device then known): the latest hello wins. parent
+                   ({"pid", "argv"}: the process that started the rank, its launcher);
+                   env_from ("slurm") and env_filled (the names) when ddpdoctor filled torch's
+                   variables from a launcher's (runtime/autostart.py). A rank started by a user's
+                   own command (autostart) says hello only once it has joined a process group.
 heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
                    steps done (closed); seq starts at 1.
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on

@@ -41,7 +41,7 @@ from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launc
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.launch.torchrun_cmd import job_env, torchrun_argv
 from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
-from ddpdoctor.launch.user_command import command_env
+from ddpdoctor.launch.user_command import command_env, guarded_argv
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
@@ -107,8 +107,8 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     console = make_console(sys.stderr if plan.json else sys.stdout)
     torch_version = installed_torch_version()
     log_dir = run_dir.node_logs_dir(plan.node_rank)
-    if plan.command is not None:  # the user's own launch command, run as given
-        argv = list(plan.command.argv)
+    if plan.command is not None:  # the user's own launch command, run as given (guarded)
+        argv = guarded_argv(plan.command.argv)
     else:
         argv = torchrun_argv(
             nproc_per_node=plan.nproc_per_node,

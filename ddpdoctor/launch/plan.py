@@ -302,7 +302,7 @@ def run_json_document(
         "argv": ["ddpdoctor", *plan.argv],
         "torchrun": list(torchrun) if plan.command is None else None,
         "launch_mode": "torchrun" if plan.command is None else "command",
-        "job_command": list(torchrun),
+        "job_command": list(plan.command.argv) if plan.command is not None else list(torchrun),
         "launcher_kind": plan.command.kind if plan.command is not None else "torchrun",
         "slurm_env": plan.slurm_env,
         "script": plan.job_name,

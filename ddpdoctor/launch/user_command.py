@@ -9,11 +9,19 @@ a process group). Under srun the ranks fill torch's variables from Slurm's unles
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 
 from ddpdoctor.launch.torchrun_cmd import job_env
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.runtime.autostart import ENV_SLURM_ENV, with_site_dir
+
+GUARD_MODULE = "ddpdoctor.launch.job_guard"
+
+
+def guarded_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The command under the job guard (job_guard.py): nothing of it outlives ddpdoctor."""
+    return [python, "-m", GUARD_MODULE, *command]
 
 
 def command_env(

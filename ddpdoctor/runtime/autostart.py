@@ -56,6 +56,7 @@ LAUNCHER_MODULES = frozenset(
         "accelerate.commands.launch",
         "deepspeed.launcher.launch",
         "deepspeed.launcher.runner",
+        "ddpdoctor.launch.job_guard",  # ddpdoctor's own guard around a user's command
     }
 )
 LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed"})

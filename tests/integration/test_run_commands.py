@@ -5,6 +5,7 @@ torchrun (not nested in ddpdoctor's), and srun on the one-host Slurm of `make cl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -123,6 +124,36 @@ def test_mp_spawn_tcp_hang_names_the_rank_stops_the_job_and_leaves_nothing(tmp_p
     # the parent's ProcessExitedException (a rank ended by the stop) is the stop, not a fault
     assert not [f for f in doc["findings"] if f["id"] == "python.exception"]
     assert_nothing_left(run_dir)
+
+
+def test_nothing_of_an_mp_spawn_job_outlives_a_killed_ddpdoctor(tmp_path):
+    """SIGKILL to `ddpdoctor run`: no atexit, no finally. The guard around the command sees its
+    parent die and ends every process below it, the ranks the mp.spawn parent started included."""
+    import signal
+    import time
+
+    from tests.procs import background, wait_for
+
+    run_dir = tmp_path / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-doctor", "--no-tui", "--run-dir", str(run_dir), "--",
+        PYTHON, str(JOBS / "spawn_sleepers.py"), str(free_port()),
+    )  # fmt: skip
+    with background(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as p:
+        wait_for(
+            lambda: len(list((run_dir / "events").glob("rank-*.jsonl"))) == 2,
+            timeout=120,
+            what="both spawned ranks to join",
+        )
+        assert len(job_processes(run_dir)) >= 4  # guard, mp.spawn parent, 2 ranks
+        os.kill(p.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15  # the guard's grace is 3 s
+        while job_processes(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [" ".join(proc.cmdline()) for proc in job_processes(run_dir)]
+        for proc in job_processes(run_dir):  # never leak into the suite, even on failure
+            proc.kill()
+    assert left == []
 
 
 def test_a_script_run_by_the_bootstrap_without_rank_variables_is_no_rank_itself(tmp_path):

@@ -142,3 +142,22 @@ def test_a_script_that_spawns_its_own_ranks_is_recognised(tmp_path):
     other.write_text("def broken(:\n")
     assert not starts_own_ranks(str(other))
     assert "ddpdoctor run -- python multigpu.py" in spawn_hint("multigpu.py")
+
+
+def test_the_guard_exits_as_its_command_did(tmp_path):
+    import signal
+    import subprocess
+
+    from ddpdoctor.launch.user_command import guarded_argv
+
+    def guarded(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            guarded_argv(command), capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+
+    assert guarded("sh", "-c", "echo out; exit 3").returncode == 3
+    assert guarded("sh", "-c", "echo out; exit 3").stdout == "out\n"
+    assert guarded("sh", "-c", "kill -TERM $$").returncode == -signal.SIGTERM
+    missing = guarded(str(tmp_path / "nothing-here"))
+    assert missing.returncode == 127 and missing.stderr.startswith("ddpdoctor: error: cannot run")
+    assert guarded().returncode == 2

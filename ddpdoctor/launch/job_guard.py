@@ -1,0 +1,147 @@
+"""The guard between `ddpdoctor run` and a user's own command: nothing of the job outlives
+ddpdoctor, even when ddpdoctor itself is killed.
+
+    python -m ddpdoctor.launch.job_guard COMMAND ARGS...
+
+ddpdoctor's own torchrun stops its workers when the kernel tells it that ddpdoctor died
+(PR_SET_PDEATHSIG, then torchrun's SIGTERM handler). A user's command may not: an mp.spawn parent
+dies of SIGTERM at once and leaves its ranks running, orphaned. So a command runs under this
+guard, which ddpdoctor starts instead (same output, same exit status, signals passed on):
+
+- it is a child subreaper (PR_SET_CHILD_SUBREAPER): a process of the job whose parent dies (the
+  ranks of a dead mp.spawn parent) becomes its child, not init's, so it can still find them;
+- it forwards SIGINT and SIGTERM from ddpdoctor to the command;
+- when ddpdoctor dies (the parent-death signal, or its parent pid changes), or when the command
+  has ended and left processes behind, it sends SIGTERM to every process below it, and SIGKILL
+  to whatever still runs STOP_GRACE_S later;
+- it exits as the command did: the same code, or dies of the same signal.
+
+Only the standard library: it starts before anything else of the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+STOP_GRACE_S = 3.0
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+USAGE = "usage: python -m ddpdoctor.launch.job_guard COMMAND [ARGS...]"
+
+
+def _prctl(option: int, value: int) -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (from /proc), children first found first."""
+    found: list[int] = []
+    queue = [root]
+    while queue:
+        pid = queue.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                    children = [int(p) for p in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child not in found:
+                    found.append(child)
+                    queue.append(child)
+    return found
+
+
+def end_everything_below_me() -> None:
+    """SIGTERM to every process below the guard, SIGKILL to what is left after the grace."""
+    me = os.getpid()
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        pids = descendants(me)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        if signum == signal.SIGKILL or not pids:
+            break
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and descendants(me):
+            _reap()
+            time.sleep(0.1)
+    _reap()
+
+
+def _reap() -> None:
+    """Collect the exit status of orphans reparented to the guard (no zombies left)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        sys.stderr.write(f"ddpdoctor: error: {USAGE}\n")
+        return 2
+    parent = os.getppid()
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent or parent == 1:
+        return 1  # ddpdoctor died before the guard was set up: start nothing
+    orphaned = threading.Event()
+    started: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if os.getppid() != parent:  # the parent-death signal: ddpdoctor is gone
+            orphaned.set()
+        elif started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started[0].pid, signum)
+        else:
+            pending.append(signum)  # before the command started: passed on once it has
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    try:
+        proc = subprocess.Popen(argv)
+    except OSError as exc:
+        sys.stderr.write(f"ddpdoctor: error: cannot run {argv[0]}: {exc.strerror or exc}\n")
+        return 127
+    started.append(proc)
+    for signum in pending:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+    while proc.poll() is None and not orphaned.is_set():
+        if os.getppid() != parent:
+            orphaned.set()
+            break
+        time.sleep(0.2)
+    # ddpdoctor is gone, or the command has ended: what still runs below the guard (ranks an
+    # mp.spawn parent left behind) is ended now rather than left running without a watcher
+    end_everything_below_me()
+    if orphaned.is_set():
+        return 1
+    code = proc.returncode
+    if code < 0:  # die of the same signal, as the command did
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -100,7 +100,8 @@ class RunOutcome:
 
 
 def launch(plan: LaunchPlan, watchers: Watchers) -> int:
-    check_nproc(plan.nproc_per_node, HostCapacity.here(), plan.workers or 0)
+    if plan.command is None:  # a user's command decides its own ranks
+        check_nproc(plan.nproc_per_node, HostCapacity.here(), plan.workers or 0)
     if plan.run_dir is not None:
         RunDir.check_fresh(plan.run_dir, node_rank=plan.node_rank)
     run_dir = RunDir.create(plan.run_dir)

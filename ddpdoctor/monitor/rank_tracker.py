@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ddpdoctor.monitor.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.snapshot import CALL_WINDOW, POINT_TO_POINT_OPS, CollectiveView, LogLine
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.torchrun_logs import signal_name
@@ -99,6 +100,8 @@ class RankTracker:
         self.events_seen = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
         self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
+        self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
+        self.pg_timeout_given = False  # ... set by the script's timeout= (else torch's default)
         self._reset_progress()
 
     def _reset_progress(self) -> None:
@@ -140,6 +143,7 @@ class RankTracker:
         self.epoch_of_batches: int | None = None
         self.failed_collective: CollectiveView | None = None
         self._calls_key: int | None = None
+        self.progress = ProgressTrack()
 
     # -- applying events -------------------------------------------------------------------
 
@@ -175,6 +179,9 @@ class RankTracker:
         self.group_rank = integer(e.get("group_rank"))
         self.world_size = integer(e.get("world_size")) or self.world_size
         self.backend = text(e.get("backend")) or self.backend
+        if num(e.get("pg_timeout_s")):
+            self.pg_timeout_s = num(e.get("pg_timeout_s"))
+            self.pg_timeout_given = e.get("pg_timeout_given") is True
         self.hello_t = t
         self.last_event = "hello"
 
@@ -196,6 +203,17 @@ class RankTracker:
         epoch = integer(e.get("epoch"))
         if epoch is not None:
             self.epoch = epoch
+        if t is not None and "cpu_s" in e:
+            self.progress.add(
+                ProgressSample(
+                    t,
+                    num(e.get("cpu_s")),
+                    integer(e.get("io_bytes")),
+                    text(e.get("frame")),
+                    integer(e.get("pos")),
+                    text(e.get("where")),
+                )
+            )
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
         opened = e.get("open")

@@ -2,9 +2,9 @@
 
 Every heartbeat carries cumulative facts of the rank's process (ddpdoctor/runtime/progress_probe.py):
 its CPU seconds, the bytes it read and wrote, and the main thread's innermost frame and
-instruction. Two successive heartbeats make an *interval*; an interval is active when the CPU
-advanced by at least BUSY_CPU of a core, I/O flowed at BUSY_IO_BPS or more, or the main thread
-moved (another frame or instruction). Where the monitor can see the process (same host) it adds
+line. Two successive heartbeats make an *interval*; an interval is active when the CPU advanced by
+at least BUSY_CPU of a core, I/O flowed at BUSY_IO_BPS or more, or the main thread moved (another
+frame: file, line, function). Where the monitor can see the process (same host) it adds
 the CPU of the rank's children (DataLoader workers doing the work while the main thread waits on
 their queue) and, on GPUs, the process's GPU utilization (ddpdoctor/monitor/host_probes.py).
 
@@ -44,7 +44,6 @@ class ProgressSample:
     cpu_s: float | None
     io_bytes: int | None = None
     frame: str | None = None  # innermost frame of the main thread
-    pos: int | None = None  # its instruction offset
     where: str | None = None  # innermost frame in the user's own code
 
 
@@ -70,7 +69,7 @@ def interval_active(a: ProgressSample, b: ProgressSample) -> bool:
     io = (b.io_bytes - a.io_bytes) if a.io_bytes is not None and b.io_bytes is not None else 0
     if io >= BUSY_IO_BPS * dt:
         return True
-    return (a.frame, a.pos) != (b.frame, b.pos)
+    return a.frame != b.frame
 
 
 class ProgressTrack:

@@ -210,7 +210,6 @@ class RankTracker:
                     num(e.get("cpu_s")),
                     integer(e.get("io_bytes")),
                     text(e.get("frame")),
-                    integer(e.get("pos")),
                     text(e.get("where")),
                 )
             )

@@ -9,9 +9,9 @@ the two apart from successive heartbeats, so each one carries cheap, cumulative 
     io_bytes  rchar + wchar of /proc/self/io: bytes through read()/write()-like calls, sockets
               included (a download that waits on the network still moves bytes)
     where     the main thread's innermost frame in the user's own code, "train.py:88 evaluate"
-    frame     its innermost frame of all, "socket.py:720 readinto"
-    pos       that frame's instruction offset: unchanged across beats with no CPU advance, the
-              thread has not moved
+    frame     its innermost frame of all, "socket.py:720 readinto": the same frame across beats
+              with no CPU advance and no I/O, the thread has not moved (instruction offsets are
+              no help: CPython rewrites them as it specializes a loop that sleeps)
 
 All of it comes from this process, so it works for ranks on every node (multi-node runs share
 only the run directory).
@@ -75,7 +75,7 @@ def describe_frame(frame: FrameType) -> str:
 
 
 def main_thread_frames(frames: dict[int, FrameType] | None = None) -> dict[str, Any]:
-    """where / frame / pos of the main thread (empty when it cannot be seen)."""
+    """where / frame of the main thread (empty when it cannot be seen)."""
     ident = threading.main_thread().ident
     try:
         frame = (frames if frames is not None else sys._current_frames()).get(ident or -1)
@@ -83,7 +83,7 @@ def main_thread_frames(frames: dict[int, FrameType] | None = None) -> dict[str, 
         return {}
     if frame is None:
         return {}
-    out: dict[str, Any] = {"frame": describe_frame(frame), "pos": frame.f_lasti}
+    out: dict[str, Any] = {"frame": describe_frame(frame)}
     walk: FrameType | None = frame
     depth = 0
     while walk is not None and depth < _MAX_DEPTH:

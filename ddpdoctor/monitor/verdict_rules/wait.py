@@ -19,11 +19,16 @@ from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, Thresholds, WaitView
 from ddpdoctor.monitor.state import waiting_collective
 from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
-from ddpdoctor.monitor.verdict_rules.hang import heartbeat_alive_while_waiting, progressing
+from ddpdoctor.monitor.verdict_rules.hang import (
+    heartbeat_alive_while_waiting,
+    members_of,
+    progressing,
+)
 from ddpdoctor.rank_ranges import named_ranks
 
 FINDING_ID = "wait.busy_rank"
-MAX_WAITS = 16  # distinct waits listed (one per collective and set of ranks waited on)
+MAX_WAITS = 16  # distinct waits listed (one per collective ranks wait in)
+MAX_ON = 64  # ranks listed as waited on, per wait
 
 
 def fix(th: Thresholds) -> str:
@@ -48,21 +53,28 @@ def severity_of(waiting_s: float, th: Thresholds) -> Severity:
 
 
 def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView]]]:
-    """(waiters, ranks they wait on) per collective and set of ranks waited on, longest first."""
+    """(waiters, members behind them) per collective (group and sequence number) that ranks
+    wait in past the waiting threshold, longest wait first."""
     th = snap.thresholds
     if th is None:
         return []
-    groups: dict[tuple[str, int, tuple[int, ...]], list[RankView]] = {}
+    groups: dict[tuple[str, int], list[RankView]] = {}
     for view in snap.ranks:
         coll = waiting_collective(view)
-        if view.state is not RankState.WAITING or coll is None or not view.waiting_on:
+        if view.state is not RankState.WAITING or coll is None:
             continue
         if not heartbeat_alive_while_waiting(view, coll, snap):
             continue
-        groups.setdefault((coll.group, coll.seq, view.waiting_on), []).append(view)
+        groups.setdefault((coll.group, coll.seq), []).append(view)
     out = []
-    for (_group, _seq, on), waiters in groups.items():
-        behind = [v for v in (snap.rank(r) for r in on) if v is not None]
+    for (group, seq), waiters in groups.items():
+        coll = waiters[0].collective
+        assert coll is not None
+        behind = [
+            v
+            for v in (snap.rank(m) for m in members_of(coll, snap))
+            if v is not None and v.seq_in(group) < seq
+        ]
         if behind:
             out.append((waiters, behind))
     out.sort(key=lambda pair: -max(w.collective.waiting_s for w in pair[0] if w.collective))
@@ -94,7 +106,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             summary += f", {activity.describe()}"
         wait = WaitView(
             waiters=tuple(w.rank for w in waiters),
-            on=tuple(v.rank for v in behind),
+            on=tuple(v.rank for v in behind[:MAX_ON]),
             collective=coll,
             waiting_s=coll.waiting_s,
             activity=activity,

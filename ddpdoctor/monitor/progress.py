@@ -3,7 +3,8 @@
 Every heartbeat carries cumulative facts of the rank's process (ddpdoctor/runtime/progress_probe.py):
 its CPU seconds, the bytes it read and wrote, and the main thread's innermost frame and
 line. Two successive heartbeats make an *interval*; an interval is active when the CPU advanced by
-at least BUSY_CPU of a core, I/O flowed at BUSY_IO_BPS or more, or the main thread moved (another
+at least BUSY_CPU of a core (counting the time its main thread waited for a CPU it was ready to
+use: on an overloaded machine a busy rank gets a fraction of a core), I/O flowed at BUSY_IO_BPS or more, or the main thread moved (another
 frame: file, line, function). Where the monitor can see the process (same host) it adds
 the CPU of the rank's children (DataLoader workers doing the work while the main thread waits on
 their queue) and, on GPUs, the process's GPU utilization (ddpdoctor/monitor/host_probes.py).
@@ -45,6 +46,7 @@ class ProgressSample:
     io_bytes: int | None = None
     frame: str | None = None  # innermost frame of the main thread
     where: str | None = None  # innermost frame in the user's own code
+    runq_s: float | None = None  # the main thread's run-queue wait (ready, no CPU free)
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,12 @@ def interval_active(a: ProgressSample, b: ProgressSample) -> bool:
     dt = b.t - a.t
     if dt <= 0:
         return False
-    if a.cpu_s is not None and b.cpu_s is not None and (b.cpu_s - a.cpu_s) >= BUSY_CPU * dt:
+    runnable = 0.0
+    if a.cpu_s is not None and b.cpu_s is not None:
+        runnable = b.cpu_s - a.cpu_s
+    if a.runq_s is not None and b.runq_s is not None:
+        runnable += b.runq_s - a.runq_s
+    if runnable >= BUSY_CPU * dt:
         return True
     io = (b.io_bytes - a.io_bytes) if a.io_bytes is not None and b.io_bytes is not None else 0
     if io >= BUSY_IO_BPS * dt:

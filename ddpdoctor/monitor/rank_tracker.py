@@ -211,6 +211,7 @@ class RankTracker:
                     integer(e.get("io_bytes")),
                     text(e.get("frame")),
                     text(e.get("where")),
+                    num(e.get("runq_s")),
                 )
             )
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes

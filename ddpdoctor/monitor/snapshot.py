@@ -182,6 +182,7 @@ class RankView:
     # same sequence; lets the mismatch rule compare one rank per class at 1000s of ranks (0: unset)
     calls_key: int = 0
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
+    reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""

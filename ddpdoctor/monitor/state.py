@@ -349,6 +349,7 @@ class RunState:
                 error_lines=tuple(tracker.error_lines),
                 calls_key=tracker.calls_key(),
                 activity=doing,
+                reports_progress=bool(tracker.progress.samples),
             ),
         )
 

@@ -6,6 +6,9 @@ writes data) or blocked (asleep, on a lock, a queue, a socket that stays quiet).
 the two apart from successive heartbeats, so each one carries cheap, cumulative facts:
 
     cpu_s     time.process_time(): CPU seconds of every thread of this process (~1 µs)
+    runq_s    seconds the main thread spent runnable but waiting for a CPU (its schedstat): on
+              an overloaded machine a busy rank gets a fraction of a core, and the rest of its
+              time shows here, while a blocked one has neither
     io_bytes  rchar + wchar of /proc/self/io: bytes through read()/write()-like calls, sockets
               included (a download that waits on the network still moves bytes)
     where     the main thread's innermost frame in the user's own code, "train.py:88 evaluate"
@@ -108,8 +111,25 @@ def io_bytes() -> int | None:
         return None
 
 
+def runq_seconds() -> float | None:
+    """Run-queue wait of the main thread (/proc/self/task/<tid>/schedstat), None off Linux."""
+    tid = getattr(threading.main_thread(), "native_id", None)
+    if tid is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def progress_fields() -> dict[str, Any]:
     """The heartbeat's progress facts (see the module docstring)."""
-    fields: dict[str, Any] = {"cpu_s": round(time.process_time(), 4), "io_bytes": io_bytes()}
+    runq = runq_seconds()
+    fields: dict[str, Any] = {
+        "cpu_s": round(time.process_time(), 4),
+        "runq_s": None if runq is None else round(runq, 4),
+        "io_bytes": io_bytes(),
+    }
     fields.update(main_thread_frames())
     return fields

@@ -69,6 +69,18 @@ def progressing(view: RankView) -> bool:
     return not view.state.finished and view.activity is not None and view.activity.state.progressing
 
 
+def undecided(view: RankView, snap: Snapshot) -> bool:
+    """Its heartbeats report progress facts, fresh, but too few yet to judge it (it has just
+    started, or the machine is slow): not a culprit until they tell, a few seconds at most."""
+    th = snap.thresholds
+    fresh = (
+        th is not None
+        and view.heartbeat_age_s is not None
+        and view.heartbeat_age_s <= th.heartbeat_stale_s
+    )
+    return view.activity is None and view.reports_progress and fresh and not view.state.finished
+
+
 def members_of(coll: CollectiveView, snap: Snapshot) -> list[int]:
     if coll.group == ev.DEFAULT_GROUP or not coll.group_ranks:
         return [v.rank for v in snap.ranks]
@@ -91,9 +103,9 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
                 behind.append(view)
         if not behind:
             continue  # everyone reached #K: a transport stall or a mismatch, not this rule
-        stuck = [v for v in behind if not progressing(v)]
+        stuck = [v for v in behind if not progressing(v) and not undecided(v, snap)]
         if not stuck:
-            continue  # every rank behind is busy: a wait (ddpdoctor.monitor.verdict_rules.wait)
+            continue  # every rank behind is busy (a wait: verdict_rules.wait) or not judged yet
         outcome = _outcome(snap, coll, [v for v, _ in waiters], stuck)
         if best is None or (outcome.onset_t or 0) < (best.onset_t or 0):
             best = outcome

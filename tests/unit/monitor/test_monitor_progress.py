@@ -99,3 +99,20 @@ def test_activity_in_a_collective_and_its_age():
     assert busy.state is ActivityState.BUSY and busy.since_s == 5.0
     assert busy.describe() == "busy in prep.py:12 wait_for_file (CPU 100%)"
     assert activity(None, now=T0, in_collective=False, in_collective_since=None) is None
+
+
+def test_a_busy_rank_starved_of_cpu_on_an_overloaded_machine_is_still_busy():
+    """It got 10% of a core, and waited for a CPU the rest of the time: ready to run is not
+    blocked."""
+    starved = [
+        ProgressSample(
+            T0 + i, 1.0 + 0.1 * i, 1000, "prep.py:8 unpack", "prep.py:8 unpack", 0.88 * i
+        )
+        for i in range(4)
+    ]
+    got = judge(starved)
+    assert got.state is ActivityState.BUSY and got.cpu_pct == pytest.approx(10.0)
+    asleep = [
+        ProgressSample(T0 + i, 1.0, 1000, "a.py:1 f", "a.py:1 f", 0.001 * i) for i in range(4)
+    ]
+    assert judge(asleep).state is ActivityState.BLOCKED

@@ -223,3 +223,12 @@ def test_events_of_a_sleeping_rank_zero_make_a_hang():
     d = apply_diagnosis(s, diagnose(s))
     assert d.verdict is Verdict.HANG and d.culprits == {0} and d.confirmed
     assert d.ranks[0].state is RankState.STALLED
+
+
+def test_a_rank_behind_not_judged_yet_is_no_culprit_until_its_heartbeats_tell():
+    """It reports progress facts but has too few heartbeats so far (just started, a slow
+    machine): a few seconds more, rather than a hang called on a rank that may be busy."""
+    fresh = rank0(None, reports_progress=True)
+    assert hang.detect(snap([fresh, waiting(1, 41, 8.0)])) is None
+    old_runtime = rank0(None, reports_progress=False)
+    assert hang.detect(snap([old_runtime, waiting(1, 41, 8.0)])).culprits == {0}

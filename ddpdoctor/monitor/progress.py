@@ -47,6 +47,7 @@ class ProgressSample:
     frame: str | None = None  # innermost frame of the main thread
     where: str | None = None  # innermost frame in the user's own code
     runq_s: float | None = None  # the main thread's run-queue wait (ready, no CPU free)
+    child_cpu_s: float | None = None  # its live children's CPU (DataLoader workers)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ def interval_active(a: ProgressSample, b: ProgressSample) -> bool:
         runnable += b.runq_s - a.runq_s
     if runnable >= BUSY_CPU * dt:
         return True
+    if a.child_cpu_s is not None and b.child_cpu_s is not None:
+        runnable = b.child_cpu_s - a.child_cpu_s  # its workers do the work
+        if runnable >= BUSY_CPU * dt:
+            return True
     io = (b.io_bytes - a.io_bytes) if a.io_bytes is not None and b.io_bytes is not None else 0
     if io >= BUSY_IO_BPS * dt:
         return True
@@ -139,6 +144,8 @@ def judge(
         return None
     last = samples[-1]
     active = [interval_active(a, b) for a, b in pairwise(samples)]
+    if child_cpu_pct is None:
+        child_cpu_pct = _child_pct(samples)
     cpu_pct = _cpu_pct(samples)
     idle_run = 0
     for flag in reversed(active):
@@ -172,6 +179,15 @@ def _cpu_pct(samples: list[ProgressSample]) -> float | None:
     if dt <= 0 or last.cpu_s is None or first.cpu_s is None:
         return None
     return max(0.0, 100.0 * (last.cpu_s - first.cpu_s) / dt)
+
+
+def _child_pct(samples: list[ProgressSample]) -> float | None:
+    last = samples[-1]
+    first = samples[max(0, len(samples) - 1 - CPU_WINDOW)]
+    dt = last.t - first.t
+    if dt <= 0 or last.child_cpu_s is None or first.child_cpu_s is None:
+        return None
+    return max(0.0, 100.0 * (last.child_cpu_s - first.child_cpu_s) / dt)
 
 
 def _busy_since(samples: list[ProgressSample], active: list[bool]) -> float:

@@ -212,6 +212,7 @@ class RankTracker:
                     text(e.get("frame")),
                     text(e.get("where")),
                     num(e.get("runq_s")),
+                    num(e.get("child_cpu_s")),
                 )
             )
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes

@@ -9,6 +9,8 @@ the two apart from successive heartbeats, so each one carries cheap, cumulative 
     runq_s    seconds the main thread spent runnable but waiting for a CPU (its schedstat): on
               an overloaded machine a busy rank gets a fraction of a core, and the rest of its
               time shows here, while a blocked one has neither
+    child_cpu_s  CPU seconds of the main thread's live child processes (DataLoader workers
+              doing the work while the main thread waits on their queue), from /proc
     io_bytes  rchar + wchar of /proc/self/io: bytes through read()/write()-like calls, sockets
               included (a download that waits on the network still moves bytes)
     where     the main thread's innermost frame in the user's own code, "train.py:88 evaluate"
@@ -123,6 +125,32 @@ def runq_seconds() -> float | None:
         return None
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MAX_CHILDREN = 64
+
+
+def children_cpu_seconds() -> float | None:
+    """user + system CPU of the main thread's live children (/proc/self/task/<tid>/children),
+    None where the kernel does not list them."""
+    tid = getattr(threading.main_thread(), "native_id", None)
+    if tid is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+            pids = fh.read().split()[:MAX_CHILDREN]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(b"/proc/" + pid + b"/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+        except (OSError, ValueError, IndexError):
+            continue  # it ended between the two reads
+    return total / _CLOCK_TICKS
+
+
 def progress_fields() -> dict[str, Any]:
     """The heartbeat's progress facts (see the module docstring)."""
     runq = runq_seconds()
@@ -130,6 +158,7 @@ def progress_fields() -> dict[str, Any]:
         "cpu_s": round(time.process_time(), 4),
         "runq_s": None if runq is None else round(runq, 4),
         "io_bytes": io_bytes(),
+        "child_cpu_s": children_cpu_seconds(),
     }
     fields.update(main_thread_frames())
     return fields

@@ -116,3 +116,17 @@ def test_a_busy_rank_starved_of_cpu_on_an_overloaded_machine_is_still_busy():
         ProgressSample(T0 + i, 1.0, 1000, "a.py:1 f", "a.py:1 f", 0.001 * i) for i in range(4)
     ]
     assert judge(asleep).state is ActivityState.BLOCKED
+
+
+def test_workers_doing_the_work_show_in_the_heartbeats_too_for_ranks_on_other_nodes():
+    waiting_on_queue = [
+        ProgressSample(T0 + i, 1.0, 1000, "queues.py:1 get", "train.py:40 main", 0.0, 3.0 * i)
+        for i in range(4)
+    ]
+    got = judge(waiting_on_queue)
+    assert got.state is ActivityState.BUSY and got.child_cpu_pct == pytest.approx(300.0)
+    dead_workers = [
+        ProgressSample(T0 + i, 1.0, 1000, "queues.py:1 get", "train.py:40 main", 0.0, 3.0)
+        for i in range(4)
+    ]
+    assert judge(dead_workers).state is ActivityState.BLOCKED

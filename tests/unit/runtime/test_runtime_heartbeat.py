@@ -217,3 +217,22 @@ def test_library_code_is_not_the_users():
     assert not is_user_file(ours.__file__)
     assert not is_user_file("<frozen importlib._bootstrap>")
     assert is_user_file(__file__)
+
+
+def test_children_cpu_counts_the_workers_of_the_main_thread():
+    import subprocess
+    import sys
+
+    from ddpdoctor.runtime.progress_probe import children_cpu_seconds
+
+    before = children_cpu_seconds()
+    spin = "import time\nend = time.time() + 20\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 15
+        while (children_cpu_seconds() or 0.0) < 0.1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert before is not None and children_cpu_seconds() >= 0.1
+    finally:
+        child.kill()
+        child.wait(5)

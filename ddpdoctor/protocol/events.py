@@ -48,7 +48,8 @@ hello              also restart_count (torchelastic restarts), heartbeat_s (the 
 heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
                    steps done (closed); seq starts at 1. Progress facts (cumulative, for telling a
                    busy rank from a blocked one): cpu_s (process CPU seconds), runq_s (the main
-                   thread's run-queue wait, seconds), io_bytes (rchar + wchar), frame (the main
+                   thread's run-queue wait, seconds), io_bytes (rchar + wchar), child_cpu_s (CPU
+                   seconds of the main thread's live child processes), frame (the main
                    thread's innermost frame, "file.py:LINE function") and where (its innermost
                    frame in the user's own code).
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on

@@ -175,5 +175,7 @@ def test_rank0_blocked_in_sleep_is_a_hang_named_and_stopped(tmp_path):
     assert hang["summary"].startswith("rank 0 never reached barrier #1")
     live = [f for d in seen for f in d["findings"] if f["id"] == "hang"]
     assert any("blocked in job.py:7 <module>" in f["summary"] for f in live), live[:1]
-    assert not findings(seen, "wait.busy_rank")
+    # right after init its frame still moved (busy, info) until two quiet heartbeats showed it
+    # blocked: never more than that
+    assert all(f["severity"] == "info" for f in findings(seen, "wait.busy_rank"))
     assert elapsed < 100  # stopped long before the sleep ends

@@ -7,6 +7,7 @@ a rank's file may be torn or written by another ddpdoctor version.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from typing import Any
 
@@ -408,7 +409,9 @@ class RankTracker:
         return min(self.opens.values(), key=lambda c: (c.since_t or 0.0, c.seq))
 
     def own_work_means(self) -> tuple[float | None, float | None, float | None, int]:
-        """Mean data time, compute time and comm wait over the recent steps, and how many."""
+        """Typical data time, compute time and comm wait over the recent steps (medians: one
+        long step, rank 0 evaluating or saving a checkpoint inside it, does not make a
+        straggler), and how many steps."""
         if self._means is None:
             self._means = self._compute_means()
         return self._means
@@ -416,15 +419,13 @@ class RankTracker:
     def _compute_means(self) -> tuple[float | None, float | None, float | None, int]:
         if not self.own_work:
             return None, None, None, 0
-        sums = [0.0, 0.0, 0.0]
-        counts = [0, 0, 0]
+        columns: list[list[float]] = [[], [], []]
         for values in self.own_work:
             for i, value in enumerate(values):
                 if value is not None:
-                    sums[i] += value
-                    counts[i] += 1
-        means = [sums[i] / counts[i] if counts[i] else None for i in range(3)]
-        return means[0], means[1], means[2], len(self.own_work)
+                    columns[i].append(value)
+        typical = [statistics.median(c) if c else None for c in columns]
+        return typical[0], typical[1], typical[2], len(self.own_work)
 
     def calls_key(self) -> int:
         """A fingerprint of the latest calls (see RankView.calls_key), recomputed after a change."""

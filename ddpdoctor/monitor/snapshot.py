@@ -172,7 +172,7 @@ class RankView:
     fault: str | None = None  # an injected fault it recorded ("hang:rank=1,step=5")
     warnings: tuple[tuple[str, str], ...] = ()  # (code, message) of its warning events
     epoch_batches: int | None = None  # batches in its loader for the latest epoch it started
-    avg_data_time_s: float | None = None  # means over its recent steps (straggler analysis)
+    avg_data_time_s: float | None = None  # medians over its recent steps (straggler analysis)
     avg_compute_time_s: float | None = None
     avg_comm_wait_s: float | None = None
     avg_steps: int = 0  # how many recent steps those means cover

@@ -19,11 +19,7 @@ from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, Thresholds, WaitView
 from ddpdoctor.monitor.state import waiting_collective
 from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
-from ddpdoctor.monitor.verdict_rules.hang import (
-    heartbeat_alive_while_waiting,
-    members_of,
-    progressing,
-)
+from ddpdoctor.monitor.verdict_rules.hang import members_of, progressing
 from ddpdoctor.rank_ranges import named_ranks
 
 FINDING_ID = "wait.busy_rank"
@@ -63,8 +59,8 @@ def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView]]]
         coll = waiting_collective(view)
         if view.state is not RankState.WAITING or coll is None:
             continue
-        if not heartbeat_alive_while_waiting(view, coll, snap):
-            continue
+        if view.heartbeat_age_s is not None and view.heartbeat_age_s > th.heartbeat_stale_s:
+            continue  # its heartbeat stopped: not waiting, stalled (other rules speak for it)
         groups.setdefault((coll.group, coll.seq), []).append(view)
     out = []
     for (group, seq), waiters in groups.items():

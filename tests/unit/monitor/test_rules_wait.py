@@ -232,3 +232,12 @@ def test_a_rank_behind_not_judged_yet_is_no_culprit_until_its_heartbeats_tell():
     assert hang.detect(snap([fresh, waiting(1, 41, 8.0)])) is None
     old_runtime = rank0(None, reports_progress=False)
     assert hang.detect(snap([old_runtime, waiting(1, 41, 8.0)])).culprits == {0}
+
+
+def test_a_wait_is_shown_from_the_start_not_only_past_the_hang_threshold():
+    """Before training the hang threshold is 15 s; the wait for a busy rank 0 shows at once."""
+    ranks = [rank0(BUSY), waiting(1, 41, 2.0)]
+    d = diagnosed(ranks, hang_after=15.0)
+    assert d.waits and d.waits[0].busy and d.waits[0].waiting_s == 2.0
+    silent = waiting(1, 41, 2.0, heartbeat_age_s=9.0)
+    assert wait.detect(snap([rank0(BUSY), silent], hang_after=15.0)) is None

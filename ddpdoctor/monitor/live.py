@@ -491,7 +491,7 @@ class Monitor:
             return
         key = (
             snap.verdict,
-            tuple((f.id, f.ranks) for f in snap.findings),
+            tuple((f.id, f.ranks, f.severity) for f in snap.findings),  # a wait escalates
             snap.culprits,
             len(snap.stacks),
             snap.finished,

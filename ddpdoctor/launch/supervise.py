@@ -4,6 +4,14 @@ The same policy serves the TUI and the headless view: `SupervisedRun` wraps the 
 poll applies the policy, so whichever view polls, a hang stops the job (after its py-spy stacks are
 in) unless the user asked to keep it running.
 
+The launcher stops a job only on a certain verdict (`Snapshot.confirmed`): a mismatch deadlock, a
+crash torchrun did not end, or a hang whose culprit is confirmed blocked by two heartbeat
+intervals (no CPU advance, no I/O, the same frame), silent (its heartbeat stopped) or finished.
+Never for a busy rank: ranks waiting for one are a wait (a `running` verdict with a
+`wait.busy_rank` finding), even when the wait becomes an error near the process group's timeout,
+since torch's own timeout ends it then. A hang without a culprit (every rank in the same
+collective: the transport) is reported, not stopped.
+
     hang      stop as soon as the stacks are captured (at most STACK_WAIT_S after the verdict)
     mismatch  on gloo a mismatch usually aborts by itself: give torchrun a moment to tear the job
               down, then stop it like a hang (a barrier facing an all_reduce blocks instead)
@@ -90,7 +98,7 @@ class StopPolicy:
             self.stopped_for = peer_stopped
             return Decision(stop=peer_stopped)
         verdict = snapshot.verdict
-        rule = STOP_RULES.get(verdict)
+        rule = STOP_RULES.get(verdict) if getattr(snapshot, "confirmed", False) else None
         if rule is None:
             self._verdict = self._since = None
             return Decision()

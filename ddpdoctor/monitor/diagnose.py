@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ddpdoctor.findings import Finding, sort_findings
-from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict, WaitView
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.verdict_rules import crash as crash_rule
 from ddpdoctor.monitor.verdict_rules import hang as hang_rule
@@ -24,6 +24,7 @@ from ddpdoctor.monitor.verdict_rules import sampler as sampler_rule
 from ddpdoctor.monitor.verdict_rules import straggler as straggler_rule
 from ddpdoctor.monitor.verdict_rules import transport as transport_rule
 from ddpdoctor.monitor.verdict_rules import uneven as uneven_rule
+from ddpdoctor.monitor.verdict_rules import wait as wait_rule
 from ddpdoctor.monitor.verdict_rules import world_size as world_size_rule
 
 # A mismatch explains a crash that follows it; allow for the abort to land a little later.
@@ -39,6 +40,8 @@ class Diagnosis:
     onset_t: float | None = None
     stalled: frozenset[int] = field(default_factory=frozenset)
     waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    waits: tuple[WaitView, ...] = ()
+    confirmed: bool = False  # certain enough to stop the job on (RuleOutcome.confirmed)
 
     @property
     def detected_after_s(self) -> float | None:
@@ -100,6 +103,10 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
                 )
             )
     secondary: list[Finding] = []
+    waits = wait_rule.detect(snap)
+    if waits is not None and not verdict.is_problem:
+        # a wait for a busy rank says "not a hang"; beside a problem verdict it would confuse
+        secondary.extend(waits.findings)
     for outcome in (
         rendezvous_rule.detect(snap),
         uneven_rule.detect(snap, verdict),
@@ -119,8 +126,9 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
         if (finding.id, finding.summary) not in seen:
             seen.add((finding.id, finding.summary))
             findings.append(finding)
+    wait_views = waits.waits if waits is not None else ()
     if primary is None or primary.verdict is None:
-        return Diagnosis(verdict=verdict, findings=tuple(findings))
+        return Diagnosis(verdict=verdict, findings=tuple(findings), waits=wait_views)
     return Diagnosis(
         verdict=verdict,
         findings=tuple(findings),
@@ -129,6 +137,8 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
         onset_t=primary.onset_t,
         stalled=primary.stalled,
         waiting_on=primary.waiting_on,
+        waits=wait_views,
+        confirmed=primary.confirmed,
     )
 
 
@@ -154,4 +164,6 @@ def apply_diagnosis(
         if detected_after_s is not None
         else diagnosis.detected_after_s,
         problem_started_t=diagnosis.started_t,
+        waits=diagnosis.waits,
+        confirmed=diagnosis.confirmed,
     )

@@ -9,8 +9,16 @@ from collections import Counter
 from rich.text import Text
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, StackGroup, Verdict
+from ddpdoctor.monitor.snapshot import (
+    RankState,
+    RankView,
+    Snapshot,
+    StackGroup,
+    Verdict,
+    WaitView,
+)
 from ddpdoctor.monitor.verdict_rules import fmt_s
+from ddpdoctor.protocol.verdicts import ActivityState
 from ddpdoctor.rank_ranges import named_ranks
 
 VERDICT_STYLE = {
@@ -58,6 +66,23 @@ def verdict_line(snap: Snapshot) -> Text:
     return text
 
 
+WAIT_STYLE = {"info": "cyan", "warning": "yellow", "error": "bold red"}
+
+
+def busy_wait(snap: Snapshot) -> WaitView | None:
+    """The longest current wait for busy ranks (a wait, not a hang), if any."""
+    return next((w for w in snap.waits if w.busy), None)
+
+
+def wait_line(wait: WaitView) -> str:
+    """ "ranks 1-7 wait 20 s for rank 0, busy in train.py:88 evaluate (CPU 100%)", with the
+    process group's countdown once it is a warning."""
+    text = wait.summary
+    if wait.busy and wait.severity in ("warning", "error") and wait.timeout_in_s is not None:
+        text += f"; the process group times out in {fmt_s(wait.timeout_in_s)}"
+    return text
+
+
 def status_line(snap: Snapshot) -> str:
     """One line for a log every few seconds: verdict, steps, step time, states."""
     parts = [snap.verdict.value]
@@ -83,7 +108,10 @@ def status_line(snap: Snapshot) -> str:
     if snap.nodes_missing:
         parts.append(f"waiting for {named_ranks(snap.nodes_missing, 'node')} to join")
     waiting = [v for v in snap.ranks if v.state is RankState.WAITING and v.collective]
-    if waiting:
+    wait = busy_wait(snap)
+    if wait is not None:
+        parts.append(wait_line(wait))
+    elif waiting:
         view = max(waiting, key=lambda v: v.collective.waiting_s if v.collective else 0)
         assert view.collective is not None
         on = f" on {named_ranks(view.waiting_on)}" if view.waiting_on else ""
@@ -108,6 +136,12 @@ def rank_line(view: RankView) -> Text:
         bits.append(f"in {view.collective.describe()} {fmt_s(view.collective.waiting_s)}")
     if view.waiting_on:
         bits.append(f"waits on {named_ranks(view.waiting_on)}")
+    if (
+        view.activity is not None
+        and view.activity.state is not ActivityState.IN_COLLECTIVE
+        and not view.state.finished
+    ):
+        bits.append(view.activity.describe())
     if view.error:
         bits.append(view.error if len(view.error) <= 160 else view.error[:157] + "…")
     elif view.exit_signal and view.state.finished:

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.text import Text
 
 from ddpdoctor.console import symbols_for
+from ddpdoctor.findings import Severity
 from ddpdoctor.monitor.diagnosis_text import (
     diagnosis_lines,
     finding_lines,
@@ -27,6 +28,7 @@ from ddpdoctor.monitor.diagnosis_text import (
 )
 from ddpdoctor.monitor.snapshot import RankView, Snapshot
 from ddpdoctor.monitor.verdict_rules import fmt_s
+from ddpdoctor.monitor.verdict_rules.wait import FINDING_ID as WAIT_FINDING
 
 STATUS_EVERY_S = 5.0
 MAX_BARS = 16
@@ -50,6 +52,7 @@ class HeadlessView:
         self._printed_problem: tuple | None = None
         self._printed_findings: set[tuple[str, str]] = set()
         self._printed_stacks = False
+        self._printed_waits: set[tuple] = set()
         self._progress: Progress | None = None
         self._live: Live | None = None
         self._tasks: dict[str, TaskID] = {}
@@ -80,6 +83,8 @@ class HeadlessView:
                 self._print(status_line(snap), markup=False)
         if snap.verdict.is_problem:
             self._print_problem(snap)
+        else:
+            self._print_waits(snap)
 
     def close(self, snap: Snapshot) -> None:
         """The final verdict, the findings not printed yet with their fixes, the stacks."""
@@ -123,6 +128,18 @@ class HeadlessView:
     def _print(self, line: Text | str, *, markup: bool = True) -> None:
         # soft_wrap: long lines stay whole (a terminal wraps them; a CI log keeps them greppable)
         self.console.print(line, soft_wrap=True, highlight=False, markup=markup)
+
+    def _print_waits(self, snap: Snapshot) -> None:
+        """A wait for a busy rank, once as it becomes a warning and once as an error (the
+        status line shows it all along): not a hang, but worth a line in the log."""
+        for finding in snap.findings:
+            if finding.id != WAIT_FINDING or finding.severity is Severity.INFO:
+                continue
+            key = (finding.severity, finding.ranks)
+            if key not in self._printed_waits:
+                self._printed_waits.add(key)
+                for line in finding_lines(finding, self.symbols):
+                    self._print(line)
 
     def _print_problem(self, snap: Snapshot) -> None:
         key = (snap.verdict, snap.culprits)

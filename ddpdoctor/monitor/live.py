@@ -26,6 +26,13 @@ from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.host_probes import (
+    MAX_PROBED,
+    PROBE_EVERY_S,
+    ChildCpu,
+    GpuProbe,
+    NvmlProbe,
+)
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
@@ -73,10 +80,12 @@ class Monitor:
         explain_logs: bool = True,
         node_rank: int | None = None,
         ask_remote: bool = True,
+        gpu_probe: GpuProbe | None = None,
     ) -> None:
         """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
         ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
-        of ranks this process cannot reach."""
+        of ranks this process cannot reach. `gpu_probe`: the GPU utilization of local ranks that
+        others wait on (NVML by default; ddpdoctor.monitor.host_probes)."""
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
         self.node_rank = node_rank
         self.clock = clock
@@ -116,6 +125,9 @@ class Monitor:
         # Set by the launcher when the user stopped the run: (whether, the verdict before).
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
         self._final = False
+        self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
+        self.child_cpu = ChildCpu()
+        self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
 
     # -- public API ------------------------------------------------------------------------
 
@@ -186,6 +198,7 @@ class Monitor:
                 if event is not None:
                     self.state.apply(event, (lines.rel, line_no))
         self._check_liveness(first_look=True)
+        self._probe_hosts(now)
         interesting = False
         for log in batch.logs:
             if self.state.apply_log_lines(log.source, log.lines):
@@ -389,6 +402,39 @@ class Monitor:
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
 
+    def _probe_hosts(self, now: float) -> None:
+        """Children's CPU and GPU utilization of the local ranks that others waited on at the
+        last poll: what tells a rank whose workers or GPU do the work from a blocked one."""
+        last = self._last
+        if last is None:
+            return
+        targets: set[int] = set()
+        for wait in last.waits:
+            targets.update(wait.on)
+        for view in last.ranks:
+            targets.update(view.waiting_on)
+        pids: dict[int, int] = {}
+        for rank in sorted(targets):
+            tracker = self.state.ranks.get(rank)
+            if tracker is None or tracker.pid is None or self.state.alive.get(rank) is not True:
+                continue  # not on this host (the heartbeats speak for it), or not alive
+            if 0 <= now - self._probed.get(rank, float("-inf")) < PROBE_EVERY_S:
+                continue
+            pids[rank] = tracker.pid
+            if len(pids) >= MAX_PROBED:
+                break
+        if not pids:
+            return
+        try:
+            gpu = self.gpu_probe.utilization(list(pids.values()))
+        except Exception:  # noqa: BLE001 - a GPU fact is a bonus, never a reason to fail
+            gpu = {}
+        for rank, pid in pids.items():
+            self._probed[rank] = now
+            progress = self.state.ranks[rank].progress
+            progress.set_children(now, self.child_cpu.sample(pid, now))
+            progress.set_gpu(now, gpu.get(pid))
+
     def _is_live(self, now: float) -> bool:
         if any(a is True for a in self.state.alive.values()):
             return True
@@ -445,7 +491,7 @@ class Monitor:
             return
         key = (
             snap.verdict,
-            tuple((f.id, f.ranks) for f in snap.findings),
+            tuple((f.id, f.ranks, f.severity) for f in snap.findings),  # a wait escalates
             snap.culprits,
             len(snap.stacks),
             snap.finished,

@@ -7,9 +7,11 @@ a rank's file may be torn or written by another ddpdoctor version.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from typing import Any
 
+from ddpdoctor.monitor.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.snapshot import CALL_WINDOW, POINT_TO_POINT_OPS, CollectiveView, LogLine
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.torchrun_logs import signal_name
@@ -99,6 +101,8 @@ class RankTracker:
         self.events_seen = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
         self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
+        self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
+        self.pg_timeout_given = False  # ... set by the script's timeout= (else torch's default)
         self._reset_progress()
 
     def _reset_progress(self) -> None:
@@ -140,6 +144,7 @@ class RankTracker:
         self.epoch_of_batches: int | None = None
         self.failed_collective: CollectiveView | None = None
         self._calls_key: int | None = None
+        self.progress = ProgressTrack()
 
     # -- applying events -------------------------------------------------------------------
 
@@ -175,6 +180,9 @@ class RankTracker:
         self.group_rank = integer(e.get("group_rank"))
         self.world_size = integer(e.get("world_size")) or self.world_size
         self.backend = text(e.get("backend")) or self.backend
+        if num(e.get("pg_timeout_s")):
+            self.pg_timeout_s = num(e.get("pg_timeout_s"))
+            self.pg_timeout_given = e.get("pg_timeout_given") is True
         self.hello_t = t
         self.last_event = "hello"
 
@@ -196,6 +204,18 @@ class RankTracker:
         epoch = integer(e.get("epoch"))
         if epoch is not None:
             self.epoch = epoch
+        if t is not None and "cpu_s" in e:
+            self.progress.add(
+                ProgressSample(
+                    t,
+                    num(e.get("cpu_s")),
+                    integer(e.get("io_bytes")),
+                    text(e.get("frame")),
+                    text(e.get("where")),
+                    num(e.get("runq_s")),
+                    num(e.get("child_cpu_s")),
+                )
+            )
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
         opened = e.get("open")
@@ -389,7 +409,9 @@ class RankTracker:
         return min(self.opens.values(), key=lambda c: (c.since_t or 0.0, c.seq))
 
     def own_work_means(self) -> tuple[float | None, float | None, float | None, int]:
-        """Mean data time, compute time and comm wait over the recent steps, and how many."""
+        """Typical data time, compute time and comm wait over the recent steps (medians: one
+        long step, rank 0 evaluating or saving a checkpoint inside it, does not make a
+        straggler), and how many steps."""
         if self._means is None:
             self._means = self._compute_means()
         return self._means
@@ -397,15 +419,13 @@ class RankTracker:
     def _compute_means(self) -> tuple[float | None, float | None, float | None, int]:
         if not self.own_work:
             return None, None, None, 0
-        sums = [0.0, 0.0, 0.0]
-        counts = [0, 0, 0]
+        columns: list[list[float]] = [[], [], []]
         for values in self.own_work:
             for i, value in enumerate(values):
                 if value is not None:
-                    sums[i] += value
-                    counts[i] += 1
-        means = [sums[i] / counts[i] if counts[i] else None for i in range(3)]
-        return means[0], means[1], means[2], len(self.own_work)
+                    columns[i].append(value)
+        typical = [statistics.median(c) if c else None for c in columns]
+        return typical[0], typical[1], typical[2], len(self.own_work)
 
     def calls_key(self) -> int:
         """A fingerprint of the latest calls (see RankView.calls_key), recomputed after a change."""

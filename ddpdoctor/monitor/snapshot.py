@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.launchers import LauncherView
-from ddpdoctor.protocol.verdicts import RankState, Verdict
+from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
 from ddpdoctor.stacks.groups import StackGroup
 
 SCHEMA_VERSION = 1
@@ -90,6 +90,49 @@ class CollectiveView:
 
 
 @dataclass(frozen=True)
+class Activity:
+    """What a live rank is doing (ddpdoctor.monitor.progress): in a collective, busy in its own
+    code, waiting on its GPU, or blocked."""
+
+    state: ActivityState
+    cpu_pct: float | None  # its process's CPU over the last few heartbeats (100: one core)
+    where: str | None  # "train.py:88 evaluate": the user's innermost frame (else the innermost)
+    since_s: float | None  # how long it has been in this state
+    frame: str | None = None  # the innermost frame of its main thread
+    child_cpu_pct: float | None = None  # its children's CPU (DataLoader workers), local ranks
+    gpu_util_pct: float | None = None  # its GPU utilization (NVML), local ranks on GPUs
+
+    def describe(self) -> str:
+        """ "busy in train.py:88 evaluate (CPU 100%)" """
+        words = {
+            ActivityState.BUSY: "busy",
+            ActivityState.BLOCKED: "blocked",
+            ActivityState.GPU_WAIT: "waiting on its GPU",
+            ActivityState.IN_COLLECTIVE: "in a collective",
+        }[self.state]
+        text = words + (f" in {self.where}" if self.where else "")
+        facts = []
+        if self.cpu_pct is not None:
+            facts.append(f"CPU {self.cpu_pct:.0f}%")
+        if self.child_cpu_pct is not None and self.child_cpu_pct >= 1:
+            facts.append(f"workers CPU {self.child_cpu_pct:.0f}%")
+        if self.gpu_util_pct is not None:
+            facts.append(f"GPU {self.gpu_util_pct:.0f}%")
+        return text + (f" ({', '.join(facts)})" if facts else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value,
+            "cpu_pct": None if self.cpu_pct is None else round(self.cpu_pct, 1),
+            "where": self.where,
+            "since_s": None if self.since_s is None else round(self.since_s, 3),
+            "frame": self.frame,
+            "child_cpu_pct": None if self.child_cpu_pct is None else round(self.child_cpu_pct, 1),
+            "gpu_util_pct": None if self.gpu_util_pct is None else round(self.gpu_util_pct, 1),
+        }
+
+
+@dataclass(frozen=True)
 class RankView:
     rank: int
     state: RankState
@@ -129,7 +172,7 @@ class RankView:
     fault: str | None = None  # an injected fault it recorded ("hang:rank=1,step=5")
     warnings: tuple[tuple[str, str], ...] = ()  # (code, message) of its warning events
     epoch_batches: int | None = None  # batches in its loader for the latest epoch it started
-    avg_data_time_s: float | None = None  # means over its recent steps (straggler analysis)
+    avg_data_time_s: float | None = None  # medians over its recent steps (straggler analysis)
     avg_compute_time_s: float | None = None
     avg_comm_wait_s: float | None = None
     avg_steps: int = 0  # how many recent steps those means cover
@@ -138,6 +181,8 @@ class RankView:
     # Equal for two ranks whose latest calls (recent_collectives' tail and the open one) are the
     # same sequence; lets the mismatch rule compare one rank per class at 1000s of ranks (0: unset)
     calls_key: int = 0
+    activity: Activity | None = None  # None: not known (finished, no progress facts yet)
+    reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""
@@ -172,6 +217,7 @@ class RankView:
             "fault": self.fault,
             "failed_t": self.failed_t,
             "last_progress_t": self.last_progress_t,
+            "activity": self.activity.to_json() if self.activity else None,
         }
 
 
@@ -218,6 +264,12 @@ class Thresholds:
     heartbeat_stale_s: float  # no heartbeat for this long: the rank's heartbeat has stopped
     adaptive: bool = True  # False when --hang-after set it
     basis: str = ""  # how the hang threshold was chosen, in words
+    # The process group's own timeout (init_process_group(timeout=...), else torch's default for
+    # the backend): a wait for a busy rank is an error as it nears it, when torch fails the job.
+    pg_timeout_s: float | None = None
+    pg_timeout_basis: str = ""
+    wait_warn_after_s: float | None = None  # a wait for a busy rank is a warning past this
+    wait_error_after_s: float | None = None  # ... and an error past this
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -226,6 +278,41 @@ class Thresholds:
             "heartbeat_stale_s": round(self.heartbeat_stale_s, 3),
             "adaptive": self.adaptive,
             "basis": self.basis,
+            "pg_timeout_s": self.pg_timeout_s,
+            "pg_timeout_basis": self.pg_timeout_basis,
+            "wait_warn_after_s": self.wait_warn_after_s,
+            "wait_error_after_s": self.wait_error_after_s,
+        }
+
+
+@dataclass(frozen=True)
+class WaitView:
+    """Ranks waiting in one collective for ranks that have not reached it (diagnosis.json
+    `waits`): a hang when those are blocked, a wait when they are busy."""
+
+    waiters: tuple[int, ...]
+    on: tuple[int, ...]  # the ranks not there yet
+    collective: CollectiveView  # as the longest waiter sees it
+    waiting_s: float  # the longest waiter's wait
+    activity: Activity | None  # of the first rank waited on (None: unknown)
+    busy: bool  # every rank waited on is making progress: a wait, not a hang
+    severity: str | None = None  # "info" | "warning" | "error" for a wait, None otherwise
+    timeout_s: float | None = None  # the process group's timeout
+    timeout_in_s: float | None = None  # until the longest waiter's collective times out
+    summary: str = ""  # "ranks 1-7 wait 20 s for rank 0, busy in train.py:88 evaluate (CPU 100%)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "waiters": list(self.waiters),
+            "on": list(self.on),
+            "collective": self.collective.to_json(),
+            "waiting_s": round(self.waiting_s, 3),
+            "busy": self.busy,
+            "activity": self.activity.to_json() if self.activity else None,
+            "severity": self.severity,
+            "timeout_s": self.timeout_s,
+            "timeout_in_s": None if self.timeout_in_s is None else round(self.timeout_in_s, 3),
+            "summary": self.summary,
         }
 
 
@@ -250,6 +337,10 @@ class Snapshot:
     nodes_missing: tuple[int, ...] = ()
     # The processes that started the ranks and are no rank themselves (monitor/launchers.py).
     launchers: tuple[LauncherView, ...] = ()
+    waits: tuple[WaitView, ...] = ()  # who waits for whom right now (see WaitView)
+    # The verdict is certain enough to stop the job on (the stop policy): a mismatch, a crash, or
+    # a hang whose culprits are confirmed blocked, gone, or silent (heartbeat stopped).
+    confirmed: bool = False
 
     def rank(self, rank: int) -> RankView | None:
         """The view of one rank (ranks are sorted by rank, usually dense from 0)."""
@@ -298,4 +389,6 @@ class Snapshot:
             "finished": self.finished,
             "live": self.live,
             "thresholds": self.thresholds.to_json() if self.thresholds else None,
+            "waits": [w.to_json() for w in self.waits],
+            "confirmed": self.confirmed,
         }

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.monitor.launchers import launcher_views
+from ddpdoctor.monitor.progress import activity
 from ddpdoctor.monitor.rank_tracker import RankTracker, num
 from ddpdoctor.monitor.snapshot import (
     POINT_TO_POINT_OPS,
@@ -198,6 +199,9 @@ class RunState:
         periods = [t.heartbeat_period for t in self.ranks.values() if t.heartbeat_period]
         start = self.training_start_t
         training_waits = (d for s, d in self.waits if start is not None and s >= start)
+        timeouts = [
+            (t.pg_timeout_s, t.pg_timeout_given) for t in self.ranks.values() if t.pg_timeout_s
+        ]
         return compute_thresholds(
             hang_after=hang_after,
             step_times=list(self.step_times),
@@ -205,6 +209,10 @@ class RunState:
             all_waits=[d for _, d in self.waits],
             heartbeat_period=max(periods) if periods else None,
             training_started=self.training_started,
+            pg_timeout_s=min(timeouts)[0] if timeouts else None,
+            pg_timeout_given=min(timeouts)[1] if timeouts else False,
+            backend=next((t.backend for t in self.ranks.values() if t.backend), None)
+            or self.info.backend,
         )
 
     def agent_exit(self, tracker: RankTracker):
@@ -283,6 +291,15 @@ class RunState:
         hb_age = None
         if tracker.last_heartbeat_t is not None:
             hb_age = max(0.0, now - tracker.last_heartbeat_t)
+        doing = None
+        if not state.finished and (hb_age is None or hb_age <= th.heartbeat_stale_s):
+            # a silent heartbeat says nothing about now: the rank stays unknown (stalled)
+            doing = activity(
+                tracker.progress.judge(),
+                now=now,
+                in_collective=collective is not None,
+                in_collective_since=collective.since_t if collective is not None else None,
+            )
         data, compute, comm, n = tracker.own_work_means()
         return build_frozen(
             RankView,
@@ -331,6 +348,8 @@ class RunState:
                 error_at=tracker.error_at,
                 error_lines=tuple(tracker.error_lines),
                 calls_key=tracker.calls_key(),
+                activity=doing,
+                reports_progress=bool(tracker.progress.samples),
             ),
         )
 
@@ -388,6 +407,9 @@ class RunState:
         if tracker.step is None and tracker.phase in (None, "init"):
             return RankState.STARTING, None, None, None
         if tracker.last_progress_t is not None and now - tracker.last_progress_t > th.hang_after_s:
+            judged = tracker.progress.judge()
+            if judged is not None and judged.state.progressing:
+                return RankState.RUNNING, None, None, None  # no events, but busy in its own code
             return RankState.STALLED, None, None, None
         return RankState.RUNNING, None, None, None
 

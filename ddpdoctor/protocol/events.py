@@ -43,8 +43,15 @@ hello              also restart_count (torchelastic restarts), heartbeat_s (the 
                    env_from ("slurm") and env_filled (the names) when ddpdoctor filled torch's
                    variables from a launcher's (runtime/autostart.py). A rank started by a user's
                    own command (autostart) says hello only once it has joined a process group.
+                   Also pg_timeout_s (the default process group's timeout: init_process_group's
+                   timeout=, else torch's default for the backend) and pg_timeout_given (bool).
 heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
-                   steps done (closed); seq starts at 1.
+                   steps done (closed); seq starts at 1. Progress facts (cumulative, for telling a
+                   busy rank from a blocked one): cpu_s (process CPU seconds), runq_s (the main
+                   thread's run-queue wait, seconds), io_bytes (rchar + wchar), child_cpu_s (CPU
+                   seconds of the main thread's live child processes), frame (the main
+                   thread's innermost frame, "file.py:LINE function") and where (its innermost
+                   frame in the user's own code).
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on
                    point-to-point ops only. Their seq counts per group AND peer, apart from the
                    collectives' seq, so ranks that take no part in a send do not look behind:

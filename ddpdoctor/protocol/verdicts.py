@@ -38,3 +38,19 @@ class Verdict(str, Enum):
     @property
     def is_problem(self) -> bool:
         return self in (Verdict.HANG, Verdict.MISMATCH, Verdict.CRASH, Verdict.NOT_STARTED)
+
+
+class ActivityState(str, Enum):
+    """What a rank that is not finished is doing right now (diagnosis.json `ranks[].activity`),
+    judged from its heartbeats' CPU time, I/O bytes and main-thread frame, and on GPUs from its
+    GPU utilization. Only a blocked rank can be the culprit of a hang; a busy one makes others
+    wait."""
+
+    IN_COLLECTIVE = "in_collective"  # inside a collective (waiting for, or working with, others)
+    BUSY = "busy"  # in its own code, making progress: CPU advancing, stack moving, I/O flowing
+    GPU_WAIT = "gpu_wait"  # its main thread idle while its GPU works (a sync, .item(), .cpu())
+    BLOCKED = "blocked"  # idle: sleep, a lock, a queue, a quiet socket, a dead DataLoader worker
+
+    @property
+    def progressing(self) -> bool:
+        return self in (ActivityState.BUSY, ActivityState.GPU_WAIT)

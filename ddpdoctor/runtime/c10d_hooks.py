@@ -372,6 +372,7 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
     init = c10d.init_process_group
     destroy = c10d.destroy_process_group
     if not hasattr(init, WRAPPED_MARK):
+        signature = _signature(init)
 
         @functools.wraps(init)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -380,6 +381,9 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
             result = init(*args, **kwargs)
             current = core.active()
             if current is not None:
+                current.pg_timeout_s, current.pg_timeout_given = pg_timeout_s(
+                    c10d, signature, args, kwargs
+                )
                 current.on_process_group()
             return result
 
@@ -401,3 +405,30 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
         for module in (c10d, dist):
             if getattr(module, "destroy_process_group", None) is destroy:
                 _replace(runtime, module, "destroy_process_group", destroy, destroy_process_group)
+
+
+def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+
+
+def pg_timeout_s(
+    c10d: Any, signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[float | None, bool]:
+    """(seconds, whether the script gave it) of the default process group's timeout: `timeout=`
+    as given, else torch's default for its backend (NCCL 10 min, gloo 30 min). A waiting rank
+    fails when it runs out, so a watcher counts down to it (None when it cannot be told)."""
+    try:
+        given = signature.bind_partial(*args, **kwargs).arguments if signature else kwargs
+        timeout = given.get("timeout")
+        if timeout is not None:
+            return float(timeout.total_seconds()), True
+        backend = str(c10d.get_backend())
+        default = getattr(c10d, "_get_default_timeout", None)
+        if default is not None:
+            return float(default(backend).total_seconds()), False
+    except Exception:  # noqa: BLE001 - a fact the watcher can do without
+        return None, False
+    return None, False

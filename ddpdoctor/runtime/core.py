@@ -97,6 +97,8 @@ class Runtime:
         self.auto_phase = True
         self.backend: str | None = None
         self.cuda_device: int | None = None  # the GPU this rank uses, once known
+        self.pg_timeout_s: float | None = None  # the default process group's timeout, once known
+        self.pg_timeout_given = False  # ... given by the script (else torch's default)
         self.cuda_marker: CudaMarker | None = default_cuda_marker
         self.script: str | None = None  # what the bootstrap runs (a path, or "-m module")
         # Started by autostart at init_process_group: a rank only once it has joined; a process
@@ -213,6 +215,8 @@ class Runtime:
                 heartbeat_s=self.heartbeat_s,
                 world_size=self.world_size,
             ),
+            pg_timeout_s=self.pg_timeout_s,
+            pg_timeout_given=self.pg_timeout_given,
         )
 
     def on_process_group(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddpdoctor.protocol.events import HEARTBEAT
 from ddpdoctor.runtime.core import Runtime
+from ddpdoctor.runtime.progress_probe import progress_fields
 
 # How often the probes of collectives in flight are polled while there are any.
 POLL_S = 0.02
@@ -69,11 +70,13 @@ class Heartbeat:
         period_s: float | None = None,
         rss: Callable[[], int | None] = rss_bytes,
         gpu_memory: Callable[[Runtime], int | None] = gpu_memory_bytes,
+        progress: Callable[[], dict[str, Any]] = progress_fields,
     ) -> None:
         self.runtime = runtime
         self.period_s = max(0.01, period_s if period_s is not None else runtime.heartbeat_s)
         self._rss = rss
         self._gpu_memory = gpu_memory
+        self._progress = progress
         self._stop = threading.Event()
         self._queued = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,7 +100,12 @@ class Heartbeat:
     def fields(self) -> dict[str, Any]:
         """One heartbeat's fields (the envelope is added by the runtime)."""
         rt = self.runtime
+        try:
+            progress = self._progress()
+        except Exception:  # noqa: BLE001 - a beat without progress facts is still a beat
+            progress = {}
         return {
+            **progress,
             "seq": self.beats,
             "step": rt.steps.steps_done,
             "epoch": rt.steps.epoch,

@@ -40,6 +40,9 @@ def _events_summary(out: Text, rv: RankView, total: int | None) -> None:
     if rv.fault:
         _field(out, "injected fault", rv.fault, "bold magenta")
     _field(out, "heartbeat age", fmt.duration(rv.heartbeat_age_s))
+    if rv.activity is not None:
+        since = fmt.duration(rv.activity.since_s)
+        _field(out, "activity", f"{rv.activity.describe()} for {since}")
     if rv.step_time_s is not None:
         parts = [f"step {fmt.step_seconds(rv.step_time_s)}"]
         for name, value in (

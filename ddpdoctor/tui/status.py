@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
+from ddpdoctor.monitor.diagnosis_text import WAIT_STYLE, busy_wait, wait_line
 from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -71,6 +72,9 @@ def status_line(state: AppState) -> Text:
         status.append(" · connecting", style="dim")
     else:
         status.append(" · live", style="green")
+        wait = busy_wait(snapshot)
+        if wait is not None and not snapshot.verdict.is_problem:
+            status.append(f" · {wait_line(wait)}", style=WAIT_STYLE.get(wait.severity or "", ""))
         if snapshot.nodes_missing:
             status.append(
                 f" · waiting for {named_ranks(snapshot.nodes_missing, 'node')} to join",

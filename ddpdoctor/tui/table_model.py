@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from statistics import fmean
 
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot
+from ddpdoctor.protocol.verdicts import ActivityState
 from ddpdoctor.tui import fmt
 
 # Beyond this many ranks the table shows one row per host (Enter expands a host): 1024 rank rows
@@ -115,9 +116,10 @@ def build_model(
 ) -> TableModel:
     total = snapshot.run.total_steps
     culprits = snapshot.culprits
+    busy = BusyWaits.of(snapshot)
     if not should_group(snapshot):
         ordered = sorted(snapshot.ranks, key=lambda rv: (sort.rank_key(rv), rv.rank))
-        rows = tuple(rank_row(rv, total, rv.rank in culprits) for rv in ordered)
+        rows = tuple(rank_row(rv, total, rv.rank in culprits, busy) for rv in ordered)
         return TableModel(grouped=False, rows=rows)
 
     by_host: dict[str, list[RankView]] = {}
@@ -134,7 +136,7 @@ def build_model(
         rows_out.append(host_row(host, members, total, culprits, expanded=is_open))
         if is_open:
             members_sorted = sorted(members, key=lambda rv: (sort.rank_key(rv), rv.rank))
-            rows_out.extend(rank_row(rv, total, rv.rank in culprits) for rv in members_sorted)
+            rows_out.extend(rank_row(rv, total, rv.rank in culprits, busy) for rv in members_sorted)
     return TableModel(grouped=True, rows=tuple(rows_out))
 
 
@@ -168,7 +170,44 @@ def collective_text(rv: RankView) -> tuple[str, str]:
     return fmt.NONE, "dim"
 
 
-def rank_row(rv: RankView, run_total: int | None, is_culprit: bool) -> Row:
+@dataclass(frozen=True)
+class BusyWaits:
+    """Who waits for a busy rank (a wait, not a hang), and the busy ranks waited on."""
+
+    waiting_for: dict[int, tuple[int, ...]]  # waiter -> the busy ranks it waits for
+    waited_on: frozenset[int]
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> BusyWaits:
+        waiting_for: dict[int, tuple[int, ...]] = {}
+        waited_on: set[int] = set()
+        for wait in snapshot.waits:
+            if wait.busy:
+                waited_on.update(wait.on)
+                waiting_for.update((w, wait.on) for w in wait.waiters)
+        return cls(waiting_for, frozenset(waited_on))
+
+
+NO_BUSY_WAITS = BusyWaits({}, frozenset())
+_STATE_WIDTH = next(c.width for c in COLUMNS if c.key == "state")
+
+
+def state_cell(rv: RankView, busy: BusyWaits) -> Cell:
+    """The state column: "wait r0 (busy)" for a rank waiting for a busy one, "busy" for the rank
+    it waits for, else the rank's state."""
+    on = busy.waiting_for.get(rv.rank)
+    if on and rv.state is RankState.WAITING:
+        who = f"r{on[0]}" + (f"+{len(on) - 1}" if len(on) > 1 else "")
+        return fmt.truncate(f"wait {who} (busy)", _STATE_WIDTH), "yellow"
+    if rv.rank in busy.waited_on and not rv.state.finished and rv.activity is not None:
+        gpu = rv.activity.state is ActivityState.GPU_WAIT
+        return ("busy (GPU)" if gpu else "busy"), "bold cyan"
+    return fmt.state_label(rv.state), fmt.state_style(rv.state)
+
+
+def rank_row(
+    rv: RankView, run_total: int | None, is_culprit: bool, busy: BusyWaits = NO_BUSY_WAITS
+) -> Row:
     tone = _tone(rv.state)
     total = rv.total_steps or run_total
     wait_style = {
@@ -179,7 +218,7 @@ def rank_row(rv: RankView, run_total: int | None, is_culprit: bool) -> Row:
     rank_text = f"{fmt.CULPRIT_MARK} {rv.rank}" if is_culprit else f"  {rv.rank}"
     cells: tuple[Cell, ...] = (
         (rank_text, fmt.CULPRIT_STYLE if is_culprit else tone or "bold"),
-        (fmt.state_label(rv.state), fmt.state_style(rv.state)),
+        state_cell(rv, busy),
         (fmt.steps(rv.step, total), tone),
         (fmt.progress_bar(rv.step, total, _PROGRESS_WIDTH), tone or "green"),
         (coll_text, coll_style or tone),

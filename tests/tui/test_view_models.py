@@ -280,3 +280,21 @@ def test_the_title_line_names_what_started_the_ranks():
     assert "· started by python multigpu.py │" in title_line(one, None).plain
     two = replace(one, launchers=one.launchers * 2)
     assert "· started by 2 launchers │" in title_line(two, None).plain
+
+
+def test_a_wait_for_a_busy_rank_has_its_own_state_in_the_table_and_the_status_line():
+    from ddpdoctor.tui.status import AppState, status_line
+    from tests.unit.monitor.test_monitor_headless import _busy_wait
+
+    snap = _busy_wait(20.0)
+    rows = {row.rank: cells(row) for row in build_model(snap).rows}
+    assert rows[1]["state"] == "wait r0 (busy)" and rows[0]["state"] == "busy"
+    line = status_line(AppState(mode="run", snapshot=snap, job_attached=True)).plain
+    assert "rank 1 waits 20 s for rank 0, busy in train.py:88 evaluate (CPU 99%)" in line
+
+
+def test_rank_detail_says_what_the_rank_is_doing():
+    from tests.unit.monitor.test_monitor_headless import _busy_wait
+
+    text = rank_detail_text(_busy_wait(20.0), 0).plain
+    assert "activity  busy in train.py:88 evaluate (CPU 99%) for 20s" in text

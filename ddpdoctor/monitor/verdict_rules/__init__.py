@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddpdoctor.findings import Finding
-from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.monitor.snapshot import Verdict, WaitView
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class RuleOutcome:
     onset_t: float | None = None  # when the verdict's condition first held
     stalled: frozenset[int] = field(default_factory=frozenset)  # ranks to show as stalled
     waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()  # (rank, culprits it waits on)
+    # Certain enough to stop the job on: the launcher's stop policy acts on nothing less.
+    confirmed: bool = False
+    waits: tuple[WaitView, ...] = ()  # who waits for whom (the wait rule)
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -70,6 +70,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         rule="crash",
         findings=tuple(findings),
         verdict=Verdict.CRASH,
+        confirmed=True,
         culprits=frozenset(culprits),
         started_t=root.failed_t,
         onset_t=root.failed_t,

@@ -1,9 +1,14 @@
-"""hang: ranks wait in collective #K while other ranks never reached #K (F29, F31, F39, F42).
+"""hang: ranks wait in collective #K while other ranks never reached #K and never will (F29, F31,
+F39, F42).
 
 The waiting ranks are alive (their heartbeats go on) but not progressing; the culprits are the
-group members whose last sequence number in that group is below K. A rank that waits counts once
-its wait passes the hang threshold; a rank whose heartbeat stopped is not "waiting", it is stalled
-or gone, and other rules speak for it.
+group members whose last sequence number in that group is below K and that are not making
+progress of their own: blocked (ddpdoctor.monitor.progress: no CPU advance, no I/O and the same
+frame across heartbeats), silent (heartbeat stopped), finished, or of unknown activity. Members
+behind that are busy in their own code (rank 0 downloading, evaluating, checkpointing) are not
+culprits: the others wait for them (the wait rule), and no hang is declared while every member
+behind is busy. A rank that waits counts once its wait passes the hang threshold; a rank whose
+heartbeat stopped is not "waiting", it is stalled or gone, and other rules speak for it.
 """
 
 from __future__ import annotations
@@ -59,6 +64,23 @@ def heartbeat_alive_while_waiting(view: RankView, coll: CollectiveView, snap: Sn
     return True
 
 
+def progressing(view: RankView) -> bool:
+    """The rank is alive and making progress in its own code (busy, or its GPU works)."""
+    return not view.state.finished and view.activity is not None and view.activity.state.progressing
+
+
+def undecided(view: RankView, snap: Snapshot) -> bool:
+    """Its heartbeats report progress facts, fresh, but too few yet to judge it (it has just
+    started, or the machine is slow): not a culprit until they tell, a few seconds at most."""
+    th = snap.thresholds
+    fresh = (
+        th is not None
+        and view.heartbeat_age_s is not None
+        and view.heartbeat_age_s <= th.heartbeat_stale_s
+    )
+    return view.activity is None and view.reports_progress and fresh and not view.state.finished
+
+
 def members_of(coll: CollectiveView, snap: Snapshot) -> list[int]:
     if coll.group == ev.DEFAULT_GROUP or not coll.group_ranks:
         return [v.rank for v in snap.ranks]
@@ -81,7 +103,10 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
                 behind.append(view)
         if not behind:
             continue  # everyone reached #K: a transport stall or a mismatch, not this rule
-        outcome = _outcome(snap, coll, [v for v, _ in waiters], behind)
+        stuck = [v for v in behind if not progressing(v) and not undecided(v, snap)]
+        if not stuck:
+            continue  # every rank behind is busy (a wait: verdict_rules.wait) or not judged yet
+        outcome = _outcome(snap, coll, [v for v, _ in waiters], stuck)
         if best is None or (outcome.onset_t or 0) < (best.onset_t or 0):
             best = outcome
     return best
@@ -112,9 +137,17 @@ def _outcome(
     )
     if len(culprits) == 1:
         summary += f": {where_is(culprits[0], snap.stacks)}"
+        if culprits[0].activity is not None:
+            summary += f"; {culprits[0].activity.describe()}"
     evidence = []
     for view in culprits[:8]:
         evidence.append(Evidence(f"rank {view.rank}: {where_is(view, snap.stacks)}"))
+        if view.activity is not None:
+            evidence.append(
+                Evidence(
+                    f"rank {view.rank}: {view.activity.describe()} for {fmt_s(view.activity.since_s)}"
+                )
+            )
         group = stack_of(view.rank, snap.stacks)
         if group is not None:
             frames = [f for f in group.frames if f][-6:]
@@ -150,4 +183,5 @@ def _outcome(
         onset_t=onset,
         stalled=stalled,
         waiting_on=waiting_on,
+        confirmed=True,  # its culprits are blocked, silent, finished or of unknown activity
     )

@@ -97,7 +97,7 @@ def _finding(
         Evidence(
             f"rank {view.rank}: data {fmt_s(view.avg_data_time_s)}, compute "
             f"{fmt_s(view.avg_compute_time_s)}, comm wait {fmt_s(view.avg_comm_wait_s)} "
-            f"(mean of {view.avg_steps} steps)"
+            f"(median of {view.avg_steps} steps)"
         ),
         Evidence(
             f"other ranks (median): data {fmt_s(med_data)}, compute {fmt_s(med_comp)}"

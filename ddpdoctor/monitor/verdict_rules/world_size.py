@@ -55,6 +55,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         rule="world_size",
         findings=(finding,),
         verdict=Verdict.MISMATCH,
+        confirmed=True,
         started_t=since,
         onset_t=since + WAIT_S,
         stalled=frozenset(r for r, _, _ in waiting),

@@ -28,8 +28,11 @@ class Clock:
         return self.now
 
 
-def snap(verdict=Verdict.RUNNING, *, stacks=(), stack_status=None, ranks=()) -> Snapshot:
+def snap(
+    verdict=Verdict.RUNNING, *, stacks=(), stack_status=None, ranks=(), confirmed=None
+) -> Snapshot:
     return Snapshot(
+        confirmed=verdict.is_problem if confirmed is None else confirmed,
         run=RunInfo(name="r", run_dir="/tmp/r"),
         taken_t=0.0,
         ranks=tuple(ranks),
@@ -49,6 +52,18 @@ def test_healthy_and_running_jobs_are_left_alone():
         clock.now += 100
         decision = policy.observe(snap(verdict), job_running=True)
         assert decision.stop is None and not decision.capture_stacks
+
+
+def test_an_unconfirmed_hang_is_never_stopped():
+    """A hang with no culprit confirmed blocked (all ranks in one collective: the transport) is
+    reported, not stopped: ddpdoctor stops a job only on a certain verdict."""
+    clock = Clock()
+    policy = StopPolicy(keep_running=False, clock=clock)
+    for _ in range(5):
+        clock.now += STACK_WAIT_S
+        hang = snap(Verdict.HANG, stacks=[GROUP], confirmed=False)
+        assert policy.observe(hang, job_running=True) == Decision()
+    assert policy.stopped_for is None
 
 
 def test_hang_stops_once_the_stacks_are_in():

@@ -164,7 +164,7 @@ class Clock:
 def hang_snapshot() -> Snapshot:
     return Snapshot(
         run=RunInfo(name="r", run_dir="/r"), taken_t=0.0, ranks=(), verdict=Verdict.HANG,
-        stack_status="captured 2 ranks at 10:00:00",
+        stack_status="captured 2 ranks at 10:00:00", confirmed=True,
     )  # fmt: skip
 
 

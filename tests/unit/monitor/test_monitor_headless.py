@@ -111,3 +111,31 @@ def test_job_output_passes_through_untouched():
     con, out = console()
     HeadlessView(con, live=False).job_output("[default0]:loss [red]1.0[/red] :smile:\n")
     assert out.getvalue() == "[default0]:loss [red]1.0[/red] :smile:\n"
+
+
+def _busy_wait(waited: float):
+    from ddpdoctor.monitor.snapshot import Activity
+    from ddpdoctor.protocol.verdicts import ActivityState
+    from tests.unit.monitor.test_rules_wait import pg_thresholds
+
+    busy = Activity(ActivityState.BUSY, 99.0, "train.py:88 evaluate", waited)
+    s = snap([view(0, seq=40, activity=busy), waiting(1, 41, waited)])
+    s = replace(s, thresholds=pg_thresholds(timeout=600.0))
+    return apply_diagnosis(s, diagnose(s))
+
+
+def test_a_wait_for_a_busy_rank_is_in_the_status_line_and_printed_as_it_escalates():
+    con, out = console()
+    clock = Clock()
+    view_ = HeadlessView(con, live=False, status_every_s=5.0, clock=clock)
+    view_.update(_busy_wait(20.0))
+    first = out.getvalue()
+    assert "rank 1 waits 20 s for rank 0, busy in train.py:88 evaluate (CPU 99%)" in first
+    assert "wait.busy_rank" not in first and "HANG" not in first  # info: the status line only
+    for waited in (70.0, 75.0, 500.0, 510.0):
+        clock.t += 1
+        view_.update(_busy_wait(waited))
+    text = out.getvalue()
+    assert text.count("wait.busy_rank") == 2  # once a warning, once an error
+    assert "the process group times out in 100 s" in text
+    assert "fix: Not a hang" in text

@@ -58,3 +58,19 @@ def test_still_reported_when_the_job_has_finished():
         work(1, 0.0, 0.10, 0.01, state=RankState.DONE),
     ]
     assert straggler.detect(snap(ranks)).findings[0].ranks == (1,)
+
+
+def test_one_long_step_of_rank_0_evaluating_does_not_make_it_a_straggler():
+    """Rank 0 evaluates for 8 s inside one step (between epochs) while rank 1 waits: a wait, not
+    a straggler; the typical step (a median) is what tells a straggler."""
+    from ddpdoctor.monitor.rank_tracker import RankTracker
+
+    tracker = RankTracker(0)
+    for step in range(1, 11):
+        compute = 8.0 if step == 5 else 0.002
+        tracker.apply(
+            {"kind": "step", "t": float(step), "step": step, "data_time_s": 0.0,
+             "compute_time_s": compute, "comm_wait_s": 0.003}
+        )  # fmt: skip
+    data, compute, _comm, n = tracker.own_work_means()
+    assert n == 10 and data == 0.0 and compute == 0.002

@@ -9,6 +9,7 @@ from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
 from ddpdoctor.runtime.core import Runtime
 from ddpdoctor.runtime.heartbeat import Heartbeat, rss_bytes
+from ddpdoctor.runtime.progress_probe import is_user_file
 
 PERIOD = 0.02
 
@@ -168,3 +169,70 @@ def test_a_steady_stream_is_written_without_waking_the_thread_for_each_burst(bea
     while written() < sent + 1:
         assert time.monotonic() < deadline
         time.sleep(0.005)
+
+
+def _sleep_in_user_code(seconds: float) -> None:
+    event = threading.Event()
+    event.wait(seconds)  # threading.py (the standard library) is not the user's line
+
+
+def test_progress_facts_name_the_users_line_and_the_innermost_frame(beating):
+    wait_for_beats(beating, 1)
+    start = len(heartbeats(beating))
+    _sleep_in_user_code(0.3)
+    beat = heartbeats(beating)[start + 2]
+    assert beat["where"].startswith("test_runtime_heartbeat.py:")
+    assert beat["where"].endswith(" _sleep_in_user_code")
+    assert beat["frame"].startswith("threading.py:")  # innermost: Event.wait -> Condition.wait
+    assert isinstance(beat["cpu_s"], float) and isinstance(beat["io_bytes"], int)
+
+
+def test_cpu_seconds_advance_while_the_main_thread_works_and_not_while_it_sleeps(beating):
+    wait_for_beats(beating, 1)
+    first = len(heartbeats(beating))
+    time.sleep(0.3)
+    slept = heartbeats(beating)[first:]
+    before = heartbeats(beating)[-1]
+    start = time.process_time()
+    deadline = time.monotonic() + 20  # on a loaded machine the CPU comes slowly
+    while time.process_time() - start < 0.2 and time.monotonic() < deadline:
+        sum(i * i for i in range(1000))
+    wait_for_beats(beating, len(heartbeats(beating)) + 2)
+    after = heartbeats(beating)[-1]
+    assert slept[-1]["cpu_s"] - slept[0]["cpu_s"] < 0.1
+    assert after["cpu_s"] - before["cpu_s"] >= 0.2
+    # what the main thread got plus what it waited for: about the wall time it spun
+    assert isinstance(after["runq_s"], float) and after["runq_s"] >= before["runq_s"]
+
+
+def test_library_code_is_not_the_users():
+    import json as stdlib_module
+
+    import torch
+
+    import ddpdoctor.runtime.heartbeat as ours
+
+    assert not is_user_file(stdlib_module.__file__)
+    assert not is_user_file(torch.__file__)
+    assert not is_user_file(ours.__file__)
+    assert not is_user_file("<frozen importlib._bootstrap>")
+    assert is_user_file(__file__)
+
+
+def test_children_cpu_counts_the_workers_of_the_main_thread():
+    import subprocess
+    import sys
+
+    from ddpdoctor.runtime.progress_probe import children_cpu_seconds
+
+    before = children_cpu_seconds()
+    spin = "import time\nend = time.time() + 20\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        deadline = time.monotonic() + 15
+        while (children_cpu_seconds() or 0.0) < 0.1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert before is not None and children_cpu_seconds() >= 0.1
+    finally:
+        child.kill()
+        child.wait(5)

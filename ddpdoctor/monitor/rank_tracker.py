@@ -20,6 +20,8 @@ RECENT_STEPS = 32  # step times kept for sparklines
 OWN_WORK_WINDOW = 10  # steps averaged for the straggler analysis
 RECENT_COLLECTIVES = 16  # collectives kept per rank for the mismatch comparison
 MAX_WARNINGS = 16
+# DataLoaders remembered per rank (a script may make a new evaluation loader every epoch).
+MAX_LOADERS = 32
 ERROR_LINES = 6
 
 # Kinds that mean the rank did something (a heartbeat alone only means its thread is alive).
@@ -142,6 +144,9 @@ class RankTracker:
         self.warnings: dict[str, str] = {}
         self.epoch_batches: int | None = None
         self.epoch_of_batches: int | None = None
+        # loader id -> batches of its latest epoch: loaders made only on some ranks (rank 0's
+        # evaluation loader) must not be compared with the others' training loader.
+        self.loader_batches: dict[int, int] = {}
         self.failed_collective: CollectiveView | None = None
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
@@ -345,6 +350,10 @@ class RankTracker:
         if batches is not None:
             self.epoch_batches = batches
             self.epoch_of_batches = epoch
+            loader = integer(e.get("loader")) or 0  # runtimes before loader ids: one loader
+            if loader not in self.loader_batches and len(self.loader_batches) >= MAX_LOADERS:
+                del self.loader_batches[next(iter(self.loader_batches))]
+            self.loader_batches[loader] = batches
         self.last_event = f"epoch {epoch}"
 
     def _warning(self, e: dict[str, Any], t: float | None, where) -> None:

@@ -172,6 +172,9 @@ class RankView:
     fault: str | None = None  # an injected fault it recorded ("hang:rank=1,step=5")
     warnings: tuple[tuple[str, str], ...] = ()  # (code, message) of its warning events
     epoch_batches: int | None = None  # batches in its loader for the latest epoch it started
+    # (loader id, batches of that loader's latest epoch) for each DataLoader it iterated; ids
+    # count a rank's loaders in the order it made them
+    loader_batches: tuple[tuple[int, int], ...] = ()
     avg_data_time_s: float | None = None  # medians over its recent steps (straggler analysis)
     avg_compute_time_s: float | None = None
     avg_comm_wait_s: float | None = None

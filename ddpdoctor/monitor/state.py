@@ -341,6 +341,7 @@ class RunState:
                 fault=tracker.fault,
                 warnings=tuple(tracker.warnings.items()),
                 epoch_batches=tracker.epoch_batches,
+                loader_batches=tuple(tracker.loader_batches.items()),
                 avg_data_time_s=data,
                 avg_compute_time_s=compute,
                 avg_comm_wait_s=comm,

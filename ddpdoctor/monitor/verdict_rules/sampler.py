@@ -1,9 +1,9 @@
 """sampler: DistributedSampler misuse seen before it bites (F36, F31).
 
 `sampler.set_epoch_missing`: the runtime's audit saw a full pass run again without set_epoch while
-shuffling, so every epoch repeats the same order. `sampler.uneven_batches`: the ranks' loaders have
-different lengths this epoch, so some rank will run out of batches first and the others will hang
-in their next collective.
+shuffling, so every epoch repeats the same order. `sampler.uneven_batches`: the same loader (matched by
+id across ranks) has different lengths on different ranks this epoch, so some rank will run out of
+batches first and the others will hang in their next collective.
 """
 
 from __future__ import annotations
@@ -44,11 +44,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
                 evidence=(Evidence(message),),
             )
         )
-    batches: dict[int, list[int]] = defaultdict(list)
-    for view in snap.ranks:
-        if view.epoch_batches is not None:
-            batches[view.epoch_batches].append(view.rank)
-    if len(batches) > 1:
+    batches = _uneven_loader(snap)
+    if batches:
         lo = min(batches)
         hi = max(batches)
         findings.append(
@@ -67,3 +64,20 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             )
         )
     return RuleOutcome(rule="sampler", findings=tuple(findings)) if findings else None
+
+
+def _uneven_loader(snap: Snapshot) -> dict[int, list[int]]:
+    """batches -> ranks, for the first DataLoader that ranks iterate with different lengths.
+
+    Loaders are matched by id (each rank counts its loaders in the order it makes them), and only
+    between the ranks that have that loader: an evaluation loader that only rank 0 makes (the
+    tutorials' rank-0 evaluation) is not the others' training loader and is never compared.
+    """
+    per_loader: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for view in snap.ranks:
+        for loader, count in view.loader_batches:
+            per_loader[loader][count].append(view.rank)
+    for loader in sorted(per_loader):
+        if len(per_loader[loader]) > 1:
+            return dict(per_loader[loader])
+    return {}

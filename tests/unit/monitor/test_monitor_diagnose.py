@@ -73,8 +73,8 @@ def test_crash_before_the_wait_passes_the_threshold_is_a_crash():
 def test_uneven_inputs_and_other_findings_come_after_the_primary_one():
     extra = Finding("nccl.warn", Severity.WARNING, "an NCCL warning", "fix it")
     ranks = [
-        waiting(0, 41, 8.0, step=12, epoch_batches=12),
-        view(1, seq=40, step=10, epoch_batches=10),
+        waiting(0, 41, 8.0, step=12, epoch_batches=12, loader_batches=((1, 12),)),
+        view(1, seq=40, step=10, epoch_batches=10, loader_batches=((1, 10),)),
     ]
     d = diagnose(snap(ranks), extra_findings=[extra, extra])
     ids = [f.id for f in d.findings]

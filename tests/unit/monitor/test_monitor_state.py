@@ -158,10 +158,21 @@ def test_epoch_warning_and_fault_events():
     s.ev(0, 2.0, "warning", code="sampler.set_epoch_missing", message="no set_epoch")
     s.ev(1, 2.0, "fault", inject="hang:rank=1,step=5", fault="hang", step=5)
     r0, r1 = state_of(s).snapshot(NOW + 2.5).ranks
+    assert r0.loader_batches == ((0, 12),)  # an epoch event without a loader id: loader 0
     assert r0.epoch_batches == 12 and r0.warnings == (
         ("sampler.set_epoch_missing", "no set_epoch"),
     )
     assert r1.fault == "hang:rank=1,step=5" and r1.last_event == "fault hang"
+
+
+def test_batches_are_kept_per_loader_with_each_loader_s_latest_epoch():
+    s = Stream()
+    s.hello()
+    s.ev(0, 1.0, "epoch", epoch=0, batches=20, loader=1)
+    s.ev(0, 2.0, "epoch", epoch=0, batches=8, loader=2)  # rank 0's evaluation loader
+    s.ev(0, 3.0, "epoch", epoch=1, batches=19, loader=1)
+    r0 = state_of(s).snapshot(NOW + 3.5).ranks[0]
+    assert r0.loader_batches == ((1, 19), (2, 8)) and r0.epoch_batches == 19
 
 
 def test_logs_are_mapped_to_ranks_classified_and_deduplicated():

@@ -18,14 +18,35 @@ def test_missing_set_epoch_warning_becomes_a_finding():
 
 
 def test_different_batch_counts_are_flagged_before_they_bite():
-    out = sampler.detect(snap([view(0, epoch_batches=12), view(1, epoch_batches=10)]))
+    out = sampler.detect(
+        snap([view(0, loader_batches=((1, 12),)), view(1, loader_batches=((1, 10),))])
+    )
     finding = out.findings[0]
     assert finding.id == "sampler.uneven_batches" and finding.ranks == (1,)
     assert "rank 1 10, rank 0 12" in finding.summary
 
 
 def test_clean_sampler_use_gives_nothing():
-    assert sampler.detect(snap([view(0, epoch_batches=10), view(1, epoch_batches=10)])) is None
+    assert (
+        sampler.detect(
+            snap([view(0, loader_batches=((1, 10),)), view(1, loader_batches=((1, 10),))])
+        )
+        is None
+    )
+
+
+def test_a_loader_only_rank_0_makes_is_not_compared_with_the_training_loader():
+    """Rank-0 evaluation (recipe_eval_checkpoint.py in the run corpus): rank 0 iterates its own
+    validation loaders (ids 2, 3) between epochs; rank 1 only has the training loader (id 1)."""
+    ranks = [view(0, loader_batches=((1, 20), (2, 8), (3, 8))), view(1, loader_batches=((1, 20),))]
+    assert sampler.detect(snap(ranks)) is None
+
+
+def test_uneven_is_found_on_any_loader_the_ranks_share():
+    ranks = [view(0, loader_batches=((1, 20), (2, 5))), view(1, loader_batches=((1, 20), (2, 4)))]
+    finding = sampler.detect(snap(ranks)).findings[0]
+    assert finding.id == "sampler.uneven_batches" and finding.ranks == (1,)
+    assert "rank 1 4, rank 0 5" in finding.summary
 
 
 def test_other_runtime_warnings_are_passed_on():

@@ -1,0 +1,279 @@
+"""False alarms on healthy jobs against detection on faulty ones, side by side.
+
+Runs real jobs (`ddpdoctor run --no-tui --no-doctor --nproc 2 --json`, torchrun, gloo, the default
+adaptive hang threshold) and reads each one's final JSON document:
+
+    healthy set: the run corpus's healthy jobs (tests/corpus/run/corpus.json: pytorch/examples' DDP
+                 scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
+                 or checkpoints while the others wait). A false alarm is a hang / mismatch / crash
+                 verdict, a finding of severity warning or error, a stopped job or a non-zero exit.
+    faulty set:  the run corpus's faulty jobs, sample_jobs' broken scripts, and the reference job
+                 with `--inject hang|crash|mismatch|exit` on rank 1. Detection latency is the
+                 monitor's `detected_after_s` (problem start -> verdict); a detection is right when
+                 the verdict and the culprit ranks are the expected ones.
+
+    python benchmarks/false_alarms.py [--runs 1] [--parallel 2] [--set healthy|faulty] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "tests" / "corpus" / "run"
+SAMPLES = REPO / "sample_jobs"
+RUN_TIMEOUT_S = 240.0
+ALARM_VERDICTS = {"hang", "mismatch", "crash"}
+REFERENCE = ("--steps", "8")
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    args: tuple[
+        str, ...
+    ]  # after `ddpdoctor run ... --json`: a script after `--`, or reference flags
+    verdicts: frozenset[str] = frozenset({"healthy"})  # the right verdicts
+    culprits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job: Job
+    returncode: int | None  # None: killed after RUN_TIMEOUT_S
+    verdict: str | None
+    culprits: tuple[int, ...]
+    loud: tuple[str, ...]  # ids of findings of severity warning or error
+    stopped_for: str | None
+    detected_after_s: float | None
+    wall_s: float
+
+    @property
+    def false_alarm(self) -> bool:
+        return bool(
+            self.returncode != 0
+            or self.verdict in ALARM_VERDICTS
+            or self.loud
+            or self.stopped_for is not None
+        )
+
+    @property
+    def right(self) -> bool:
+        return self.verdict in self.job.verdicts and self.culprits == self.job.culprits
+
+
+def healthy_jobs() -> list[Job]:
+    manifest = json.loads((CORPUS / "corpus.json").read_text())
+    return [
+        Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]
+    ]
+
+
+def faulty_jobs() -> list[Job]:
+    manifest = json.loads((CORPUS / "corpus.json").read_text())
+    jobs = [
+        Job(
+            j["name"],
+            ("--", str(CORPUS / j["script"]), *j["args"]),
+            frozenset({j["verdict"]}),
+            tuple(j["culprits"]),
+        )
+        for j in manifest["faulty"]
+    ]
+    samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
+        ("rank0_only_barrier", {"mismatch"}, (0,)),
+        ("uneven_data", {"mismatch", "hang"}, (1,)),
+        ("stuck_dataloader", {"hang"}, (1,)),
+        ("exception_on_one_rank", {"crash"}, (1,)),
+        ("allreduce_size_mismatch", {"mismatch"}, (0,)),
+    ]
+    jobs += [
+        Job(f"sample-{name}", ("--", str(SAMPLES / f"{name}.py")), frozenset(verdicts), culprits)
+        for name, verdicts, culprits in samples
+    ]
+    injected = [("hang", "hang"), ("crash", "crash"), ("mismatch", "mismatch"), ("exit", "crash")]
+    jobs += [
+        Job(
+            f"inject-{kind}",
+            (*REFERENCE, "--inject", f"{kind}:rank=1,step=4"),
+            frozenset({verdict}),
+            (1,),
+        )
+        for kind, verdict in injected
+    ]
+    return jobs
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _start(job: Job, work: Path) -> subprocess.Popen:
+    work.mkdir(parents=True)
+    cmd = [
+        sys.executable, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor", "--nproc", "2",
+        "--backend", "gloo", "--json", "--run-dir", str(work / "run"), *job.args,
+    ]  # fmt: skip
+    with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=_env(), cwd=work, start_new_session=True
+        )
+
+
+def _outcome(job: Job, proc: subprocess.Popen, work: Path, wall_s: float) -> Outcome:
+    try:
+        doc = json.loads((work / "stdout").read_text())
+    except ValueError:
+        doc = {}
+    findings = doc.get("findings", [])
+    return Outcome(
+        job,
+        proc.returncode,
+        doc.get("verdict"),
+        tuple(doc.get("culprits", [])),
+        tuple(f["id"] for f in findings if f.get("severity") in ("warning", "error")),
+        (doc.get("job") or {}).get("stopped_for"),
+        doc.get("detected_after_s"),
+        wall_s,
+    )
+
+
+def run_all(jobs: Sequence[Job], runs: int, parallel: int, base: Path) -> list[Outcome]:
+    pending = [(job, i) for i in range(runs) for job in jobs]
+    running: list[tuple[Job, subprocess.Popen, Path, float]] = []
+    done: list[Outcome] = []
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                job, i = pending.pop(0)
+                work = base / f"{job.name}-{i}"
+                running.append((job, _start(job, work), work, time.monotonic()))
+            for entry in list(running):
+                job, proc, work, started = entry
+                elapsed = time.monotonic() - started
+                if proc.poll() is None and elapsed < RUN_TIMEOUT_S:
+                    continue
+                if proc.poll() is None:
+                    _kill(proc)
+                    proc.returncode = None
+                running.remove(entry)
+                outcome = _outcome(job, proc, work, elapsed)
+                done.append(outcome)
+                _print_run(outcome)
+            time.sleep(0.2)
+    finally:
+        for _, proc, _, _ in running:
+            _kill(proc)
+    return done
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, 9)
+    except OSError:
+        pass
+    proc.wait()
+
+
+def _print_run(o: Outcome) -> None:
+    healthy_job = o.job.verdicts == {"healthy"}
+    mark = (
+        ("FALSE ALARM" if o.false_alarm else "ok")
+        if healthy_job
+        else ("right" if o.right else "WRONG")
+    )
+    detected = f"{o.detected_after_s:.1f} s" if o.detected_after_s is not None else "-"
+    print(
+        f"  {o.job.name:<30} {mark:<11} verdict {o.verdict} culprits {list(o.culprits)} "
+        f"detected {detected} stopped_for {o.stopped_for} loud {list(o.loud)} "
+        f"exit {o.returncode} ({o.wall_s:.0f} s)",
+        flush=True,
+    )
+
+
+def _spread(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    return (
+        f"median {statistics.median(values):.1f} s (min {min(values):.1f}, max {max(values):.1f})"
+    )
+
+
+def summary(healthy: Sequence[Outcome], faulty: Sequence[Outcome]) -> list[str]:
+    alarms = [o for o in healthy if o.false_alarm]
+    right = [o for o in faulty if o.right]
+    latencies = [o.detected_after_s for o in faulty if o.right and o.detected_after_s is not None]
+    hangs = [
+        o.detected_after_s for o in right if o.verdict == "hang" and o.detected_after_s is not None
+    ]
+    left = [
+        f"{len({o.job.name for o in healthy})} jobs, {len(healthy)} runs",
+        f"false alarms: {len(alarms)}/{len(healthy)}",
+        "alarmed: " + (", ".join(sorted({o.job.name for o in alarms})) or "none"),
+        "",
+    ]
+    right_col = [
+        f"{len({o.job.name for o in faulty})} jobs, {len(faulty)} runs",
+        f"verdict + culprit right: {len(right)}/{len(faulty)}",
+        f"detected after: {_spread(latencies)}",
+        f"  hangs only: {_spread(hangs)}",
+    ]
+    wrong = sorted({o.job.name for o in faulty if not o.right})
+    if wrong:
+        right_col.append("wrong: " + ", ".join(wrong))
+    width = max(len(s) for s in ["healthy set (false alarms)", *left]) + 4
+    lines = [f"{'healthy set (false alarms)':<{width}}faulty set (detection)"]
+    for i in range(max(len(left), len(right_col))):
+        a = left[i] if i < len(left) else ""
+        b = right_col[i] if i < len(right_col) else ""
+        lines.append(f"{a:<{width}}{b}".rstrip())
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1, help="runs of every job (default 1)")
+    parser.add_argument("--parallel", type=int, default=2, help="jobs at a time (default 2)")
+    parser.add_argument("--set", choices=("healthy", "faulty", "both"), default="both")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="NAME",
+        help="run only the jobs whose name contains NAME (repeatable)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.runs < 1 or args.parallel < 1:
+        parser.error("--runs and --parallel must be at least 1")
+
+    def chosen(jobs: list[Job]) -> list[Job]:
+        return [j for j in jobs if not args.only or any(s in j.name for s in args.only)]
+
+    healthy = chosen(healthy_jobs()) if args.set in ("healthy", "both") else []
+    faulty = chosen(faulty_jobs()) if args.set in ("faulty", "both") else []
+    if not healthy and not faulty:
+        parser.error("no job matches --only " + " ".join(args.only))
+    with tempfile.TemporaryDirectory(prefix="ddpdoctor-false-alarms-") as tmp:
+        print(f"healthy set: {len(healthy)} jobs, faulty set: {len(faulty)} jobs, x{args.runs}")
+        h = run_all(healthy, args.runs, args.parallel, Path(tmp) / "healthy")
+        f = run_all(faulty, args.runs, args.parallel, Path(tmp) / "faulty")
+    print()
+    for line in summary(h, f):
+        print(line)
+    ok = not [o for o in h if o.false_alarm] and all(o.right for o in f)
+    print(f"result: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+# Adapted from pytorch/examples@77f55b912142 distributed/ddp-tutorial-series/datautils.py
+# (BSD-3-Clause, Copyright (c) 2017, Pytorch contributors). Unchanged except this header.
+import torch
+from torch.utils.data import Dataset
+
+class MyTrainDataset(Dataset):
+    def __init__(self, size):
+        self.size = size
+        self.data = [(torch.rand(20), torch.rand(1)) for _ in range(size)]
+
+    def __len__(self):
+        return self.size
+    
+    def __getitem__(self, index):
+        return self.data[index]

@@ -1,0 +1,149 @@
+"""The run corpus (tests/corpus/run/corpus.json): real DDP scripts ddpdoctor did not shape, run for
+real as `ddpdoctor run --no-tui --nproc 2 --json -- SCRIPT ARGS` (torchrun, 2 gloo ranks).
+
+The healthy ones are CPU adaptations of pytorch/examples' DDP scripts and the tutorials' recipes
+where one rank works while the others wait (rank-0 download behind a barrier, rank-0 evaluation and
+checkpoint between epochs), plus batch norm, `no_sync` accumulation and `Join` with uneven inputs.
+Each must end healthy with no warning, and must never be stopped: a busy rank is not a hang. Where a
+rank is busy on purpose, the test also checks from the events that the others' wait really outlasted
+the hang floor, so a pass means "waited past the threshold and no alarm", not "too short to tell".
+The faulty one blocks rank 0 on a queue that never fills: HANG with culprit rank 0.
+
+All jobs start in one module fixture, a few at a time (most of their time is waiting); the
+`--no-doctor` preflight is skipped (it is tested elsewhere and would add seconds per job).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.monitor.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
+from ddpdoctor.protocol.events import parse_event_line
+from tests.procs import REPO, clean_env, ddpdoctor_cmd, job_processes, kill_group
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+CORPUS = REPO / "tests" / "corpus" / "run"
+MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
+PARALLEL = 3
+RUN_TIMEOUT_S = 150
+FLOORS = {"startup": STARTUP_FLOOR_S, "training": HANG_FLOOR_S}
+HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
+FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    def document(self) -> dict:
+        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
+        return json.loads(self.stdout)
+
+
+def _start(job: dict, base: Path) -> tuple[subprocess.Popen, Path, Path]:
+    work = base / job["name"]
+    work.mkdir()
+    run_dir = work / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--json", "--run-dir", str(run_dir),
+        "--", str(CORPUS / job["script"]), *job["args"],
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=open(work / "stdout", "w"),  # noqa: SIM115 - the child holds it; closed on exit
+        stderr=open(work / "stderr", "w"),  # noqa: SIM115
+        env=clean_env(),
+        cwd=work,
+        start_new_session=True,
+    )
+    return proc, run_dir, work
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, Result]:
+    base = tmp_path_factory.mktemp("corpus")
+    pending = [*MANIFEST["healthy"], *MANIFEST["faulty"]]
+    running: dict[str, tuple[subprocess.Popen, Path, Path, float]] = {}
+    done: dict[str, Result] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < PARALLEL:
+                job = pending.pop(0)
+                running[job["name"]] = (*_start(job, base), time.monotonic())
+            for name, (proc, run_dir, work, started) in list(running.items()):
+                if proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
+                    continue
+                timed_out = proc.poll() is None
+                kill_group(proc)
+                del running[name]
+                stderr = (work / "stderr").read_text(errors="replace")
+                if timed_out:
+                    stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
+                stdout = (work / "stdout").read_text(errors="replace")
+                done[name] = Result(proc.returncode, stdout, stderr, run_dir)
+            time.sleep(0.2)
+    finally:
+        for proc, _, _, _ in running.values():
+            kill_group(proc)
+    return done
+
+
+def _longest_wait(run_dir: Path) -> float:
+    """The longest completed collective any rank sat in, from the events it wrote."""
+    longest = 0.0
+    for path in (run_dir / "events").glob("rank-*.jsonl"):
+        for event in map(parse_event_line, path.read_text().splitlines()):
+            if event and event["kind"] == "collective_end" and event.get("duration_s"):
+                longest = max(longest, float(event["duration_s"]))
+    return longest
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_healthy_corpus_script_is_healthy_without_warning_and_never_stopped(results, name):
+    r = results[name]
+    doc = r.document()
+    context = f"{name}: {r.stderr[-3000:]}"
+    assert r.returncode == 0, context
+    assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
+    loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
+    assert loud == [], context
+    assert doc["job"]["stopped_for"] is None and doc["job"]["exit_code"] == 0
+    assert job_processes(r.run_dir) == []
+
+
+@pytest.mark.parametrize("name", [n for n, job in HEALTHY.items() if "busy_wait" in job])
+def test_busy_rank_really_kept_the_others_waiting_past_the_hang_floor(results, name):
+    floor = FLOORS[HEALTHY[name]["busy_wait"]]
+    waited = _longest_wait(results[name].run_dir)
+    assert waited > floor, f"{name}: longest wait {waited:.1f} s, floor {floor:g} s"
+
+
+@pytest.mark.parametrize("name", list(FAULTY))
+def test_faulty_corpus_script_gets_its_verdict_and_culprit(results, name):
+    r = results[name]
+    doc = r.document()
+    expected = FAULTY[name]
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert doc["verdict"] == expected["verdict"] and doc["culprits"] == expected["culprits"]
+    assert doc["job"]["stopped_for"] == expected["verdict"]
+    assert job_processes(r.run_dir) == []
+
+
+def test_blocked_rank_0_is_shown_waiting_on_its_queue(results):
+    doc = results["rank0-blocked-on-queue"].document()
+    hang = next(f for f in doc["findings"] if f["id"] == "hang")
+    assert hang["summary"].startswith("rank 0 never reached barrier #")
+    assert any(
+        0 in s["ranks"] and "rank0_blocked_on_queue.py" in "".join(s["frames"])
+        for s in doc["stacks"]
+    )

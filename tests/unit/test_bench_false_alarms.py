@@ -1,0 +1,69 @@
+"""benchmarks/false_alarms.py's bookkeeping: what counts as a false alarm, what counts as a right
+detection, the side-by-side summary, and its command line (no job is started here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from tests.procs import PYTHON, REPO, run
+
+spec = importlib.util.spec_from_file_location(
+    "false_alarms", REPO / "benchmarks" / "false_alarms.py"
+)
+bench = importlib.util.module_from_spec(spec)
+sys.modules["false_alarms"] = bench  # dataclasses look their module up there
+spec.loader.exec_module(bench)
+
+HEALTHY = bench.Job("recipe", ("--", "recipe.py"))
+FAULTY = bench.Job("blocked", ("--", "blocked.py"), frozenset({"hang"}), (0,))
+
+
+def outcome(job, verdict, *, culprits=(), loud=(), stopped=None, rc=0, detected=None):
+    return bench.Outcome(job, rc, verdict, culprits, loud, stopped, detected, 10.0)
+
+
+def test_a_healthy_job_is_a_false_alarm_on_any_alarm_warning_stop_or_failed_exit():
+    assert not outcome(HEALTHY, "healthy").false_alarm
+    assert outcome(HEALTHY, "hang", culprits=(0,), rc=1, stopped="hang").false_alarm
+    assert outcome(HEALTHY, "healthy", loud=("sampler.uneven_batches",)).false_alarm
+    assert outcome(HEALTHY, "healthy", stopped="hang").false_alarm
+    assert outcome(HEALTHY, "healthy", rc=None).false_alarm  # killed after the run timeout
+
+
+def test_a_detection_is_right_only_with_the_expected_verdict_and_culprits():
+    assert outcome(FAULTY, "hang", culprits=(0,), rc=1).right
+    assert not outcome(FAULTY, "hang", culprits=(1,), rc=1).right
+    assert not outcome(FAULTY, "mismatch", culprits=(0,), rc=1).right
+
+
+def test_summary_puts_false_alarms_beside_detection():
+    lines = bench.summary(
+        [outcome(HEALTHY, "healthy"), outcome(HEALTHY, "hang", rc=1, stopped="hang")],
+        [
+            outcome(FAULTY, "hang", culprits=(0,), rc=1, detected=5.0),
+            outcome(FAULTY, "hang", culprits=(0,), rc=1, detected=7.0),
+            outcome(FAULTY, "hang", culprits=(1,), rc=1, detected=6.0),
+        ],
+    )
+    text = "\n".join(lines)
+    assert lines[0].startswith("healthy set (false alarms)") and "faulty set" in lines[0]
+    assert "false alarms: 1/2" in text and "alarmed: recipe" in text
+    assert "verdict + culprit right: 2/3" in text and "wrong: blocked" in text
+    assert "median 6.0 s (min 5.0, max 7.0)" in text
+
+
+def test_the_sets_come_from_the_corpus_manifest_and_the_planted_faults():
+    healthy = {j.name for j in bench.healthy_jobs()}
+    faulty = {j.name: j for j in bench.faulty_jobs()}
+    assert {"rank0-download-barrier", "rank0-eval-checkpoint"} <= healthy
+    assert faulty["rank0-blocked-on-queue"].culprits == (0,)
+    assert {f"inject-{k}" for k in ("hang", "crash", "mismatch", "exit")} <= set(faulty)
+    assert {p.stem for p in (REPO / "sample_jobs").glob("*.py")} >= {
+        n.removeprefix("sample-") for n in faulty if n.startswith("sample-")
+    }
+
+
+def test_an_only_that_matches_nothing_is_a_usage_error():
+    r = run([PYTHON, "benchmarks/false_alarms.py", "--only", "no-such-job"], timeout=60, cwd=REPO)
+    assert r.returncode == 2 and "no job matches --only no-such-job" in r.stderr

@@ -8,7 +8,14 @@ Phases: until the script names a phase itself (`ddpdoctor.phase(...)`), a traini
 the rank in phase "train" and an eval forward (`model.eval()` or `torch.no_grad()`) in "eval", so
 a script that never heard of ddpdoctor still shows what it does.
 
-Buckets: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
+Buckets, by default: DDP keeps its built-in C++ all-reduce, and the state of every gradient
+bucket's collective (scheduled, started, completed, by sequence number, with sizes and dtypes) is
+read from PyTorch's flight recorder when the monitor asks (runtime/flight_recorder.py). A Python
+hook per bucket costs ~80 µs a step on a small model; the recorder costs nothing until asked.
+`DDPDOCTOR_DDP_BUCKETS=1` (`ddpdoctor run --ddp-buckets`) records every bucket as events with the
+hook below instead, and a torch without a usable flight recorder gets the hook anyway.
+
+Buckets, with the hook: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
 records each bucket (op "all_reduce", `bucket` index) and delegates to the hook that would
 otherwise run: torch's default allreduce hook (the same result as DDP without a hook), or the one
 the user registers. DDP takes one registration only, so ddpdoctor registers its hook as late as it
@@ -33,17 +40,36 @@ from ddpdoctor.protocol.events import WARNING
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
+from ddpdoctor.runtime.flight_recorder import recorder_status
 from ddpdoctor.runtime.records import CollectiveDesc
 
-# "0" leaves DDP's own C++ all-reduce alone (no comm hook, buckets unrecorded; steps still are):
-# the knob for jobs whose steps are so short that a Python hook per bucket shows.
+# "1": a Python comm hook records every gradient bucket as events (`ddpdoctor run --ddp-buckets`);
+# "0": no hook and no flight-recorder mention either; unset: DDP's own C++ all-reduce, its buckets
+# read from PyTorch's flight recorder on demand (the hook where the recorder is not usable).
 ENV_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"
+MODE_HOOK = "python_hook"
+MODE_RECORDER = "flight_recorder"
+MODE_OFF = "off"
 # On a DDP model: its HookSlot once ddpdoctor's hook is registered, False when ddpdoctor keeps
 # its hands off (a builtin hook, no reducer, a failed registration); absent before the decision.
 SLOT_ATTR = "_ddpdoctor_comm_hook_slot"
 ONCE_ERROR = "register_comm_hook or register_builtin_comm_hook can only be called once."
 # Bucket descriptions kept per model (a bucket is described again after DDP rebuilds them).
 MAX_BUCKET_DESCRIPTIONS = 1024
+
+
+def bucket_mode(environ: Any = os.environ) -> tuple[bool, dict[str, str]]:
+    """(register the Python hook?, {"mode", "why"} for the hello event)."""
+    value = str(environ.get(ENV_BUCKETS, "")).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        why = f"{ENV_BUCKETS}={value} (ddpdoctor run --ddp-buckets): every bucket is an event"
+        return True, {"mode": MODE_HOOK, "why": why}
+    if value in ("0", "false", "no", "off"):
+        return False, {"mode": MODE_OFF, "why": f"{ENV_BUCKETS}={value}: buckets unrecorded"}
+    usable, why = recorder_status()
+    if usable:
+        return False, {"mode": MODE_RECORDER, "why": why}
+    return True, {"mode": MODE_HOOK, "why": f"Python hook fallback: {why}"}
 
 
 def _allreduce_hook() -> Callable[..., Any]:
@@ -198,7 +224,7 @@ def install(runtime: core.Runtime) -> None:
     if hasattr(original_forward, "__ddpdoctor_original__"):
         return
 
-    record_buckets = os.environ.get(ENV_BUCKETS, "1").strip() != "0"
+    record_buckets, runtime.bucket_recording = bucket_mode()
     tensor_type = torch.Tensor
     grad_enabled = torch.is_grad_enabled
 

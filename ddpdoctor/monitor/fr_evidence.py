@@ -44,13 +44,16 @@ def torch_match(a: FrEntry, b: FrEntry, ranks: Sequence[int]) -> str | None:
     return f"{state}: {info.culprit}" if state in _DIFFERENT else None
 
 
-def first_difference(dumps: Sequence[FrRank], pg: str = "0") -> tuple[int, list[str]] | None:
-    """The first sequence number where the ranks' backends recorded different calls, with a line
-    per differing rank; None when every number matches (or there is one dump)."""
+def first_difference(
+    dumps: Sequence[FrRank], world_size: int | None = None, pg: str = "0"
+) -> tuple[int, list[str]] | None:
+    """The first sequence number where the ranks' backends recorded different calls of the
+    default group (of `world_size` ranks: torch's analyzer checks gather sizes against it), with
+    a line naming both sides; None when every number matches (or there is one dump)."""
     usable = [d for d in dumps if d.error is None]
     if len(usable) < 2:
         return None
-    ranks = [d.rank for d in usable]
+    ranks = list(range(world_size)) if world_size else sorted({d.rank for d in usable})
     seqs = sorted({e.seq for d in usable for e in d.entries if e.pg == pg and not e.p2p})
     for seq in seqs:
         calls = [(d, e) for d in usable if (e := d.entry(pg, seq)) is not None]
@@ -122,7 +125,7 @@ def annotate(findings: Sequence[Finding], snap: Snapshot) -> tuple[Finding, ...]
             if clause:
                 summary += f" ({clause})"
         else:
-            diff = first_difference(snap.flight_recorder)
+            diff = first_difference(snap.flight_recorder, snap.run.world_size)
             if diff is not None:
                 lines.extend(diff[1])
         lines.extend(_rank_lines(snap, finding.ranks))

@@ -196,6 +196,72 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
     return work.get_future().then(reduced)
 
 
+# Without the bucket hook, the gradient all-reduce time not hidden behind backward (what a
+# straggler's peers wait) comes from DDP's own C++ timers (its Logger): comm end - compute end of
+# an iteration. Reading them costs ~100 µs, so it happens once a COMM_READ_EVERY_S, on the
+# training thread at a forward (DDP writes them there too: no race), and the mean since the
+# previous read stands for the steps until the next one.
+COMM_READ_EVERY_S = 1.0
+PROBE_ATTR = "_ddpdoctor_comm_probe"
+
+
+class CommProbe:
+    """Reads DDP's runtime stats of one model now and then (mutable; kept on the model)."""
+
+    __slots__ = ("every_iteration", "exposed_ns", "iteration", "next_t")
+
+    def __init__(self, t: float, every_iteration: bool) -> None:
+        self.next_t = t + COMM_READ_EVERY_S
+        # CPU: DDP times every iteration (sample rate 1) and its averages give a window's mean;
+        # CUDA keeps DDP's default sampling (its timers synchronize the device) and the last
+        # sampled iteration stands for the rest.
+        self.every_iteration = every_iteration
+        self.iteration = 0
+        self.exposed_ns = 0.0  # mean exposed ns per iteration over the recorded iterations
+
+    def read(self, ddp: Any, steps: Any, t: float) -> None:
+        self.next_t = t + COMM_READ_EVERY_S
+        logger = getattr(ddp, "logger", None)
+        if logger is None:
+            return
+        data = logger._get_ddp_logging_data().ints_map  # ns and counts
+        iteration = int(data.get("iteration") or 0)
+        if iteration <= self.iteration:
+            return
+        if self.every_iteration:
+            comm = data.get("avg_backward_comm_time")
+            overlap = data.get("avg_backward_compute_comm_overlap_time") or 0
+            if not isinstance(comm, int):
+                return
+            mean = max(0.0, float(comm - overlap))
+            done = self.iteration
+            window = (mean * iteration - self.exposed_ns * done) / (iteration - done)
+            self.exposed_ns = mean
+        else:
+            end, compute_end = (
+                data.get("backward_comm_time_end"),
+                data.get("backward_compute_time_end"),
+            )
+            if not isinstance(end, int) or not isinstance(compute_end, int):
+                return
+            window = float(end - compute_end)
+        self.iteration = iteration
+        steps.ddp_comm_s = max(0.0, window) / 1e9
+
+
+def start_probe(ddp: Any, t: float) -> CommProbe | bool:
+    """At a model's first synced training forward without the bucket hook."""
+    try:
+        every = getattr(ddp, "device_type", "cpu") != "cuda"
+        if every:
+            ddp._set_ddp_runtime_logging_sample_rate(1)
+        probe: CommProbe | bool = CommProbe(t, every)
+    except Exception:  # noqa: BLE001 - no timing rather than no training
+        probe = False
+    setattr(ddp, PROBE_ATTR, probe)
+    return probe
+
+
 def batch_size_of(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The leading dimension of the first tensor among the forward's arguments (one level deep)."""
     for value in (*inputs, *kwargs.values()):
@@ -263,7 +329,14 @@ def install(runtime: core.Runtime) -> None:
                     else:
                         batch = batch_size_of(inputs, kwargs)
                     synced = self.require_backward_grad_sync
-                    rt.steps.on_forward(rt.mono_clock(), True, synced, batch)
+                    now = rt.mono_clock()
+                    rt.steps.on_forward(now, True, synced, batch)
+                    if synced and not record_buckets:
+                        probe = self.__dict__.get(PROBE_ATTR)
+                        if probe is None:
+                            start_probe(self, now)
+                        elif probe and now >= probe.next_t:
+                            probe.read(self, rt.steps, now)
                 else:
                     if rt.auto_phase and rt.phase != core.AUTO_EVAL:
                         rt.set_phase(core.AUTO_EVAL, auto=True)

@@ -343,3 +343,29 @@ def test_bucket_mode_follows_the_variable():
     assert not hook and why["mode"] == "off"
     hook, why = bucket_mode({})
     assert not hook and why["mode"] == "flight_recorder"
+
+
+def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(tmp_path, monkeypatch, world):
+    from ddpdoctor.runtime.ddp_hooks import PROBE_ATTR, CommProbe
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        for _ in range(4):
+            train_step(model)
+        probe = getattr(model, PROBE_ATTR)
+        assert isinstance(probe, CommProbe) and probe.every_iteration  # a CPU model
+        runtime.steps.ddp_comm_s = -1.0
+        probe.next_t = 0.0  # due: the next synced forward reads DDP's stats
+        train_step(model)
+        assert probe.iteration >= 3 and 0.0 <= runtime.steps.ddp_comm_s < 1.0
+        assert probe.next_t > 0.0
+        runtime.steps.ddp_comm_s = 0.25  # what DDP's timers said lately stands for each step
+        train_step(model)
+        runtime.steps.flush()
+        last = events(runtime, "step")[-1]
+        assert last["comm_wait_s"] == pytest.approx(min(0.25, last["step_time_s"]), abs=2e-6)
+    finally:
+        deactivate()

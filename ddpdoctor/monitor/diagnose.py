@@ -18,6 +18,7 @@ from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.verdict_rules import crash as crash_rule
 from ddpdoctor.monitor.verdict_rules import fr_hang as fr_hang_rule
+from ddpdoctor.monitor.verdict_rules import fr_mismatch as fr_mismatch_rule
 from ddpdoctor.monitor.verdict_rules import hang as hang_rule
 from ddpdoctor.monitor.verdict_rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.verdict_rules import rendezvous as rendezvous_rule
@@ -53,7 +54,9 @@ class Diagnosis:
 def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
-    mismatch = mismatch_rule.detect(snap) or world_size_rule.detect(snap)
+    mismatch = (
+        mismatch_rule.detect(snap) or world_size_rule.detect(snap) or fr_mismatch_rule.detect(snap)
+    )
     if mismatch is not None and (
         crash is None
         or (mismatch.onset_t or 0.0) <= (crash.onset_t or 0.0) + MISMATCH_EXPLAINS_CRASH_S

@@ -26,54 +26,61 @@ TAG = "flight recorder"
 _DIFFERENT = ("COLLECTIVE_TYPE_MISMATCH", "SIZE_OR_SYNTAX_MISMATCH", "COLLECTIVE_DTYPE_MISMATCH")
 
 
-def torch_match(a: FrEntry, b: FrEntry, ranks: Sequence[int]) -> str | None:
-    """torch's analyzer on two calls at one sequence number: the mismatch it names, or None
-    (they match, or the analyzer is not importable / does not know the op)."""
+def compare(a: FrEntry, b: FrEntry, ranks: Sequence[int]) -> str | None:
+    """Why two calls at one sequence number differ, in torch's analyzer's words; None when they
+    match. Without the analyzer (an old torch, an op it does not model) only the op is compared:
+    sizes may legitimately differ between ranks (gather, scatter, all_to_all)."""
     try:
         from torch.distributed.flight_recorder.components.types import Op
-    except Exception:  # noqa: BLE001 - an old torch: no analyzer, no verdict from it
-        return None
-    members = {a.pg_name: set(ranks)}
-    try:
+
+        members = {a.pg_name: set(ranks)}
         info = Op(a.torch_event(), members, a.pg_name).match(
             Op(b.torch_event(), members, a.pg_name)
         )
-    except Exception:  # noqa: BLE001 - an op torch's analyzer does not model
-        return None
+    except Exception:  # noqa: BLE001 - no analyzer, or an op it does not know
+        return f"COLLECTIVE_TYPE_MISMATCH: {a.op} vs {b.op}" if a.op != b.op else None
     state = getattr(info.state, "name", "")
     return f"{state}: {info.culprit}" if state in _DIFFERENT else None
 
 
-def first_difference(
+def calls_at_first_difference(
     dumps: Sequence[FrRank], world_size: int | None = None, pg: str = "0"
-) -> tuple[int, list[str]] | None:
-    """The first sequence number where the ranks' backends recorded different calls of the
-    default group (of `world_size` ranks: torch's analyzer checks gather sizes against it), with
-    a line naming both sides; None when every number matches (or there is one dump)."""
+) -> tuple[int, dict[int, FrEntry], str] | None:
+    """The first sequence number of group `pg` where the ranks' backends recorded different
+    calls: (seq, each rank's call, torch's analyzer's reason); None when every number matches.
+    `world_size`: the default group's size (torch's analyzer checks gather sizes against it)."""
     usable = [d for d in dumps if d.error is None]
     if len(usable) < 2:
         return None
     ranks = list(range(world_size)) if world_size else sorted({d.rank for d in usable})
     seqs = sorted({e.seq for d in usable for e in d.entries if e.pg == pg and not e.p2p})
     for seq in seqs:
-        calls = [(d, e) for d in usable if (e := d.entry(pg, seq)) is not None]
+        calls = {d.rank: e for d in usable if (e := d.entry(pg, seq)) is not None}
         if len(calls) < 2:
             continue
-        first_rank, first = calls[0]
-        for d, e in calls[1:]:
-            why = torch_match(first, e, ranks)
-            if why is None and (e.op, e.input_sizes, e.input_dtypes) != (
-                first.op,
-                first.input_sizes,
-                first.input_dtypes,
-            ):
-                why = "different calls"
+        first = next(iter(calls.values()))
+        for entry in list(calls.values())[1:]:
+            why = compare(first, entry, ranks)
             if why is not None:
-                return seq, [
-                    f"{TAG}: #{seq} differs: rank {first_rank.rank} {first.describe()} vs "
-                    f"rank {d.rank} {e.describe()} (torch's analyzer: {why})"
-                ]
+                return seq, calls, why
     return None
+
+
+def first_difference(
+    dumps: Sequence[FrRank], world_size: int | None = None, pg: str = "0"
+) -> tuple[int, list[str]] | None:
+    """calls_at_first_difference, as evidence lines naming both sides."""
+    found = calls_at_first_difference(dumps, world_size, pg)
+    if found is None:
+        return None
+    seq, calls, why = found
+    (r0, first), *rest = sorted(calls.items())
+    other = next(((r, e) for r, e in rest if compare(first, e, list(calls)) is not None), rest[0])
+    line = (
+        f"{TAG}: #{seq} differs: rank {r0} {first.describe()} vs "
+        f"rank {other[0]} {other[1].describe()} (torch's analyzer: {why})"
+    )
+    return seq, [line]
 
 
 def _behind_clause(snap: Snapshot, finding: Finding) -> str | None:

@@ -9,7 +9,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor import fr_evidence
 from ddpdoctor.monitor.diagnose import diagnose
 from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import fr_hang
+from ddpdoctor.monitor.verdict_rules import fr_hang, fr_mismatch
 from tests.unit.monitor.test_monitor_builders import snap, view
 from tests.unit.protocol.test_flight_recorder import load
 
@@ -40,7 +40,9 @@ def test_the_rank_whose_backend_never_scheduled_the_collective_is_the_culprit():
         "flight recorder, rank 1: its backend never started all_reduce #8 "
         "(last scheduled #7, last completed #7)"
     )
-    assert "flight recorder, rank 0: gloo all_reduce #8 (float32[2372]) scheduled 5.5 s" in texts[-1]
+    assert (
+        "flight recorder, rank 0: gloo all_reduce #8 (float32[2372]) scheduled 5.5 s" in texts[-1]
+    )
     assert out.onset_t == CREATED + 3.0 and out.started_t == CREATED - 0.5
     assert dict(out.waiting_on) == {0: (1,)} and out.stalled == {1}
 
@@ -107,3 +109,19 @@ def test_identical_records_have_no_difference():
     other = replace(WAITER, rank=1)
     assert fr_evidence.first_difference((WAITER, other), world_size=2) is None
     assert fr_evidence.first_difference((WAITER,), world_size=2) is None
+
+
+def test_the_recorders_differing_calls_are_a_mismatch_verdict():
+    dumps = (load("mismatch-gloo", 0), load("mismatch-gloo", 1))
+    ranks = [view(0), view(1, fault="mismatch:rank=1,step=4")]
+    out = fr_mismatch.detect(replace(snap(ranks), flight_recorder=dumps))
+    assert out is not None and out.verdict is Verdict.MISMATCH and out.culprits == {1}
+    summary = out.findings[0].summary
+    assert summary.startswith("collective mismatch at #9 (flight recorder): ")
+    assert "rank 0: all_reduce #9 (float32[4])" in summary
+    assert "rank 1: all_reduce #9 (int32[4])" in summary
+    assert "COLLECTIVE_DTYPE_MISMATCH" in out.findings[0].evidence[0].text
+
+
+def test_matching_records_are_no_mismatch():
+    assert fr_mismatch.detect(hung()) is None  # one rank behind is a hang, not a mismatch

@@ -32,7 +32,10 @@ def test_waiting_rank_has_the_gradient_all_reduce_pending():
     assert pending.describe() == "all_reduce #8 (float32[2372])"
     assert waiter.state_of(pending) == "scheduled"  # gloo records no starts
     assert waiter.taken_t - pending.created_t > 3.0
-    assert waiter.summary() == "all_reduce #8 (float32[2372]) scheduled, not completed (last completed #7)"
+    assert (
+        waiter.summary()
+        == "all_reduce #8 (float32[2372]) scheduled, not completed (last completed #7)"
+    )
 
 
 def test_culprit_rank_completed_everything_it_scheduled():
@@ -47,7 +50,10 @@ def test_culprit_rank_completed_everything_it_scheduled():
 def test_dtypes_are_named_as_events_name_them():
     dumps = [load("mismatch-gloo", r) for r in (0, 1)]
     assert [d.entry("0", 9).tensors() for d in dumps] == ["float32[4]", "int32[4]"]
-    assert dumps[0].entry("0", 10).op == "barrier" and dumps[0].entry("0", 10).tensors() == "no tensors"
+    assert (
+        dumps[0].entry("0", 10).op == "barrier"
+        and dumps[0].entry("0", 10).tensors() == "no tensors"
+    )
 
 
 def test_to_json_is_the_diagnosis_section():

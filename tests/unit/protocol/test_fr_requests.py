@@ -21,7 +21,7 @@ def test_a_request_for_some_ranks_wants_only_them(tmp_path):
     run = RunDir.create(tmp_path / "run")
     request = fr.write_request(run, ranks=(1, 2), now=100.0)
     (seen,) = fr.scan_requests(run, now=100.5)
-    assert seen.ranks == (1, 2) and seen.wants(2) and not seen.wants(0)
+    assert seen == request and seen.ranks == (1, 2) and seen.wants(2) and not seen.wants(0)
 
 
 def test_answers_replace_each_other_per_rank(tmp_path):

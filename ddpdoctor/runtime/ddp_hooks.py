@@ -198,10 +198,10 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
 
 # Without the bucket hook, the gradient all-reduce time not hidden behind backward (what a
 # straggler's peers wait) comes from DDP's own C++ timers (its Logger): comm end - compute end of
-# an iteration. Reading them costs ~100 µs, so it happens once a COMM_READ_EVERY_S, on the
+# an iteration. Reading them costs ~25 µs, so it happens once a COMM_READ_EVERY_S, on the
 # training thread at a forward (DDP writes them there too: no race), and the mean since the
 # previous read stands for the steps until the next one.
-COMM_READ_EVERY_S = 1.0
+COMM_READ_EVERY_S = 0.1
 PROBE_ATTR = "_ddpdoctor_comm_probe"
 
 

@@ -198,26 +198,29 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
 
 # Without the bucket hook, the gradient all-reduce time not hidden behind backward (what a
 # straggler's peers wait) comes from DDP's own C++ timers (its Logger): comm end - compute end of
-# an iteration. Reading them costs ~25 µs, so it happens once a COMM_READ_EVERY_S, on the
-# training thread at a forward (DDP writes them there too: no race), and the mean since the
-# previous read stands for the steps until the next one.
+# a sampled iteration. Reading them costs ~25 µs, so it happens once a COMM_READ_EVERY_S, on the
+# training thread at a forward (where DDP writes them too: no race), and the latest sample stands
+# for the steps until the next read. DDP times one iteration in `sample rate` (its default 100,
+# and the first 10); timing one costs ~10 µs of CPU, so on CPU the rate is set for a sample every
+# SAMPLE_EVERY_S or so: every step of a 20 ms step, every 10th of a 2 ms one. A CUDA model keeps
+# DDP's default: its timers synchronize the device.
 COMM_READ_EVERY_S = 0.1
+SAMPLE_EVERY_S = 0.02
+MAX_SAMPLE_RATE = 100  # DDP's default
 PROBE_ATTR = "_ddpdoctor_comm_probe"
 
 
 class CommProbe:
     """Reads DDP's runtime stats of one model now and then (mutable; kept on the model)."""
 
-    __slots__ = ("every_iteration", "exposed_ns", "iteration", "next_t")
+    __slots__ = ("adapt", "iteration", "next_t", "rate", "read_t")
 
-    def __init__(self, t: float, every_iteration: bool) -> None:
+    def __init__(self, t: float, adapt: bool, rate: int) -> None:
         self.next_t = t + COMM_READ_EVERY_S
-        # CPU: DDP times every iteration (sample rate 1) and its averages give a window's mean;
-        # CUDA keeps DDP's default sampling (its timers synchronize the device) and the last
-        # sampled iteration stands for the rest.
-        self.every_iteration = every_iteration
+        self.read_t = t
+        self.adapt = adapt  # set DDP's sample rate from the step time (CPU models)
+        self.rate = rate
         self.iteration = 0
-        self.exposed_ns = 0.0  # mean exposed ns per iteration over the recorded iterations
 
     def read(self, ddp: Any, steps: Any, t: float) -> None:
         self.next_t = t + COMM_READ_EVERY_S
@@ -228,34 +231,26 @@ class CommProbe:
         iteration = int(data.get("iteration") or 0)
         if iteration <= self.iteration:
             return
-        if self.every_iteration:
-            comm = data.get("avg_backward_comm_time")
-            overlap = data.get("avg_backward_compute_comm_overlap_time") or 0
-            if not isinstance(comm, int):
-                return
-            mean = max(0.0, float(comm - overlap))
-            done = self.iteration
-            window = (mean * iteration - self.exposed_ns * done) / (iteration - done)
-            self.exposed_ns = mean
-        else:
-            end, compute_end = (
-                data.get("backward_comm_time_end"),
-                data.get("backward_compute_time_end"),
-            )
-            if not isinstance(end, int) or not isinstance(compute_end, int):
-                return
-            window = float(end - compute_end)
-        self.iteration = iteration
-        steps.ddp_comm_s = max(0.0, window) / 1e9
+        end, compute_end = data.get("backward_comm_time_end"), data.get("backward_compute_time_end")
+        if isinstance(end, int) and isinstance(compute_end, int) and end and compute_end:
+            steps.ddp_comm_s = max(0, end - compute_end) / 1e9
+        if self.adapt and self.iteration:
+            per_iteration = (t - self.read_t) / (iteration - self.iteration)
+            wanted = int(SAMPLE_EVERY_S / per_iteration) if per_iteration > 0 else 1
+            rate = max(1, min(MAX_SAMPLE_RATE, wanted))
+            if rate != self.rate:
+                ddp._set_ddp_runtime_logging_sample_rate(rate)
+                self.rate = rate
+        self.iteration, self.read_t = iteration, t
 
 
 def start_probe(ddp: Any, t: float) -> CommProbe | bool:
     """At a model's first synced training forward without the bucket hook."""
     try:
-        every = getattr(ddp, "device_type", "cpu") != "cuda"
-        if every:
+        adapt = getattr(ddp, "device_type", "cpu") != "cuda"
+        if adapt:  # sample every iteration until the step time is known
             ddp._set_ddp_runtime_logging_sample_rate(1)
-        probe: CommProbe | bool = CommProbe(t, every)
+        probe: CommProbe | bool = CommProbe(t, adapt, 1 if adapt else MAX_SAMPLE_RATE)
     except Exception:  # noqa: BLE001 - no timing rather than no training
         probe = False
     setattr(ddp, PROBE_ATTR, probe)

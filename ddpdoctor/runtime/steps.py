@@ -9,8 +9,8 @@ of the loader or of the process. Its timings split the step's wall time:
     data_time_s     waiting in DataLoader `__next__`
     comm_wait_s     blocking collectives on the training thread, plus the gradient all-reduce
                     time not hidden behind backward: last bucket launched -> last bucket done
-                    with the bucket hook (--ddp-buckets); by default DDP's own timers' mean
-                    over the last tenth of a second or so (ddp_hooks.CommProbe), which stands for each step
+                    with the bucket hook (--ddp-buckets); by default what DDP's own timers
+                    measured for a recent iteration (ddp_hooks.CommProbe), for each step
     compute_time_s  the rest
 
 The training thread only adds up times; the `step` event is a hot-path record (records.py) whose

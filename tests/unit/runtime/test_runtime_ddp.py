@@ -356,12 +356,15 @@ def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(tmp_path, mon
         for _ in range(4):
             train_step(model)
         probe = getattr(model, PROBE_ATTR)
-        assert isinstance(probe, CommProbe) and probe.every_iteration  # a CPU model
+        assert isinstance(probe, CommProbe) and probe.adapt  # a CPU model
         runtime.steps.ddp_comm_s = -1.0
         probe.next_t = 0.0  # due: the next synced forward reads DDP's stats
         train_step(model)
         assert probe.iteration >= 3 and 0.0 <= runtime.steps.ddp_comm_s < 1.0
         assert probe.next_t > 0.0
+        probe.next_t = 0.0  # tiny steps: DDP samples one iteration in many, not all
+        train_step(model)
+        assert 1 < probe.rate <= 100
         runtime.steps.ddp_comm_s = 0.25  # what DDP's timers said lately stands for each step
         train_step(model)
         runtime.steps.flush()

@@ -16,8 +16,9 @@ so, for gloo too. `torch._C._distributed_c10d._dump_fr_trace_json()` returns it 
 What gloo records differs from NCCL (seen with torch 2.14.1, tests/fixtures/flight_recorder/):
 its entries stay "scheduled" for good (gloo has no start/complete events: "retired" turns true
 when the work finished) and its pg_status says -1 for "started"; "last_completed_collective" is
-right for both. So a collective counts as completed when its number is at most the group's last
-completed one, or its entry says "completed" (NCCL); as started when the entry says so (NCCL).
+right for both, except that a gloo barrier does not move it. So a collective counts as completed
+when it is retired, its number is at most the group's last completed one, or its entry says
+"completed" (NCCL); as started when the entry says so (NCCL).
 
 This module only reads: a dump (dict) -> FrRank, and back to JSON for diagnosis.json.
 """
@@ -158,8 +159,10 @@ class FrRank:
     def state_of(self, entry: FrEntry) -> str:
         """scheduled / started / completed, from the entry and its group's counters."""
         group = self.group(entry.pg)
-        if entry.state == "completed" or (
-            group is not None and not entry.p2p and entry.seq <= group.last_completed
+        if (
+            entry.state == "completed"
+            or entry.retired  # the work finished (gloo's barrier leaves last_completed behind)
+            or (group is not None and not entry.p2p and entry.seq <= group.last_completed)
         ):
             return "completed"
         if entry.state == "started" or (

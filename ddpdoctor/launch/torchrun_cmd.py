@@ -17,6 +17,7 @@ from ddpdoctor.protocol.rundir import ENV_RUN_DIR, RunDir
 REFERENCE_MODULE = "ddpdoctor.reference"
 BOOTSTRAP_MODULE = "ddpdoctor.runtime.bootstrap"
 FLIGHT_RECORDER_ENTRIES = "2000"
+GLOO_RECORDER_ENTRIES = "256"  # what gloo jobs read on demand (see job_env)
 ENV_DDP_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"  # read by ddpdoctor.runtime.ddp_hooks
 
 
@@ -187,10 +188,12 @@ def job_env(
                 env[names[0]] = value
     else:
         # torch 2.8 and later record gloo's collectives too: the ranks answer the monitor's
-        # flight-recorder requests from it (2000 entries is torch 2.14's default; said anyway,
-        # since older defaults differ). The dump-on-timeout settings are NCCL's only.
+        # flight-recorder requests from it. The monitor reads the latest entries only, and a
+        # dump's time (the GIL held) grows with the buffer: 2000 entries (torch's default) took
+        # 76 ms on a loaded 2-core VM, so gloo jobs get a smaller ring. The dump-on-timeout
+        # settings are NCCL's only.
         version = parse_version(torch_version)
         names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
         if version is not None and version >= (2, 8) and not any(n in base for n in names):
-            env[names[0]] = FLIGHT_RECORDER_ENTRIES
+            env[names[0]] = GLOO_RECORDER_ENTRIES
     return env

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,12 @@ MAX_ANSWERED = 64
 
 
 def dump_function() -> Any:
-    """torch's JSON dump of the flight recorder, or None (no torch loaded, too old a torch)."""
+    """A function returning this process's flight recorder as a dict, or None (no torch loaded,
+    too old a torch).
+
+    torch's pickled dump without stack traces is preferred: on 2000 gloo entries it took 76 ms
+    where the JSON dump took 300-500 ms (and stack traces 14 s), on a loaded 2-core VM, mostly
+    holding the GIL. The pickle is this process's own data (what fr_trace's loader reads too)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -35,7 +41,18 @@ def dump_function() -> Any:
         from torch._C import _distributed_c10d as c10d
     except ImportError:
         return None
-    return getattr(c10d, "_dump_fr_trace_json", None)
+    pickled = getattr(c10d, "_dump_fr_trace", None)
+    if pickled is not None:
+
+        def from_pickle() -> Any:
+            raw = pickled(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+            return pickle.loads(raw)
+
+        return from_pickle
+    as_json = getattr(c10d, "_dump_fr_trace_json", None)
+    if as_json is None:
+        return None
+    return lambda: json.loads(as_json(includeCollectives=True, onlyActive=False))
 
 
 def recorder_status(version: str | None = None) -> tuple[bool, str]:
@@ -61,8 +78,7 @@ def take_dump() -> tuple[dict[str, Any] | None, str | None]:
     if dump is None:
         return None, "this torch has no flight recorder dump"
     try:
-        raw = dump(includeCollectives=True, onlyActive=False)
-        data = json.loads(raw)
+        data = dump()
     except Exception as exc:  # noqa: BLE001 - a failed dump is an answer, not a crash
         return None, f"{type(exc).__name__}: {exc}"
     if not isinstance(data, dict):

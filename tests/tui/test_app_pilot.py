@@ -478,7 +478,9 @@ async def test_b_asks_the_ranks_for_their_flight_recorder_and_the_stacks_panel_s
         dumps.append(parse_dump(answer["dump"], rank=rank, taken_t=answer["taken_t"]))
 
     class RecorderSource(FakeSource):
-        asked: list[str] = []
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.asked: list[str] = []
 
         def request_flight_recorder(self) -> bool:
             self.asked.append(threading.current_thread().name)

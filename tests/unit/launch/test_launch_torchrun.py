@@ -63,7 +63,7 @@ def test_gloo_env(tmp_path):
     assert not [k for k in env if k.startswith("NCCL_")]
     # gloo's collectives are in the flight recorder too (torch >= 2.8): only its size is set
     assert [k for k in env if k.startswith("TORCH_")] == ["TORCH_FR_BUFFER_SIZE"]
-    assert env["TORCH_FR_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "256"
     assert "DDPDOCTOR_DDP_BUCKETS" not in env
 
 

@@ -37,3 +37,11 @@ def fmt_s(seconds: float | None) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min"
+
+
+def certain(**fields: object) -> RuleOutcome:
+    """A RuleOutcome certain enough to stop the job on, where the outcome has that notion
+    (`confirmed`, which the busy/blocked progress model adds); a plain one where it has not."""
+    if "confirmed" in RuleOutcome.__dataclass_fields__:
+        fields["confirmed"] = True
+    return RuleOutcome(**fields)  # type: ignore[arg-type]

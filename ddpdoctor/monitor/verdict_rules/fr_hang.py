@@ -16,8 +16,9 @@ thread's answer), so a dead rank is left to the crash rule.
 from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
-from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, certain, fmt_s
+from ddpdoctor.monitor.verdict_rules import hang as hang_rule
 from ddpdoctor.monitor.verdict_rules.describe import stack_of, where_is
 from ddpdoctor.monitor.verdict_rules.hang import FIX
 from ddpdoctor.protocol.flight_recorder import FrEntry, FrRank
@@ -48,14 +49,27 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             group = d.group(pg)
             if group is None or group.last_enqueued >= k:
                 continue
+            view = snap.rank(d.rank)
+            if view is not None and busy(view, snap):
+                continue  # making progress of its own (eval, download): the others wait for it
             if d.taken_t - created >= th.hang_after_s:
                 behind.append(d)
         if not behind:
-            continue  # every backend scheduled #K: a transport stall, not this rule
+            continue  # every backend scheduled #K (a transport stall), or the rest are busy
         outcome = _outcome(snap, at_k, behind, created, pg)
         if best is None or (outcome.onset_t or 0.0) < (best.onset_t or 0.0):
             best = outcome
     return best
+
+
+def busy(view: RankView, snap: Snapshot) -> bool:
+    """A rank the events' hang rule would not call a culprit either: busy in its own code, or
+    not judged yet (the monitor's progress model, where hang.py has one)."""
+    progressing = getattr(hang_rule, "progressing", None)
+    undecided = getattr(hang_rule, "undecided", None)
+    return bool(progressing is not None and progressing(view)) or bool(
+        undecided is not None and undecided(view, snap)
+    )
 
 
 def culprit_line(d: FrRank, pg: str, entry: FrEntry) -> str:
@@ -117,7 +131,7 @@ def _outcome(
     )
     progress = [v.last_progress_t for v in views if v.last_progress_t is not None]
     started = min([created, *progress])
-    return RuleOutcome(
+    return certain(
         rule="fr_hang",
         findings=(finding,),
         verdict=Verdict.HANG,

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.fr_evidence import TAG, calls_at_first_difference
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
-from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, certain
 from ddpdoctor.monitor.verdict_rules.mismatch import FIX, _culprits
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -52,7 +52,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         ranks=tuple(sorted(culprits)),
         evidence=tuple(evidence),
     )
-    return RuleOutcome(
+    return certain(
         rule="fr_mismatch",
         findings=(finding,),
         verdict=Verdict.MISMATCH,

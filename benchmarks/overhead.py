@@ -1,6 +1,6 @@
 """What ddpdoctor's in-rank instrumentation costs a training job (target: under 2% of training time).
 
-    python benchmarks/overhead.py [--reps 5] [--steps 300] [--nproc 2] [--json]
+    python benchmarks/overhead.py [--reps 5] [--steps 300] [--nproc 2] [--json] [--only b,c]
 
 Side by side in one run, plain and instrumented runs interleaved (the order alternates every
 repetition), medians reported:
@@ -214,6 +214,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument(
+        "--only", default="", metavar="CASES", help="some cases only, by name: e.g. 'b,c'"
+    )
     args = parser.parse_args()
     print(f"ddpdoctor overhead: {args.nproc} gloo ranks, {args.steps} steps, {args.reps} pairs")
     sides: list[tuple[str, Callable[..., Measurement]]] = [
@@ -222,6 +225,9 @@ def main() -> int:
         ("(b) user script, 4096 wide", functools.partial(measure_script, hidden=4096)),
         ("(c) user script under ddpdoctor run", measure_under_run),
     ]
+    if args.only:
+        wanted = {f"({c.strip()})" for c in args.only.split(",")}
+        sides = [(name, m) for name, m in sides if name.split()[0] in wanted]
     results = []
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-overhead-") as tmp:
         for name, measure in sides:

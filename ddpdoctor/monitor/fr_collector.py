@@ -3,7 +3,7 @@ reading their answers (ddpdoctor.protocol.fr_requests).
 
 The monitor asks when it needs the backend's view: a rank has made no progress for longer than
 the "waiting" threshold (a hang may be forming; its verdict needs a dump taken after the hang
-threshold), a hang or mismatch verdict stands, or the user pressed `f` in the TUI. While the
+threshold), a hang or mismatch verdict stands, or the user pressed `b` in the TUI. While the
 suspicion lasts it asks again every few seconds, so that the dumps are fresh when the threshold
 passes. A healthy job with short steps is never asked anything.
 """
@@ -56,7 +56,7 @@ class FrCollector:
         return tuple(self._dumps[r] for r in sorted(self._dumps))
 
     def ask(self, now: float | None = None) -> bool:
-        """Ask every rank for its dump now (the TUI's `f`, a verdict, a suspicion)."""
+        """Ask every rank for its dump now (the TUI's `b`, a verdict, a suspicion)."""
         moment = self.clock() if now is None else now
         try:
             write_request(self.run, now=moment)

@@ -100,7 +100,7 @@ class Monitor:
             launcher_ended=self._launcher_ended,
         )
         self.logs = LogFindings(self.run) if explain_logs else None
-        # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `f`)
+        # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
         self.flight_recorder = FrCollector(self.run, clock=clock)
         self.local_host = this_host()
         self._lock = threading.RLock()

@@ -2,7 +2,7 @@
 
 By default ddpdoctor leaves DDP's gradient all-reduce alone (its C++ hook, no Python per bucket):
 PyTorch's flight recorder already records every collective in C++, so the bucket-level state is
-read from there when the monitor needs it (a suspected hang or mismatch, the TUI's `f` key)
+read from there when the monitor needs it (a suspected hang or mismatch, the TUI's `b` key)
 instead of being written as events on every step. The heartbeat thread calls `poll()` once a
 beat; it costs one stat of the requests folder until a request comes (ddpdoctor.protocol
 .fr_requests).

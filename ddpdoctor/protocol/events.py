@@ -43,6 +43,11 @@ hello              also restart_count (torchelastic restarts), heartbeat_s (the 
                    env_from ("slurm") and env_filled (the names) when ddpdoctor filled torch's
                    variables from a launcher's (runtime/autostart.py). A rank started by a user's
                    own command (autostart) says hello only once it has joined a process group.
+                   buckets: how DDP's gradient buckets are recorded, {"mode": "flight_recorder"
+                   (the default: DDP's C++ all-reduce, state read from PyTorch's flight recorder
+                   on request) | "python_hook" (every bucket as events: DDPDOCTOR_DDP_BUCKETS=1,
+                   or no usable recorder) | "off", "why": text}; absent until the DDP hooks are
+                   installed.
 heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
                    steps done (closed); seq starts at 1.
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on

@@ -10,7 +10,8 @@ collective of the group, DDP's included.
 A waiter counts when its dump, taken at the request, shows #K pending for at least the threshold;
 a culprit when its dump, taken at least the threshold after the waiter scheduled #K, shows the
 group's last scheduled number below K. Both dumps come from live ranks (a dump is the heartbeat
-thread's answer), so a dead rank is left to the crash rule.
+thread's answer), so a dead rank is left to the crash rule. Only the default group is judged
+(see detect); a hang in a subgroup is left to the events.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         return None
     dumps = [d for d in snap.flight_recorder if d.error is None]
     best: RuleOutcome | None = None
-    for pg in sorted({g.pg for d in dumps for g in d.groups}):
+    # The default group only: its id ("0") is the same on every rank, while a subgroup's id is
+    # a per-process count that ranks outside it may not share.
+    for pg in ("0",):
         waiters: list[tuple[FrRank, FrEntry]] = []
         for d in dumps:
             entry = d.pending(pg)

@@ -311,6 +311,8 @@ def install(runtime: core.Runtime) -> None:
     @functools.wraps(original_forward)
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         rt = core._active
+        probe_due: CommProbe | None = None
+        now = 0.0
         if rt is not None:
             try:
                 if self.training and grad_enabled():
@@ -331,7 +333,7 @@ def install(runtime: core.Runtime) -> None:
                         if probe is None:
                             start_probe(self, now)
                         elif probe and now >= probe.next_t:
-                            probe.read(self, rt.steps, now)
+                            probe_due = probe  # read after DDP's forward: it records the stats
                 else:
                     if rt.auto_phase and rt.phase != core.AUTO_EVAL:
                         rt.set_phase(core.AUTO_EVAL, auto=True)
@@ -340,7 +342,14 @@ def install(runtime: core.Runtime) -> None:
                     rt.cuda_device = int(self.device_ids[0])
             except Exception:  # noqa: BLE001 - recording must never break the forward
                 pass
-        return original_forward(self, *inputs, **kwargs)
+        if probe_due is None:
+            return original_forward(self, *inputs, **kwargs)
+        out = original_forward(self, *inputs, **kwargs)
+        try:  # DDP's _pre_forward just recorded the previous iteration's timers
+            probe_due.read(self, rt.steps, now)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001
+            pass
+        return out
 
     @functools.wraps(original_register)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:

@@ -1,6 +1,6 @@
 """What ddpdoctor's in-rank instrumentation costs a training job (target: under 2% of training time).
 
-    python benchmarks/overhead.py [--reps 5] [--steps 300] [--nproc 2] [--json]
+    python benchmarks/overhead.py [--reps 5] [--steps 300] [--nproc 2] [--json] [--only b,c]
 
 Side by side in one run, plain and instrumented runs interleaved (the order alternates every
 repetition), medians reported:
@@ -10,6 +10,11 @@ repetition), medians reported:
   (b) a user script, sample_jobs/healthy.py, through `-m ddpdoctor.runtime.bootstrap` and as a plain
       torchrun script: once with its small default MLP (steps of a few ms, the worst case for a
       fixed per-step cost) and once 4096 wide (steps of tens of ms, like a real job's).
+
+  (c) the same tiny-step script as a user starts it, `ddpdoctor run --no-tui --no-doctor -- ...`
+      (the monitor watching, DDP's buckets left to the flight recorder), against plain torchrun;
+      also the CPU share of ddpdoctor's own process (launcher + monitor: its user + system time,
+      read from /proc while it runs, over its wall time).
 
 Only the training loop is measured, as the job itself reports it (after warm-up for the reference
 job), never process start-up: its wall time, and rank 0's CPU time (all its threads, so the
@@ -31,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +118,44 @@ def measure_script(
     return Measurement(done, wall, cpu, count_events(run_dir), done)
 
 
+def measure_under_run(
+    nproc: int, steps: int, run_dir: Path | None, *, hidden: int = 128
+) -> Measurement:
+    """(c): the user script under `ddpdoctor run` (run_dir set) or plain torchrun (None)."""
+    if run_dir is None:
+        return measure_script(nproc, steps, None, hidden=hidden)
+    script = ["sample_jobs/healthy.py", "--epochs", "100000", "--steps", str(steps)]
+    script += ["--report-time", "--hidden", str(hidden), "--batch-size", "64"]
+    cmd = [sys.executable, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor"]
+    cmd += ["--nproc", str(nproc), "--backend", "gloo", "--run-dir", str(run_dir), "--", *script]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started = time.monotonic()
+    cpu = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    while proc.poll() is None:
+        try:  # the process's own user + system time (fields 14, 15), not its children's
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.2)
+    wall = time.monotonic() - started
+    out = proc.stdout.read() if proc.stdout else ""
+    match = SCRIPT_LINE.search(out)
+    if proc.returncode != 0 or match is None:
+        raise RuntimeError(f"ddpdoctor run failed ({proc.returncode}):\n{out[-2000:]}")
+    MONITOR_CPU_SHARE.append(cpu / wall)
+    done, loop_wall, loop_cpu = int(match[1]), float(match[2]), float(match[3])
+    return Measurement(done, loop_wall, loop_cpu, count_events(run_dir), done)
+
+
+MONITOR_CPU_SHARE: list[float] = []  # (c): ddpdoctor's own process, CPU s per wall s
+
+
 def compare(
     name: str,
     measure: Callable[..., Measurement],
@@ -170,13 +214,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    parser.add_argument(
+        "--only", default="", metavar="CASES", help="some cases only, by name: e.g. 'b,c'"
+    )
     args = parser.parse_args()
     print(f"ddpdoctor overhead: {args.nproc} gloo ranks, {args.steps} steps, {args.reps} pairs")
     sides: list[tuple[str, Callable[..., Measurement]]] = [
         ("(a) reference job", measure_reference),
         ("(b) user script", measure_script),
         ("(b) user script, 4096 wide", functools.partial(measure_script, hidden=4096)),
+        ("(c) user script under ddpdoctor run", measure_under_run),
     ]
+    if args.only:
+        wanted = {f"({c.strip()})" for c in args.only.split(",")}
+        sides = [(name, m) for name, m in sides if name.split()[0] in wanted]
     results = []
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-overhead-") as tmp:
         for name, measure in sides:
@@ -203,6 +254,12 @@ def main() -> int:
             )
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["events_by_kind_per_step"].items())
         print(f"    events per rank per step: {r['events_per_rank_per_step']:.2f} ({kinds})")
+    if MONITOR_CPU_SHARE:
+        shares = sorted(100 * x for x in MONITOR_CPU_SHARE)
+        print(
+            f"ddpdoctor run's own process (launcher + monitor): median "
+            f"{statistics.median(shares):.1f}% of one core ({shares[0]:.1f} .. {shares[-1]:.1f}%)"
+        )
     if args.json:
         print(json.dumps(results, indent=2))
     return 0

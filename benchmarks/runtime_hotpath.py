@@ -10,8 +10,11 @@ for a fixed per-step cost. Four variants run side by side, interleaved in blocks
 
     plain          DDP as torch ships it (its C++ all-reduce), no runtime
     comm hook      torch's Python allreduce comm hook registered, no runtime
-    runtime, no buckets  the runtime active with DDPDOCTOR_DDP_BUCKETS=0 (steps, data, phases)
-    runtime        the runtime fully active (every gradient bucket recorded)
+    runtime        the runtime as `ddpdoctor run` starts it by default: steps, data waits,
+                   phases; DDP keeps its C++ all-reduce, whose buckets the flight recorder
+                   holds (read only when the monitor asks: nothing per step)
+    runtime, --ddp-buckets  the runtime with DDPDOCTOR_DDP_BUCKETS=1 (every gradient bucket
+                   recorded as events by a Python comm hook)
 
 Reported per variant, in µs per step: the wall time of a step (the mean over a block: a flush
 of the writer thread lands on a few steps, and a median step would hide it), the CPU time of the
@@ -61,7 +64,7 @@ SETTLE_STEPS = 5
 class Variant:
     name: str
     runtime: bool  # the runtime is active while this variant trains
-    buckets: bool = True  # DDPDOCTOR_DDP_BUCKETS
+    buckets: bool = False  # DDPDOCTOR_DDP_BUCKETS=1 (--ddp-buckets)
     comm_hook: bool = False  # torch's Python allreduce hook, registered by hand
     model: Any = None
     optimizer: Any = None
@@ -153,7 +156,7 @@ class Session:
         self.current: tuple[bool, bool] | None = None
 
     def run_dir_of(self, variant: Variant) -> Path:
-        return self.run_dir / ("buckets" if variant.buckets else "no-buckets")
+        return self.run_dir / ("buckets" if variant.buckets else "default")
 
     def enter(self, variant: Variant) -> bool:
         """Switch the runtime as the variant wants it; True when something changed."""
@@ -164,7 +167,10 @@ class Session:
             return False
         runtime.deactivate()
         if variant.runtime:
-            os.environ["DDPDOCTOR_DDP_BUCKETS"] = "1" if variant.buckets else "0"
+            if variant.buckets:
+                os.environ["DDPDOCTOR_DDP_BUCKETS"] = "1"
+            else:  # the default: the flight recorder
+                os.environ.pop("DDPDOCTOR_DDP_BUCKETS", None)
             if runtime.activate(self.run_dir_of(variant)) is None:
                 raise RuntimeError("the runtime did not activate")
         self.current = wanted
@@ -207,12 +213,26 @@ def report(variants: list[Variant], step_ms: float) -> dict[str, Any]:
             result[v.name][metric] = {"median": value, "vs_plain": vs_plain, "vs_hook": vs_hook}
         print(row)
     extra = paired(full, plain, "wall")
-    over_hook = paired(full, hook, "wall")
+    buckets = by_name["runtime, --ddp-buckets"]
+    extra_buckets = paired(buckets, plain, "wall")
+    low, high = spread(full, plain, "wall")
     print(
-        f"full runtime: {extra:+.0f} µs/step over plain DDP = {100 * extra / (step_ms * 1000):.1f}%"
-        f" of a {step_ms:g} ms step; {over_hook:+.0f} µs/step over torch's Python comm hook"
+        f"runtime (default, flight recorder): {extra:+.1f} µs/step over plain DDP "
+        f"(rounds {low:+.0f} .. {high:+.0f}) = {100 * extra / (step_ms * 1000):.2f}% of a "
+        f"{step_ms:g} ms step; CPU {paired(full, plain, 'cpu'):+.1f} µs/step"
+    )
+    print(
+        f"runtime with --ddp-buckets: {extra_buckets:+.0f} µs/step over plain DDP, "
+        f"{paired(buckets, hook, 'wall'):+.0f} µs/step over torch's Python comm hook"
     )
     return result
+
+
+def spread(v: Variant, ref: Variant, metric: str) -> tuple[float, float]:
+    """The interquartile range of the per-round differences (how far one round can be off)."""
+    diffs = sorted(a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True))
+    quartiles = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [diffs[0]] * 3
+    return quartiles[0], quartiles[2]
 
 
 def events_per_step(run_dir: Path, steps: int) -> str:
@@ -289,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [
         Variant("plain", runtime=False),
         Variant("comm hook", runtime=False, comm_hook=True),
-        Variant("runtime, no buckets", runtime=True, buckets=False),
+        Variant("runtime, --ddp-buckets", runtime=True, buckets=True),
         Variant("runtime", runtime=True),
     ]
     loader, sampler = make_loader(args.batch_size)

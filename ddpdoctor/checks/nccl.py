@@ -13,7 +13,7 @@ import platform
 
 from ddpdoctor.checks.context import CheckContext
 from ddpdoctor.checks.gpu_plan import job_backend, visible_gpu_count
-from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped
+from ddpdoctor.checks.model import CheckOutcome, failed, passed, skipped, warning
 from ddpdoctor.checks.nccl_ifname import (
     gloo_problems,
     is_link_local_only,
@@ -364,3 +364,63 @@ def nccl_transport(ctx: CheckContext) -> CheckOutcome:
     summary = f"enabled: {', '.join(x for x in on if x) or 'none'}"
     summary += "; no switches set" if not any(switches.values()) else ""
     return outcome_from(problems, ok_summary=summary, details=details, facts=facts)
+
+
+# torch 2.8 and later keep a flight recorder for gloo as well as NCCL, dumpable as JSON from inside
+# the process (torch._C._distributed_c10d._dump_fr_trace_json); older ones: NCCL only, or none.
+FLIGHT_RECORDER_SINCE = (2, 8)
+_HOOK_FALLBACK = (
+    "ddpdoctor run records every DDP gradient bucket with a Python comm hook instead "
+    "(about 80 µs a step)"
+)
+
+
+@check("nccl.flight_recorder", "Flight recorder (collective state for diagnoses)")
+def nccl_flight_recorder(ctx: CheckContext) -> CheckOutcome:
+    """Which way `ddpdoctor run` learns the state of DDP's gradient all-reduces: PyTorch's flight
+    recorder, read on demand (no cost per step), or the Python comm hook (a cost per bucket)."""
+    torch = ctx.probes.torch.facts()
+    if not torch.installed:
+        return skipped("torch is not installed (see gpu.cuda)")
+    env = ctx.env
+    version = torch.version or "?"
+    facts = {"torch": version, "mode": "flight_recorder"}
+    forced = env.get("DDPDOCTOR_DDP_BUCKETS", "").strip().lower()
+    if forced in ("1", "true", "yes", "on"):
+        facts["mode"] = "python_hook"
+        return passed(
+            f"DDPDOCTOR_DDP_BUCKETS={forced}: every gradient bucket is recorded by a Python "
+            "comm hook (about 80 µs a step; unset it to read the flight recorder instead)",
+            facts=facts,
+        )
+    size = env.get("TORCH_FR_BUFFER_SIZE", env.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "")).strip()
+    parsed = _version_tuple(version)
+    if parsed is None or parsed < FLIGHT_RECORDER_SINCE:
+        facts["mode"] = "python_hook"
+        return passed(
+            f"not available in torch {version} for gloo and nccl (torch >= 2.8 has it): "
+            f"Python hook fallback; {_HOOK_FALLBACK}",
+            facts=facts,
+        )
+    if size == "0":
+        facts["mode"] = "python_hook"
+        return warning(
+            "TORCH_FR_BUFFER_SIZE=0 turns the flight recorder off: Python hook fallback; "
+            + _HOOK_FALLBACK,
+            fix="unset TORCH_FR_BUFFER_SIZE (ddpdoctor run sets 2000 entries) so that hangs "
+            "are diagnosed from the recorder at no cost per step",
+            facts=facts,
+        )
+    return passed(
+        f"usable (torch {version}, gloo+nccl): DDP keeps its C++ all-reduce; ddpdoctor reads "
+        "the recorder when a rank looks stuck",
+        facts=facts,
+    )
+
+
+def _version_tuple(text: str) -> tuple[int, int] | None:
+    try:
+        major, minor = text.split("+")[0].split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None

@@ -39,7 +39,7 @@ from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
-from ddpdoctor.launch.torchrun_cmd import job_env, torchrun_argv
+from ddpdoctor.launch.torchrun_cmd import ENV_DDP_BUCKETS, job_env, torchrun_argv
 from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
 from ddpdoctor.launch.user_command import command_env, guarded_argv
 from ddpdoctor.protocol import jsontext
@@ -157,6 +157,8 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
         env = job_env(
             os.environ, run_dir=run_dir, backend=plan.backend, torch_version=torch_version
         )
+    if plan.ddp_buckets:  # --ddp-buckets: a Python comm hook records every gradient bucket
+        env[ENV_DDP_BUCKETS] = "1"
     # Every process of the job carries this marker: whatever still has it when the launch ends
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.

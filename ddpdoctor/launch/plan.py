@@ -50,6 +50,7 @@ class LaunchPlan:
     json: bool = False
     tui_allowed: bool = True  # False with --no-tui or --json
     workers: int | None = None
+    ddp_buckets: bool = False  # --ddp-buckets: a Python comm hook records every gradient bucket
     argv: tuple[str, ...] = ()  # the ddpdoctor command line, for run.json
     # `-- COMMAND ARGS` of a program (python, torchrun, srun, ...): run as given, not under
     # ddpdoctor's torchrun; None for the reference job or a script
@@ -192,6 +193,7 @@ def plan_from_args(
         json=args.json,
         tui_allowed=not (args.no_tui or args.json),
         workers=args.workers,
+        ddp_buckets=bool(getattr(args, "ddp_buckets", False)),
         argv=tuple(sys.argv[1:] if argv is None else argv),
     )
 

@@ -219,6 +219,9 @@ class SupervisedRun:
     def request_stacks(self) -> None:
         self.monitor.request_stacks()
 
+    def request_flight_recorder(self) -> bool:
+        return bool(self.monitor.request_flight_recorder())
+
     @property
     def stopped_for(self) -> Verdict | None:
         return self.policy.stopped_for

@@ -17,6 +17,8 @@ from ddpdoctor.protocol.rundir import ENV_RUN_DIR, RunDir
 REFERENCE_MODULE = "ddpdoctor.reference"
 BOOTSTRAP_MODULE = "ddpdoctor.runtime.bootstrap"
 FLIGHT_RECORDER_ENTRIES = "2000"
+GLOO_RECORDER_ENTRIES = "256"  # what gloo jobs read on demand (see job_env)
+ENV_DDP_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"  # read by ddpdoctor.runtime.ddp_hooks
 
 
 DEFAULT_RDZV_PORT = 29400  # torchrun's port for an --rdzv-endpoint given without one
@@ -161,11 +163,21 @@ def parse_version(text: str | None) -> tuple[int, int] | None:
 
 
 def job_env(
-    base: Mapping[str, str], *, run_dir: RunDir, backend: str, torch_version: str | None
+    base: Mapping[str, str],
+    *,
+    run_dir: RunDir,
+    backend: str,
+    torch_version: str | None,
+    ddp_buckets: bool = False,
 ) -> dict[str, str]:
-    """The environment torchrun and the ranks get. The user's own values always win."""
+    """The environment torchrun and the ranks get. The user's own values always win.
+
+    `ddp_buckets` (--ddp-buckets): record every DDP gradient bucket with a Python comm hook
+    instead of reading the flight recorder on demand (ddpdoctor.runtime.ddp_hooks)."""
     env = dict(base)
     env[ENV_RUN_DIR] = str(run_dir.path.resolve())
+    if ddp_buckets:
+        env[ENV_DDP_BUCKETS] = "1"
     # Ranks write to files (--redirects); unbuffered output keeps the console and logs live.
     env.setdefault("PYTHONUNBUFFERED", "1")
     if backend == "nccl":
@@ -174,4 +186,14 @@ def job_env(
         for names, value in flight_recorder_env(torch_version, run_dir):
             if not any(name in base for name in names):
                 env[names[0]] = value
+    else:
+        # torch 2.8 and later record gloo's collectives too: the ranks answer the monitor's
+        # flight-recorder requests from it. The monitor reads the latest entries only, and a
+        # dump's time (the GIL held) grows with the buffer: 2000 entries (torch's default) took
+        # 76 ms on a loaded 2-core VM, so gloo jobs get a smaller ring. The dump-on-timeout
+        # settings are NCCL's only.
+        version = parse_version(torch_version)
+        names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+        if version is not None and version >= (2, 8) and not any(n in base for n in names):
+            env[names[0]] = GLOO_RECORDER_ENTRIES
     return env

@@ -13,9 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ddpdoctor.findings import Finding, sort_findings
+from ddpdoctor.monitor.fr_evidence import annotate as with_flight_recorder
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict, WaitView
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.verdict_rules import crash as crash_rule
+from ddpdoctor.monitor.verdict_rules import fr_hang as fr_hang_rule
+from ddpdoctor.monitor.verdict_rules import fr_mismatch as fr_mismatch_rule
 from ddpdoctor.monitor.verdict_rules import hang as hang_rule
 from ddpdoctor.monitor.verdict_rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.verdict_rules import rendezvous as rendezvous_rule
@@ -54,13 +57,17 @@ class Diagnosis:
 def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
-    mismatch = mismatch_rule.detect(snap) or world_size_rule.detect(snap)
+    mismatch = (
+        mismatch_rule.detect(snap) or world_size_rule.detect(snap) or fr_mismatch_rule.detect(snap)
+    )
     if mismatch is not None and (
         crash is None
         or (mismatch.onset_t or 0.0) <= (crash.onset_t or 0.0) + MISMATCH_EXPLAINS_CRASH_S
     ):
         return mismatch, crash
-    stuck = [o for o in (hang_rule.detect(snap), transport_rule.detect(snap)) if o is not None]
+    # the events' hang first: with the flight recorder's at the same onset, the events' wins
+    outcomes = (hang_rule.detect(snap), fr_hang_rule.detect(snap), transport_rule.detect(snap))
+    stuck = [o for o in outcomes if o is not None]
     if stuck:
         first = min(stuck, key=lambda o: o.onset_t or 0.0)
         if crash is None or (first.onset_t or 0.0) <= (crash.onset_t or 0.0):
@@ -127,6 +134,7 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
             seen.add((finding.id, finding.summary))
             findings.append(finding)
     wait_views = waits.waits if waits is not None else ()
+    findings = list(with_flight_recorder(findings, snap))
     if primary is None or primary.verdict is None:
         return Diagnosis(verdict=verdict, findings=tuple(findings), waits=wait_views)
     return Diagnosis(

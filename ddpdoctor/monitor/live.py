@@ -26,6 +26,7 @@ from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.host_probes import (
     MAX_PROBED,
     PROBE_EVERY_S,
@@ -108,6 +109,8 @@ class Monitor:
             launcher_ended=self._launcher_ended,
         )
         self.logs = LogFindings(self.run) if explain_logs else None
+        # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
+        self.flight_recorder = FrCollector(self.run, clock=clock)
         self.local_host = this_host()
         self._lock = threading.RLock()
         self._run_json_mtime = self._mtime(self.run.run_json)
@@ -141,6 +144,11 @@ class Monitor:
         with self._lock:
             snap = self._last or self._poll()
             return self._start_capture(snap)
+
+    def request_flight_recorder(self) -> bool:
+        """Ask every rank for its flight-recorder dump now (answered within a heartbeat)."""
+        with self._lock:
+            return self.flight_recorder.ask()
 
     def wait_for_stacks(self, timeout_s: float | None = None) -> Snapshot:
         """Wait (bounded) for a capture in progress, then poll: for a launcher that wants the
@@ -215,7 +223,13 @@ class Monitor:
         if not live and not self._loaded_stored_stacks and not self.stacks.groups:
             self._loaded_stored_stacks = True
             self.stacks.load_latest()
-        snap = replace(snap, stacks=self.stacks.groups, stack_status=self.stacks.status)
+        snap = replace(
+            snap,
+            stacks=self.stacks.groups,
+            stack_status=self.stacks.status,
+            flight_recorder=self.flight_recorder.collect(now),
+            fr_status=self.flight_recorder.status(),
+        )
         extra = list(self.stacks.findings)
         if self.logs is not None:
             extra.extend(self.logs.findings)
@@ -231,6 +245,8 @@ class Monitor:
         ) and self._start_capture(snap):
             self._captured_for = snap.culprits
             snap = replace(snap, stack_status=self.stacks.status)
+        if not final:
+            self.flight_recorder.maybe_ask(snap, now)
         self._last = snap
         self._write(snap)
         return snap
@@ -495,6 +511,9 @@ class Monitor:
             snap.culprits,
             len(snap.stacks),
             snap.finished,
+            tuple((d.rank, d.request_id) for d in snap.flight_recorder)
+            if snap.verdict.is_problem
+            else (),
         )
         if not force and key == self._written_key:
             return

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.launchers import LauncherView
+from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
 from ddpdoctor.stacks.groups import StackGroup
 
@@ -344,6 +345,13 @@ class Snapshot:
     # The verdict is certain enough to stop the job on (the stop policy): a mismatch, a crash, or
     # a hang whose culprits are confirmed blocked, gone, or silent (heartbeat stopped).
     confirmed: bool = False
+    # Each rank's latest flight-recorder dump (PyTorch's record of its backend's collectives),
+    # as it answered the monitor's last request (ddpdoctor.protocol.flight_recorder), by rank.
+    flight_recorder: tuple[FrRank, ...] = ()
+    fr_status: str | None = None  # "asked 12:01:03", "2/2 ranks answered 12:01:04", ...
+
+    def fr_of(self, rank: int) -> FrRank | None:
+        return next((d for d in self.flight_recorder if d.rank == rank), None)
 
     def rank(self, rank: int) -> RankView | None:
         """The view of one rank (ranks are sorted by rank, usually dense from 0)."""
@@ -394,4 +402,5 @@ class Snapshot:
             "thresholds": self.thresholds.to_json() if self.thresholds else None,
             "waits": [w.to_json() for w in self.waits],
             "confirmed": self.confirmed,
+            "flight_recorder": {str(d.rank): d.to_json() for d in self.flight_recorder},
         }

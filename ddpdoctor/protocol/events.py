@@ -45,6 +45,11 @@ hello              also restart_count (torchelastic restarts), heartbeat_s (the 
                    own command (autostart) says hello only once it has joined a process group.
                    Also pg_timeout_s (the default process group's timeout: init_process_group's
                    timeout=, else torch's default for the backend) and pg_timeout_given (bool).
+                   buckets: how DDP's gradient buckets are recorded, {"mode": "flight_recorder"
+                   (the default: DDP's C++ all-reduce, state read from PyTorch's flight recorder
+                   on request) | "python_hook" (every bucket as events: DDPDOCTOR_DDP_BUCKETS=1,
+                   or no usable recorder) | "off", "why": text}; absent until the DDP hooks are
+                   installed.
 heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
                    steps done (closed); seq starts at 1. Progress facts (cumulative, for telling a
                    busy rank from a blocked one): cpu_s (process CPU seconds), runq_s (the main

@@ -33,6 +33,7 @@ from ddpdoctor.runtime.steps import StepTracker
 from ddpdoctor.runtime.writer import EventWriter
 
 if TYPE_CHECKING:
+    from ddpdoctor.runtime.flight_recorder import FrResponder
     from ddpdoctor.runtime.heartbeat import Heartbeat
 
 # Events kept in memory while the rank is not known yet (no $RANK: it comes from the process
@@ -107,6 +108,10 @@ class Runtime:
         self.world_size: int | None = None  # from the process group, once joined
         self.exit_hint: ExitHint | None = None
         self.heartbeat: Heartbeat | None = None  # its thread, once activate() started it
+        # How DDP's gradient buckets are recorded ({"mode", "why"}: ddp_hooks.bucket_mode), said
+        # in the hello event once the DDP hooks are installed.
+        self.bucket_recording: dict[str, str] | None = None
+        self._fr: FrResponder | None = None  # answers flight-recorder requests, once asked
         self.finished = False
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
@@ -206,6 +211,7 @@ class Runtime:
         return f"cuda:{self.cuda_device}" if self.cuda_device is not None else "cpu"
 
     def say_hello(self) -> None:
+        extra = {"buckets": self.bucket_recording} if self.bucket_recording else {}
         self.emit(
             HELLO,
             **info.hello_fields(
@@ -217,7 +223,18 @@ class Runtime:
             ),
             pg_timeout_s=self.pg_timeout_s,
             pg_timeout_given=self.pg_timeout_given,
+            **extra,
         )
+
+    def answer_requests(self) -> None:
+        """The monitor's flight-recorder requests (the heartbeat thread calls this every beat:
+        one stat of the requests folder until one comes)."""
+        responder = self._fr
+        if responder is None:
+            from ddpdoctor.runtime.flight_recorder import FrResponder
+
+            responder = self._fr = FrResponder(self)
+        responder.poll()
 
     def on_process_group(self) -> None:
         """init_process_group returned: learn rank, backend and device, and say hello again."""

@@ -8,7 +8,14 @@ Phases: until the script names a phase itself (`ddpdoctor.phase(...)`), a traini
 the rank in phase "train" and an eval forward (`model.eval()` or `torch.no_grad()`) in "eval", so
 a script that never heard of ddpdoctor still shows what it does.
 
-Buckets: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
+Buckets, by default: DDP keeps its built-in C++ all-reduce, and the state of every gradient
+bucket's collective (scheduled, started, completed, by sequence number, with sizes and dtypes) is
+read from PyTorch's flight recorder when the monitor asks (runtime/flight_recorder.py). A Python
+hook per bucket costs ~80 µs a step on a small model; the recorder costs nothing until asked.
+`DDPDOCTOR_DDP_BUCKETS=1` (`ddpdoctor run --ddp-buckets`) records every bucket as events with the
+hook below instead, and a torch without a usable flight recorder gets the hook anyway.
+
+Buckets, with the hook: DDP reduces gradients bucket by bucket through one communication hook. ddpdoctor's hook
 records each bucket (op "all_reduce", `bucket` index) and delegates to the hook that would
 otherwise run: torch's default allreduce hook (the same result as DDP without a hook), or the one
 the user registers. DDP takes one registration only, so ddpdoctor registers its hook as late as it
@@ -33,17 +40,36 @@ from ddpdoctor.protocol.events import WARNING
 from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
+from ddpdoctor.runtime.flight_recorder import recorder_status
 from ddpdoctor.runtime.records import CollectiveDesc
 
-# "0" leaves DDP's own C++ all-reduce alone (no comm hook, buckets unrecorded; steps still are):
-# the knob for jobs whose steps are so short that a Python hook per bucket shows.
+# "1": a Python comm hook records every gradient bucket as events (`ddpdoctor run --ddp-buckets`);
+# "0": no hook and no flight-recorder mention either; unset: DDP's own C++ all-reduce, its buckets
+# read from PyTorch's flight recorder on demand (the hook where the recorder is not usable).
 ENV_BUCKETS = "DDPDOCTOR_DDP_BUCKETS"
+MODE_HOOK = "python_hook"
+MODE_RECORDER = "flight_recorder"
+MODE_OFF = "off"
 # On a DDP model: its HookSlot once ddpdoctor's hook is registered, False when ddpdoctor keeps
 # its hands off (a builtin hook, no reducer, a failed registration); absent before the decision.
 SLOT_ATTR = "_ddpdoctor_comm_hook_slot"
 ONCE_ERROR = "register_comm_hook or register_builtin_comm_hook can only be called once."
 # Bucket descriptions kept per model (a bucket is described again after DDP rebuilds them).
 MAX_BUCKET_DESCRIPTIONS = 1024
+
+
+def bucket_mode(environ: Any = os.environ) -> tuple[bool, dict[str, str]]:
+    """(register the Python hook?, {"mode", "why"} for the hello event)."""
+    value = str(environ.get(ENV_BUCKETS, "")).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        why = f"{ENV_BUCKETS}={value} (ddpdoctor run --ddp-buckets): every bucket is an event"
+        return True, {"mode": MODE_HOOK, "why": why}
+    if value in ("0", "false", "no", "off"):
+        return False, {"mode": MODE_OFF, "why": f"{ENV_BUCKETS}={value}: buckets unrecorded"}
+    usable, why = recorder_status()
+    if usable:
+        return False, {"mode": MODE_RECORDER, "why": why}
+    return True, {"mode": MODE_HOOK, "why": f"Python hook fallback: {why}"}
 
 
 def _allreduce_hook() -> Callable[..., Any]:
@@ -170,6 +196,67 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
     return work.get_future().then(reduced)
 
 
+# Without the bucket hook, the gradient all-reduce time not hidden behind backward (what a
+# straggler's peers wait) comes from DDP's own C++ timers (its Logger): comm end - compute end of
+# a sampled iteration. Reading them costs ~25 µs, so it happens once a COMM_READ_EVERY_S, on the
+# training thread at a forward (where DDP writes them too: no race), and the latest sample stands
+# for the steps until the next read. DDP times one iteration in `sample rate` (its default 100,
+# and the first 10); timing one costs ~10 µs of CPU, so on CPU the rate is set for a sample every
+# SAMPLE_EVERY_S or so: every step of a 20 ms step, every 10th of a 2 ms one. A CUDA model keeps
+# DDP's default: its timers synchronize the device.
+COMM_READ_EVERY_S = 0.1
+SAMPLE_EVERY_S = 0.02
+MAX_SAMPLE_RATE = 100  # DDP's default
+PROBE_ATTR = "_ddpdoctor_comm_probe"
+
+
+class CommProbe:
+    """Reads DDP's runtime stats of one model now and then (mutable; kept on the model)."""
+
+    __slots__ = ("adapt", "iteration", "next_t", "rate", "read_t")
+
+    def __init__(self, t: float, adapt: bool, rate: int) -> None:
+        self.next_t = t + COMM_READ_EVERY_S
+        self.read_t = t
+        self.adapt = adapt  # set DDP's sample rate from the step time (CPU models)
+        self.rate = rate
+        self.iteration = 0
+
+    def read(self, ddp: Any, steps: Any, t: float) -> None:
+        self.next_t = t + COMM_READ_EVERY_S
+        logger = getattr(ddp, "logger", None)
+        if logger is None:
+            return
+        data = logger._get_ddp_logging_data().ints_map  # ns and counts
+        iteration = int(data.get("iteration") or 0)
+        if iteration <= self.iteration:
+            return
+        end, compute_end = data.get("backward_comm_time_end"), data.get("backward_compute_time_end")
+        if isinstance(end, int) and isinstance(compute_end, int) and end and compute_end:
+            steps.ddp_comm_s = max(0, end - compute_end) / 1e9
+        if self.adapt and self.iteration:
+            per_iteration = (t - self.read_t) / (iteration - self.iteration)
+            wanted = int(SAMPLE_EVERY_S / per_iteration) if per_iteration > 0 else 1
+            rate = max(1, min(MAX_SAMPLE_RATE, wanted))
+            if rate != self.rate:
+                ddp._set_ddp_runtime_logging_sample_rate(rate)
+                self.rate = rate
+        self.iteration, self.read_t = iteration, t
+
+
+def start_probe(ddp: Any, t: float) -> CommProbe | bool:
+    """At a model's first synced training forward without the bucket hook."""
+    try:
+        adapt = getattr(ddp, "device_type", "cpu") != "cuda"
+        if adapt:  # sample every iteration until the step time is known
+            ddp._set_ddp_runtime_logging_sample_rate(1)
+        probe: CommProbe | bool = CommProbe(t, adapt, 1 if adapt else MAX_SAMPLE_RATE)
+    except Exception:  # noqa: BLE001 - no timing rather than no training
+        probe = False
+    setattr(ddp, PROBE_ATTR, probe)
+    return probe
+
+
 def batch_size_of(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The leading dimension of the first tensor among the forward's arguments (one level deep)."""
     for value in (*inputs, *kwargs.values()):
@@ -198,7 +285,7 @@ def install(runtime: core.Runtime) -> None:
     if hasattr(original_forward, "__ddpdoctor_original__"):
         return
 
-    record_buckets = os.environ.get(ENV_BUCKETS, "1").strip() != "0"
+    record_buckets, runtime.bucket_recording = bucket_mode()
     tensor_type = torch.Tensor
     grad_enabled = torch.is_grad_enabled
 
@@ -224,6 +311,8 @@ def install(runtime: core.Runtime) -> None:
     @functools.wraps(original_forward)
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         rt = core._active
+        probe_due: CommProbe | None = None
+        now = 0.0
         if rt is not None:
             try:
                 if self.training and grad_enabled():
@@ -237,7 +326,14 @@ def install(runtime: core.Runtime) -> None:
                     else:
                         batch = batch_size_of(inputs, kwargs)
                     synced = self.require_backward_grad_sync
-                    rt.steps.on_forward(rt.mono_clock(), True, synced, batch)
+                    now = rt.mono_clock()
+                    rt.steps.on_forward(now, True, synced, batch)
+                    if synced and not record_buckets:
+                        probe = self.__dict__.get(PROBE_ATTR)
+                        if probe is None:
+                            start_probe(self, now)
+                        elif probe and now >= probe.next_t:
+                            probe_due = probe  # read after DDP's forward: it records the stats
                 else:
                     if rt.auto_phase and rt.phase != core.AUTO_EVAL:
                         rt.set_phase(core.AUTO_EVAL, auto=True)
@@ -246,7 +342,14 @@ def install(runtime: core.Runtime) -> None:
                     rt.cuda_device = int(self.device_ids[0])
             except Exception:  # noqa: BLE001 - recording must never break the forward
                 pass
-        return original_forward(self, *inputs, **kwargs)
+        if probe_due is None:
+            return original_forward(self, *inputs, **kwargs)
+        out = original_forward(self, *inputs, **kwargs)
+        try:  # DDP's _pre_forward just recorded the previous iteration's timers
+            probe_due.read(self, rt.steps, now)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001
+            pass
+        return out
 
     @functools.wraps(original_register)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:

@@ -123,6 +123,7 @@ class Heartbeat:
         writer = self.runtime.writer
         if writer is not None:
             writer.check_file()
+        self.runtime.answer_requests()
 
     def _run(self) -> None:
         """Beat every period, and write what the training thread queued.

@@ -51,6 +51,10 @@ _START = _envelope(COLLECTIVE_START)
 _END = _envelope(COLLECTIVE_END)
 _STEP = _envelope(STEP)
 _METRICS = _envelope(METRICS)
+_STEP_LINE = _STEP + (  # the whole line as one template (the kind has no "%")
+    ',"step":%d,"epoch":%s,"loss":%s,"batch_size":%s,"forwards":%d,"step_time_s":%.6f,'
+    '"data_time_s":%.6f,"compute_time_s":%.6f,"comm_wait_s":%.6f,"samples_per_s":%s}'
+)
 
 
 class CollectiveDesc:
@@ -146,13 +150,21 @@ def step(record: Record, rank: int) -> str:
         loss_text = repr(float(loss))
     else:  # as api.log writes a non-finite value
         loss_text = f'"{loss}"'
-    return (
-        f'{_STEP % (t, mono, rank)},"step":{number},'
-        f'"epoch":{"null" if epoch is None else int(epoch)},"loss":{loss_text},'
-        f'"batch_size":{samples or "null"},"forwards":{forwards},'
-        f'"step_time_s":{step_time:.6f},"data_time_s":{data:.6f},'
-        f'"compute_time_s":{compute if compute > 0.0 else 0.0:.6f},"comm_wait_s":{comm:.6f},'
-        f'"samples_per_s":{f"{samples / step_time:.3f}" if samples and step_time > 0.0 else "null"}}}'
+    # one %-format of one template: a third cheaper than an f-string of parts (this runs per step)
+    return _STEP_LINE % (
+        t,
+        mono,
+        rank,
+        number,
+        "null" if epoch is None else int(epoch),
+        loss_text,
+        samples or "null",
+        forwards,
+        step_time,
+        data,
+        compute if compute > 0.0 else 0.0,
+        comm,
+        "%.3f" % (samples / step_time) if samples and step_time > 0.0 else "null",
     )
 
 

@@ -8,7 +8,9 @@ of the loader or of the process. Its timings split the step's wall time:
 
     data_time_s     waiting in DataLoader `__next__`
     comm_wait_s     blocking collectives on the training thread, plus the gradient all-reduce
-                    time not hidden behind backward (last bucket launched -> last bucket done)
+                    time not hidden behind backward: last bucket launched -> last bucket done
+                    with the bucket hook (--ddp-buckets); by default what DDP's own timers
+                    measured for a recent iteration (ddp_hooks.CommProbe), for each step
     compute_time_s  the rest
 
 The training thread only adds up times; the `step` event is a hot-path record (records.py) whose
@@ -74,6 +76,9 @@ class StepTracker:
         self._fetch_epoch: int | None = None
         self.steps_done = 0
         self.epoch: int | None = None
+        # The gradient all-reduce wait per step as DDP's timers measured it lately (seconds),
+        # for steps that no bucket hook timed (set by ddp_hooks.CommProbe).
+        self.ddp_comm_s = 0.0
 
     @property
     def current(self) -> int:
@@ -170,6 +175,8 @@ class StepTracker:
         launched, done = step.bucket_launch, step.bucket_done
         if launched is not None and done is not None and done > launched:
             exposed = done - launched
+        elif launched is None:
+            exposed = self.ddp_comm_s
         return (
             records.step,
             self._wall(),

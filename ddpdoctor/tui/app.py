@@ -61,6 +61,7 @@ class DdpDoctorApp(App[Snapshot | None]):
         Binding("enter", "open_selected", "Detail"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("c", "capture_stacks", "Stacks now"),
+        Binding("b", "ask_flight_recorder", "Backend (FR)", show=False),
         Binding("f", "filter_logs", "Filter"),
         Binding("w", "cycle_level", "Level"),
         Binding("r", "filter_selected_rank", "Rank logs"),
@@ -277,6 +278,27 @@ class DdpDoctorApp(App[Snapshot | None]):
             group="stacks",
             thread=True,
             exit_on_error=False,
+        )
+
+    def action_ask_flight_recorder(self) -> None:
+        """Ask every rank for its flight-recorder dump (which collective its backend has
+        scheduled and completed); the answers land in the stacks panel within a heartbeat."""
+        ask = getattr(self.source, "request_flight_recorder", None)
+        if ask is None:
+            self.notify("This view cannot ask the ranks.", timeout=3, markup=False)
+            return
+        self._show_panel("stacks")
+        self.run_worker(
+            partial(call_with_timeout, ask, self.stacks_timeout_s, "flight recorder request"),
+            name="request-flight-recorder",
+            group="flight-recorder",
+            thread=True,
+            exit_on_error=False,
+        )
+        self.notify(
+            "Flight-recorder dumps requested; they appear in the stacks panel.",
+            timeout=3,
+            markup=False,
         )
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

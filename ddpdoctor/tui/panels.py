@@ -122,6 +122,23 @@ def stacks_text(snapshot: Snapshot | None) -> Text:
         if out:
             out.append("\n")
         out.append_text(stack_group_text(group, snapshot.culprits, limit=MAX_FRAMES))
+    out.append_text(flight_recorder_text(snapshot))
+    return out
+
+
+def flight_recorder_text(snapshot: Snapshot) -> Text:
+    """Each rank's backend, from its flight-recorder dump (asked with b, or by the monitor when
+    a rank stops making progress); empty until a dump was asked for."""
+    out = Text()
+    if not snapshot.flight_recorder and not snapshot.fr_status:
+        return out
+    out.append("\nflight recorder", style="bold")
+    if snapshot.fr_status:
+        out.append(f" ({snapshot.fr_status})", style="italic")
+    for dump in snapshot.flight_recorder:
+        style = "bold red" if dump.rank in snapshot.culprits else ""
+        out.append(f"\n  rank {dump.rank}: ", style=style)
+        out.append(dump.summary(), style="dim" if dump.error else "")
     return out
 
 
@@ -190,7 +207,13 @@ class StacksView(SnapshotStatic):
     def view_key(self, snapshot: Snapshot | None) -> object:
         if snapshot is None:
             return None
-        return (snapshot.stacks, snapshot.stack_status, snapshot.culprits)
+        return (
+            snapshot.stacks,
+            snapshot.stack_status,
+            snapshot.culprits,
+            snapshot.flight_recorder,
+            snapshot.fr_status,
+        )
 
     def build(self, snapshot: Snapshot | None) -> Text:
         return stacks_text(snapshot)

@@ -252,3 +252,18 @@ def test_post_mortem_of_a_copied_run_directory(results, tmp_path):
     assert snap.findings[0].summary.startswith("rank 1 never reached all_reduce #")
     assert snap.stacks  # the capture stored in the run directory
     assert not (copy / "diagnosis.json").exists()
+
+
+@pytest.mark.parametrize("name", ["hang", "sample-stuck_dataloader"])
+def test_hang_diagnosis_cites_the_flight_recorders_sequence_numbers(results, name):
+    """DDP's gradient all-reduce runs in C++ (no Python hook by default): the ranks' flight
+    recorders, dumped at the monitor's request, say which all_reduce rank 1 never started."""
+    d = get(results, name).diagnosis
+    hang = next(f for f in d["findings"] if f["id"] == "hang")
+    section = d["flight_recorder"]
+    assert set(section) == {"0", "1"}
+    (pending,) = section["0"]["pending"]
+    assert pending["op"] == "all_reduce"
+    assert section["1"]["groups"][0]["last_scheduled"] < pending["seq"]
+    text = " ".join([hang["summary"], *(e["text"] for e in hang["evidence"])])
+    assert f"never started all_reduce #{pending['seq']}" in text and "flight recorder" in text

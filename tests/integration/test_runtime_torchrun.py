@@ -248,7 +248,8 @@ def jobs(tmp_path_factory):
     write(base / "healthy" / "job" / "helper.py", "VALUE = 42\n")
     args = {"healthy": ("--lr", "0.1")}
     extra = {
-        "healthy": {"OUT_DIR": str(base / "healthy")},
+        # the bucket hook (--ddp-buckets): every gradient bucket numbered with the other calls
+        "healthy": {"OUT_DIR": str(base / "healthy"), "DDPDOCTOR_DDP_BUCKETS": "1"},
         "hang": {"TRIGGER": str(base / "hang" / "fail-now")},
     }
     with contextlib.ExitStack() as stack:

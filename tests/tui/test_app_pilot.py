@@ -463,3 +463,38 @@ async def test_state_colours_and_ranks_table_reflect_new_states():
         assert "red" in str(app.table.get_cell("r1", "state").style)
         assert app.table.get_cell("r1", "collective").plain == "RuntimeError: boom"
         assert isinstance(app.table, RanksTable)
+
+
+async def test_b_asks_the_ranks_for_their_flight_recorder_and_the_stacks_panel_shows_it():
+    import json
+    from pathlib import Path
+
+    from ddpdoctor.protocol.flight_recorder import parse_dump
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "hang-gloo"
+    dumps = []
+    for rank in (0, 1):
+        answer = json.loads((fixture / f"rank-{rank}.json").read_text())
+        dumps.append(parse_dump(answer["dump"], rank=rank, taken_t=answer["taken_t"]))
+
+    class RecorderSource(FakeSource):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.asked: list[str] = []
+
+        def request_flight_recorder(self) -> bool:
+            self.asked.append(threading.current_thread().name)
+            return True
+
+    snapshot = replace(hang_snapshot(), flight_recorder=tuple(dumps), fr_status="asked 12:00:01")
+    source = RecorderSource(snapshot)
+    app = DdpDoctorApp(source, mode="watch")
+    async with app.run_test(size=SIZE) as pilot:
+        await first_snapshot(pilot)
+        await pilot.press("b")
+        await wait_until(pilot, lambda: len(source.asked) == 1, what="request_flight_recorder")
+        assert source.asked[0] != threading.main_thread().name
+        text = plain(app.stacks)
+        assert "flight recorder (asked 12:00:01)" in text
+        assert "rank 0: all_reduce #8 (float32[2372]) scheduled, not completed" in text
+        assert "rank 1: all completed, last all_reduce #7" in text

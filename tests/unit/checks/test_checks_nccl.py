@@ -12,6 +12,7 @@ from ddpdoctor.checks.nccl import (
     nccl_available,
     nccl_debug_file,
     nccl_env,
+    nccl_flight_recorder,
     nccl_ifname,
     nccl_transport,
 )
@@ -471,3 +472,45 @@ def test_gdr_off_and_wrong_hca():
     assert result.status is Status.WARN
     text = " ".join(result.details)
     assert "GPUDirect RDMA off" in text and "NCCL_IB_HCA=mlx4 matches none" in text
+
+
+# --- nccl.flight_recorder ----------------------------------------------------------------------
+
+
+def with_torch(version: str):
+    m = load_machine("cpu-only")
+    return context(m, torch=dataclasses.replace(m.torch, version=version))
+
+
+def test_flight_recorder_usable_on_a_recent_torch():
+    result = run(nccl_flight_recorder, with_torch("2.14.1+cu130"))
+    assert result.status is Status.PASS
+    assert result.summary.startswith("usable (torch 2.14.1+cu130, gloo+nccl)")
+    assert result.facts["mode"] == "flight_recorder"
+
+
+def test_flight_recorder_missing_on_an_old_torch_falls_back_to_the_hook():
+    result = run(nccl_flight_recorder, context("cpu-only"))  # torch 2.3.0+cpu
+    assert result.status is Status.PASS and result.facts["mode"] == "python_hook"
+    assert "not available in torch 2.3.0+cpu" in result.summary
+    assert "Python hook fallback" in result.summary
+
+
+def test_flight_recorder_turned_off_is_a_warning_with_the_fix():
+    m = load_machine("cpu-only")
+    ctx = context(
+        m,
+        {"TORCH_FR_BUFFER_SIZE": "0"},
+        torch=dataclasses.replace(m.torch, version="2.14.1"),
+    )
+    result = run(nccl_flight_recorder, ctx)
+    assert result.status is Status.WARN and "unset TORCH_FR_BUFFER_SIZE" in result.fix
+
+
+def test_flight_recorder_hook_forced_by_the_variable():
+    m = load_machine("cpu-only")
+    ctx = context(
+        m, {"DDPDOCTOR_DDP_BUCKETS": "1"}, torch=dataclasses.replace(m.torch, version="2.14.1")
+    )
+    result = run(nccl_flight_recorder, ctx)
+    assert result.status is Status.PASS and result.facts["mode"] == "python_hook"

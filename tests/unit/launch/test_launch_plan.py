@@ -160,3 +160,9 @@ def test_cli_usage_errors_are_one_line_and_exit_2(capsys, tmp_path):
         assert code == ExitCode.USAGE, argv
         assert out == ""
         assert len(err.strip().splitlines()) == 1 and err.startswith("ddpdoctor: error: ")
+
+
+def test_ddp_buckets_is_off_unless_asked():
+    assert plan().ddp_buckets is False
+    assert plan("--ddp-buckets").ddp_buckets is True
+    assert plan("--ddp-buckets", "--", "sample_jobs/healthy.py").ddp_buckets is True

@@ -60,7 +60,25 @@ def test_gloo_env(tmp_path):
     env = job_env({"PATH": "/bin"}, run_dir=run, backend="gloo", torch_version="2.14.1")
     assert env[ENV_RUN_DIR] == str((tmp_path / "run").resolve())
     assert env["PYTHONUNBUFFERED"] == "1" and env["PATH"] == "/bin"
-    assert not [k for k in env if k.startswith(("NCCL_", "TORCH_"))]
+    assert not [k for k in env if k.startswith("NCCL_")]
+    # gloo's collectives are in the flight recorder too (torch >= 2.8): only its size is set
+    assert [k for k in env if k.startswith("TORCH_")] == ["TORCH_FR_BUFFER_SIZE"]
+    assert env["TORCH_FR_BUFFER_SIZE"] == "256"
+    assert "DDPDOCTOR_DDP_BUCKETS" not in env
+
+
+def test_gloo_env_keeps_the_users_recorder_size_and_old_torch_gets_none(tmp_path):
+    run = RunDir(tmp_path / "run")
+    env = job_env({"TORCH_FR_BUFFER_SIZE": "0"}, run_dir=run, backend="gloo", torch_version="2.14")
+    assert env["TORCH_FR_BUFFER_SIZE"] == "0"
+    old = job_env({}, run_dir=run, backend="gloo", torch_version="2.5.1")
+    assert "TORCH_FR_BUFFER_SIZE" not in old
+
+
+def test_ddp_buckets_flag_sets_the_variable(tmp_path):
+    run = RunDir(tmp_path / "run")
+    env = job_env({}, run_dir=run, backend="gloo", torch_version="2.14.1", ddp_buckets=True)
+    assert env["DDPDOCTOR_DDP_BUCKETS"] == "1"
 
 
 def test_nccl_env_for_current_torch(tmp_path):

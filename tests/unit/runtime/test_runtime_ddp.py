@@ -16,6 +16,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def bucket_hook(monkeypatch):
+    """Most tests here are about the Python comm hook (--ddp-buckets); the default (no hook, the
+    flight recorder read on demand) has its own tests below."""
+    monkeypatch.setenv("DDPDOCTOR_DDP_BUCKETS", "1")
+
+
 def make_model(**kwargs):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -277,5 +284,91 @@ def test_recorded_buckets_reduce_as_plain_ddp(recording):
         for one in passes:
             assert [start["bucket"] for start in one] == list(range(len(one)))
             assert [ends[start["seq"]]["via"] for start in one] == ["future"] * len(one)
+    finally:
+        deactivate()
+
+
+def test_by_default_ddp_keeps_its_cpp_all_reduce_and_hello_says_why(tmp_path, monkeypatch, world):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        train_step(model)
+        train_step(model)
+        runtime.steps.flush()
+        assert [s["step"] for s in events(runtime, "step")] == [1, 2]
+        assert [e for e in events(runtime, "collective_start") if "bucket" in e] == []
+        assert getattr(model, SLOT_ATTR, None) is None  # no comm hook registered
+        hello = events(runtime, "hello")[-1]
+        assert hello["buckets"]["mode"] == "flight_recorder"
+        assert "flight recorder" in hello["buckets"]["why"]
+    finally:
+        deactivate()
+
+
+def test_the_buckets_show_in_the_flight_recorder_answer(tmp_path, monkeypatch, world):
+    """The monitor's request, answered by the heartbeat thread with the backend's record of the
+    gradient all-reduces that no event described."""
+    from ddpdoctor.protocol.flight_recorder import parse_dump
+    from ddpdoctor.protocol.fr_requests import read_answers, write_request
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("DDPDOCTOR_HEARTBEAT_S", "0.05")
+    monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        train_step(model)
+        request = write_request(runtime.run_dir)
+        wait_until(lambda: 0 in read_answers(runtime.run_dir))
+        answer = read_answers(runtime.run_dir)[0]
+        assert answer.request_id == request.id and answer.error is None
+        dump = parse_dump(answer.dump, rank=0, taken_t=answer.taken_t)
+        last = dump.entries[-1]
+        numel = sum(p.numel() for p in model.parameters())
+        assert (last.op, last.backend, last.input_sizes) == ("all_reduce", "gloo", ((numel,),))
+        assert dump.pending("0") is None  # a one-rank all-reduce completes at once
+    finally:
+        deactivate()
+
+
+def test_bucket_mode_follows_the_variable():
+    from ddpdoctor.runtime.ddp_hooks import bucket_mode
+
+    hook, why = bucket_mode({"DDPDOCTOR_DDP_BUCKETS": "1"})
+    assert hook and why["mode"] == "python_hook" and "--ddp-buckets" in why["why"]
+    hook, why = bucket_mode({"DDPDOCTOR_DDP_BUCKETS": "0"})
+    assert not hook and why["mode"] == "off"
+    hook, why = bucket_mode({})
+    assert not hook and why["mode"] == "flight_recorder"
+
+
+def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(tmp_path, monkeypatch, world):
+    from ddpdoctor.runtime.ddp_hooks import PROBE_ATTR, CommProbe
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        for _ in range(4):
+            train_step(model)
+        probe = getattr(model, PROBE_ATTR)
+        assert isinstance(probe, CommProbe) and probe.adapt  # a CPU model
+        runtime.steps.ddp_comm_s = -1.0
+        probe.next_t = 0.0  # due: the next synced forward reads DDP's stats
+        train_step(model)
+        assert probe.iteration >= 3 and 0.0 <= runtime.steps.ddp_comm_s < 1.0
+        assert probe.next_t > 0.0
+        probe.next_t = 0.0  # tiny steps: DDP samples one iteration in many, not all
+        train_step(model)
+        assert 1 < probe.rate <= 100
+        runtime.steps.ddp_comm_s = 0.25  # what DDP's timers said lately stands for each step
+        train_step(model)
+        runtime.steps.flush()
+        last = events(runtime, "step")[-1]
+        assert last["comm_wait_s"] == pytest.approx(min(0.25, last["step_time_s"]), abs=2e-6)
     finally:
         deactivate()

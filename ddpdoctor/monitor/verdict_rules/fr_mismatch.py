@@ -1,0 +1,63 @@
+"""mismatch, from the flight recorder: ranks whose backends recorded different calls at the same
+sequence number of a group (F29 rank-conditional collectives, F30 shapes and dtypes).
+
+By default DDP's gradient all-reduces are not events, so a rank-conditional barrier against the
+others' gradient all-reduce shows in the events as a rank waiting in a barrier that the others
+"never reached". The backends' own records (every collective, DDP's included, numbered per
+group) show the two calls side by side; torch's analyzer decides whether they differ
+(ddpdoctor.monitor.fr_evidence.compare).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from ddpdoctor.findings import Evidence, Finding, Severity
+from ddpdoctor.monitor.fr_evidence import TAG, calls_at_first_difference
+from ddpdoctor.monitor.snapshot import Snapshot, Verdict
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules.mismatch import FIX, _culprits
+from ddpdoctor.rank_ranges import named_ranks
+
+
+def detect(snap: Snapshot) -> RuleOutcome | None:
+    if len(snap.flight_recorder) < 2:
+        return None
+    found = calls_at_first_difference(snap.flight_recorder, snap.run.world_size)
+    if found is None:
+        return None
+    seq, calls, why = found
+    frequency: Counter = Counter()
+    for dump in snap.flight_recorder:
+        for entry in dump.entries:
+            frequency[(entry.op, entry.input_sizes, entry.input_dtypes)] += 1
+    sides: dict[tuple, list[int]] = defaultdict(list)
+    for rank, entry in sorted(calls.items()):
+        sides[(entry.op, entry.input_sizes, entry.input_dtypes)].append(rank)
+    culprits = _culprits(snap, sides, frequency)
+    ordered = sorted(sides.items(), key=lambda kv: (-len(kv[1]), frequency[kv[0]]))
+    parts = [f"{named_ranks(ranks)}: {calls[ranks[0]].describe()}" for _, ranks in ordered]
+    evidence = [Evidence(f"{TAG}: torch's analyzer at #{seq}: {why}")]
+    for rank, entry in sorted(calls.items())[:8]:
+        dump = snap.fr_of(rank)
+        state = dump.state_of(entry) if dump is not None else entry.state
+        evidence.append(Evidence(f"{TAG}, rank {rank}: {entry.backend} {entry.describe()} {state}"))
+    created = [e.created_t for e in calls.values() if e.created_t is not None]
+    onset = max(created) if created else snap.taken_t
+    finding = Finding(
+        id="mismatch",
+        severity=Severity.ERROR,
+        summary=f"collective mismatch at #{seq} ({TAG}): " + "; ".join(parts),
+        fix=FIX,
+        ranks=tuple(sorted(culprits)),
+        evidence=tuple(evidence),
+    )
+    return RuleOutcome(
+        rule="fr_mismatch",
+        findings=(finding,),
+        verdict=Verdict.MISMATCH,
+        culprits=frozenset(culprits),
+        started_t=onset,
+        onset_t=onset,
+        confirmed=True,  # collectives that can never match: a deadlock
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
 from ddpdoctor.protocol.flight_recorder import FrRank, parse_dump
@@ -125,10 +126,14 @@ def parse_answer(answer: FrAnswer) -> FrRank | None:
             request_id=answer.request_id,
             taken_t=answer.taken_t,
             error=answer.error or "no dump",
+            step=answer.step,
         )
     try:
-        return parse_dump(
-            answer.dump, rank=answer.rank, request_id=answer.request_id, taken_t=answer.taken_t
+        return replace(
+            parse_dump(
+                answer.dump, rank=answer.rank, request_id=answer.request_id, taken_t=answer.taken_t
+            ),
+            step=answer.step,
         )
     except ValueError:
         return None

@@ -146,6 +146,7 @@ class FrRank:
     groups: tuple[FrGroup, ...] = ()
     entries: tuple[FrEntry, ...] = ()  # the latest KEEP_ENTRIES, oldest first
     error: str | None = None  # "no flight recorder in this torch", ...
+    step: int | None = None  # the rank's completed training steps when it took the dump
 
     def group(self, pg: str) -> FrGroup | None:
         return next((g for g in self.groups if g.pg == pg), None)

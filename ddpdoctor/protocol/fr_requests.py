@@ -88,6 +88,7 @@ class FrAnswer:
     taken_t: float
     dump: dict[str, Any] | None
     error: str | None = None
+    step: int | None = None  # the rank's completed training steps when it took the dump
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +98,7 @@ class FrAnswer:
             "taken_t": self.taken_t,
             "dump": self.dump,
             "error": self.error,
+            "step": self.step,
         }
 
     @classmethod
@@ -113,7 +115,9 @@ class FrAnswer:
             error is None or isinstance(error, str)
         ):
             raise ValueError("bad dump")
-        return cls(ident, rank, float(taken), dump, error)
+        step = data.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        return cls(ident, rank, float(taken), dump, error, step)
 
 
 def answers_dir(run: RunDir) -> Path:

@@ -120,7 +120,10 @@ class FrResponder:
         dump, error = take_dump()
         try:
             write_answer(
-                self.runtime.run_dir, FrAnswer(request_id, rank, self.clock(), dump, error)
+                self.runtime.run_dir,
+                FrAnswer(
+                    request_id, rank, self.clock(), dump, error, self.runtime.steps.steps_done
+                ),
             )
             self.answers += 1
         except OSError:

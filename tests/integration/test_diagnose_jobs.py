@@ -37,16 +37,18 @@ class Job:
 
 JOBS = [
     Job("hang", (*REFERENCE, "--inject", "hang:rank=1,step=4")),  # default threshold
-    # slow from step 2 and a crash at step 8 on the same rank: a straggler finding, then the crash
+    # slow from step 2 and a crash at step 12 on the same rank: a straggler finding, then the
+    # crash. Ten slow steps: by default the all-reduce wait per step comes from DDP's own C++
+    # timers, which report a step or two late, and the straggler rule judges medians of steps.
     Job(
         "crash",
         (
             "--steps",
-            "12",
+            "16",
             "--inject",
             "slow:rank=1,step=2,seconds=0.2",
             "--inject",
-            "crash:rank=1,step=8",
+            "crash:rank=1,step=12",
         ),
     ),
     Job("exit", (*REFERENCE, "--inject", "exit:rank=1,step=4")),

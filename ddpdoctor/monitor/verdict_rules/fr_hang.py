@@ -25,6 +25,10 @@ from ddpdoctor.monitor.verdict_rules.hang import FIX
 from ddpdoctor.protocol.flight_recorder import FrEntry, FrRank
 from ddpdoctor.rank_ranges import named_ranks
 
+# Events and dumps carry the same rank's clock; a little slack for an event written in the same
+# instant as the dump.
+STALE_SLACK_S = 0.05
+
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
     th = snap.thresholds
@@ -50,7 +54,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         behind = []
         for d in dumps:
             group = d.group(pg)
-            if group is None or group.last_enqueued >= k:
+            if group is None or group.last_enqueued >= k or not current(d, snap):
                 continue
             view = snap.rank(d.rank)
             if view is not None and busy(view, snap):
@@ -63,6 +67,21 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         if best is None or (outcome.onset_t or 0.0) < (best.onset_t or 0.0):
             best = outcome
     return best
+
+
+def current(dump: FrRank, snap: Snapshot) -> bool:
+    """The dump still says where a rank behind is: it has trained no further since. A dump taken
+    while rank 0 evaluated says nothing once rank 0 has trained on: judging by it would name a
+    healthy rank the culprit. One step more is allowed: a rank that ends (ddpdoctor's stop
+    included) records the step it was in. Without the step in the answer, the time of the rank's
+    latest progress decides."""
+    view = snap.rank(dump.rank)
+    if view is None:
+        return False
+    if dump.step is not None and view.step is not None:
+        return view.step <= dump.step + 1
+    last = view.last_progress_t
+    return last is None or last <= dump.taken_t + STALE_SLACK_S
 
 
 def busy(view: RankView, snap: Snapshot) -> bool:

@@ -62,6 +62,26 @@ def test_no_dumps_or_one_side_only_is_no_verdict():
     assert fr_hang.detect(hung(dumps=(WAITER, both_pending))) is None  # a transport stall
 
 
+def test_a_culprit_that_trained_on_after_its_dump_is_no_culprit():
+    """rank 1 evaluated while rank 0 waited, then trained on: its old dump says nothing now."""
+    dumps = (WAITER, replace(CULPRIT, step=2))
+    later = hung(dumps=dumps)
+    moved_on = replace(later, ranks=(later.ranks[0], replace(later.ranks[1], step=7)))
+    assert fr_hang.detect(moved_on) is None
+    # the step a rank records as it ends (ddpdoctor's stop included) is not training on
+    ending = replace(later, ranks=(later.ranks[0], replace(later.ranks[1], step=3)))
+    assert fr_hang.detect(ending).culprits == {1}
+    # without the step in the answer, progress after the dump decides
+    progressed = replace(later.ranks[1], last_progress_t=CULPRIT.taken_t + 1.0)
+    assert fr_hang.detect(hung(dumps=(WAITER, CULPRIT))) is not None
+    assert (
+        fr_hang.detect(
+            replace(later, ranks=(later.ranks[0], progressed), flight_recorder=(WAITER, CULPRIT))
+        )
+        is None
+    )
+
+
 def test_a_failed_dump_is_left_out():
     failed = replace(CULPRIT, groups=(), entries=(), error="no flight recorder")
     assert fr_hang.detect(hung(dumps=(WAITER, failed))) is None

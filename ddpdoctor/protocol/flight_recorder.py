@@ -49,6 +49,11 @@ _DTYPES = {
 }
 
 
+def dtype_name(recorded: str) -> str:
+    """torch's name for a dtype the recorder wrote in C++ spelling ("Float" -> "float32")."""
+    return _DTYPES.get(recorded, recorded.lower())
+
+
 @dataclass(frozen=True)
 class FrEntry:
     """One collective as the backend recorded it."""
@@ -72,8 +77,7 @@ class FrEntry:
         """ "float32[4740]" or "float32[8, 4] x2" """
         if not self.input_sizes:
             return "no tensors"
-        first = self.input_dtypes[0] if self.input_dtypes else "?"
-        dtype = _DTYPES.get(first, first.lower())
+        dtype = dtype_name(self.input_dtypes[0]) if self.input_dtypes else "?"
         shape = ", ".join(str(d) for d in self.input_sizes[0])
         more = f" x{len(self.input_sizes)}" if len(self.input_sizes) > 1 else ""
         return f"{dtype}[{shape}]{more}"

@@ -11,14 +11,25 @@ those a hang past the threshold). A wait for busy ranks is a finding `wait.busy_
 short, a warning past the warning threshold, an error as it nears the process group's own
 timeout, when torch fails the waiting ranks (thresholds.py). It never sets a verdict, and the
 launcher never stops a job for it: the process group's timeout ends a wait that lasts too long.
+
+The waits come from the events (a rank's open collective), and from the flight recorder's dumps
+for ranks whose events show none: by default DDP's gradient all-reduce has no event (fr_wait).
 """
 
 from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, Thresholds, WaitView
+from ddpdoctor.monitor.snapshot import (
+    CollectiveView,
+    RankState,
+    RankView,
+    Snapshot,
+    Thresholds,
+    WaitView,
+)
 from ddpdoctor.monitor.state import waiting_collective
 from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.verdict_rules.fr_wait import fr_waits
 from ddpdoctor.monitor.verdict_rules.hang import members_of, progressing
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -48,15 +59,20 @@ def severity_of(waiting_s: float, th: Thresholds) -> Severity:
     return Severity.INFO
 
 
-def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView]]]:
-    """(waiters, members behind them) per collective (group and sequence number) that ranks
-    wait in past the waiting threshold, longest wait first."""
+def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView], CollectiveView]]:
+    """(waiters, members behind them, the collective as the longest waiter sees it) per
+    collective (group and sequence number) that ranks wait in past the waiting threshold,
+    longest wait first: from the events, and from the flight recorder for ranks whose events
+    show none (DDP's own gradient all-reduce: fr_wait)."""
     th = snap.thresholds
     if th is None:
         return []
     groups: dict[tuple[str, int], list[RankView]] = {}
+    in_events: set[int] = set()
     for view in snap.ranks:
         coll = waiting_collective(view)
+        if coll is not None and not view.state.finished:
+            in_events.add(view.rank)
         if view.state is not RankState.WAITING or coll is None:
             continue
         if view.heartbeat_age_s is not None and view.heartbeat_age_s > th.heartbeat_stale_s:
@@ -64,7 +80,8 @@ def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView]]]
         groups.setdefault((coll.group, coll.seq), []).append(view)
     out = []
     for (group, seq), waiters in groups.items():
-        coll = waiters[0].collective
+        longest = max(waiters, key=lambda w: w.collective.waiting_s if w.collective else 0.0)
+        coll = longest.collective
         assert coll is not None
         behind = [
             v
@@ -72,8 +89,10 @@ def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView]]]
             if v is not None and v.seq_in(group) < seq
         ]
         if behind:
-            out.append((waiters, behind))
-    out.sort(key=lambda pair: -max(w.collective.waiting_s for w in pair[0] if w.collective))
+            out.append((waiters, behind, coll))
+    for found in fr_waits(snap, skip=frozenset(in_events)):
+        out.append((list(found.waiters), list(found.behind), found.collective))
+    out.sort(key=lambda triple: -triple[2].waiting_s)
     return out[:MAX_WAITS]
 
 
@@ -83,10 +102,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         return None
     waits: list[WaitView] = []
     findings: list[Finding] = []
-    for waiters, behind in current_waits(snap):
-        longest = max(waiters, key=lambda w: w.collective.waiting_s if w.collective else 0.0)
-        coll = longest.collective
-        assert coll is not None
+    for waiters, behind, coll in current_waits(snap):
         busy = all(progressing(v) for v in behind)
         activity = next((v.activity for v in behind if v.activity is not None), None)
         timeout_in = None

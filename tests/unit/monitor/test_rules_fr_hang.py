@@ -9,7 +9,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor import fr_evidence
 from ddpdoctor.monitor.diagnose import diagnose
 from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import fr_hang, fr_mismatch
+from ddpdoctor.monitor.verdict_rules import fr_hang, fr_mismatch, wait
 from tests.unit.monitor.test_monitor_builders import snap, view
 from tests.unit.protocol.test_flight_recorder import load
 
@@ -145,3 +145,34 @@ def test_the_recorders_differing_calls_are_a_mismatch_verdict():
 
 def test_matching_records_are_no_mismatch():
     assert fr_mismatch.detect(hung()) is None  # one rank behind is a hang, not a mismatch
+
+
+def test_a_busy_rank_behind_in_the_recorder_is_a_wait_with_its_collective():
+    """rank 1 evaluates while rank 0 waits in DDP's all-reduce: no events show the wait, the
+    dumps do: a wait line, no hang."""
+    from ddpdoctor.monitor.snapshot import Activity
+    from ddpdoctor.protocol.verdicts import ActivityState
+
+    busy = Activity(ActivityState.BUSY, 99.0, "train.py:88 evaluate", 5.0)
+    s = hung()
+    s = replace(s, ranks=(s.ranks[0], replace(s.ranks[1], activity=busy)))
+    assert fr_hang.detect(s) is None
+    (w,) = wait.detect(s).waits
+    assert w.waiters == (0,) and w.on == (1,) and w.busy
+    assert w.collective.describe() == "all_reduce #8 of [2372] float32"
+    assert w.summary.startswith("rank 0 waits 5.5 s for rank 1, busy in train.py:88 evaluate")
+    diagnosis = diagnose(s)
+    assert diagnosis.verdict is not Verdict.HANG and diagnosis.waits == (w,)
+
+
+def test_a_recorder_wait_ends_when_the_waiter_trains_on():
+    s = hung(dumps=(replace(WAITER, step=10), CULPRIT))
+    out = wait.detect(s)  # the rank behind is not busy: listed, but no wait finding (a hang)
+    assert [w.waiters for w in out.waits] == [(0,)] and not out.findings
+    moved = replace(s, ranks=(replace(s.ranks[0], step=11), s.ranks[1]))
+    assert wait.detect(moved) is None
+
+
+def test_a_recorder_wait_shorter_than_the_waiting_threshold_is_not_listed():
+    s = hung()
+    assert wait.detect(replace(s, taken_t=WAITER.pending("0").created_t + 0.1)) is None

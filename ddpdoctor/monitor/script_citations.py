@@ -8,7 +8,7 @@ set on the Evidence) and a short clause on its summary. Citing changes no verdic
 culprit, and a finding is cited once (its evidence already holds the citation: nothing added).
 
 A hang or mismatch cites the rank-guard rule only where a rank is at the flagged line (its
-heartbeat's innermost user frame, a py-spy stack, the line of its error): a rank in a collective
+heartbeat's innermost user frame, a py-spy stack): a rank in a collective
 at `train.py:42` when the checkup flagged `train.py:42 dist.barrier()`. A hang with no rank at
 any known line of a checked file (no heartbeat frames, no stacks) cites the script's one
 rank-guard finding as what "may explain" it; with ranks seen elsewhere in a checked file it cites
@@ -103,10 +103,11 @@ def _at_the_line(
 
 
 def _cites_for(finding: Finding, snap: Snapshot) -> Cites | None:
-    """The table's entry for a finding; a crash takes the entry of what its ranks logged."""
+    """The table's entry for a finding; a crash (or a rank that died) takes the entries of what
+    its ranks logged, as the log explainers recognised it."""
     if finding.id in TABLE:
         return TABLE[finding.id]
-    if finding.id != "crash":
+    if finding.id not in ("crash", "died"):
         return None
     rules: list[str] = []
     for rank in finding.ranks:
@@ -145,13 +146,11 @@ def _describe(note: CheckupNote) -> str:
 
 def rank_places(snap: Snapshot) -> set[tuple[str, int]]:
     """(file name, line) of every place a rank is known to be: its heartbeat's innermost user
-    frame and innermost frame, its error's line, and the frames of the captured stacks."""
+    frame and innermost frame, and the frames of the captured stacks."""
     places: set[tuple[str, int]] = set()
     for view in snap.ranks:
         if view.activity is not None:
             places.update(_parse(view.activity.where), _parse(view.activity.frame))
-        if view.error_at is not None:
-            places.add((_name(view.error_at[0]), view.error_at[1]))
     for group in snap.stacks:
         for frame in (*group.frames, *group.full_frames):
             places.update(_parse(frame))

@@ -3,8 +3,9 @@
 `ddpdoctor run -- train.py` checks the script's source in its preflight and writes the report to
 RUN_DIR/doctor.json (nodes/node-<N>/doctor.json for each node of a job that spans nodes). Its
 script results (group "script") carry every finding in the Finding shape of DESIGN.md: a warning's
-or error's in `facts.finding`, the info notes in `facts.findings` (a clean script's pass) or
-`facts.notes` (a script with problems). The monitor keeps them as CheckupNotes so that a diagnosis
+or error's in `facts.finding` (a rank-guard finding with `facts.block`, its guarded body's lines),
+the info notes in `facts.findings` (a clean script's pass) or `facts.notes` (a script with
+problems). The monitor keeps them as CheckupNotes so that a diagnosis
 can cite the line that explains a symptom; the rules never read files themselves.
 
 A report is written whole (atomically) and never rewritten, so each file is read once.
@@ -39,8 +40,9 @@ def notes_of(report: Any) -> list[CheckupNote]:
         facts = result.get("facts")
         if not isinstance(facts, Mapping):
             continue
-        found = [facts.get("finding"), *_list(facts.get("findings")), *_list(facts.get("notes"))]
-        notes.extend(note for note in map(_note, found) if note is not None)
+        found = [_note(facts.get("finding"), facts.get("block"))]
+        found += [_note(f) for f in (*_list(facts.get("findings")), *_list(facts.get("notes")))]
+        notes.extend(note for note in found if note is not None)
     return notes
 
 
@@ -48,8 +50,9 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _note(finding: Any) -> CheckupNote | None:
-    """A Finding-shaped dict ({"id", "summary", "evidence": [{file, line, text}]}) as a note."""
+def _note(finding: Any, block: Any = None) -> CheckupNote | None:
+    """A Finding-shaped dict ({"id", "summary", "evidence": [{file, line, text}]}) as a note;
+    `block`: the result's facts.block, [first, last] line of the rank guard's body."""
     if not isinstance(finding, Mapping):
         return None
     evidence = _list(finding.get("evidence"))
@@ -65,7 +68,16 @@ def _note(finding: Any) -> CheckupNote | None:
         line=line,
         summary=str(finding.get("summary") or ""),
         text=str(first.get("text") or ""),
+        block=_span(block),
     )
+
+
+def _span(value: Any) -> tuple[int, int] | None:
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return (value[0], value[1]) if 0 < value[0] <= value[1] else None
 
 
 class CheckupReader:

@@ -8,11 +8,12 @@ set on the Evidence) and a short clause on its summary. Citing changes no verdic
 culprit, and a finding is cited once (its evidence already holds the citation: nothing added).
 
 A hang or mismatch cites the rank-guard rule only where a rank is at the flagged line (its
-heartbeat's innermost user frame, a py-spy stack): a rank in a collective
-at `train.py:42` when the checkup flagged `train.py:42 dist.barrier()`. A hang with no rank at
-any known line of a checked file (no heartbeat frames, no stacks) cites the script's one
-rank-guard finding as what "may explain" it; with ranks seen elsewhere in a checked file it cites
-nothing (doubt means silence).
+heartbeat's innermost user frame, a py-spy stack): a rank in a collective at `train.py:42` when
+the checkup flagged `train.py:42 dist.barrier()`, or anywhere in the `if rank == 0:` body that
+holds the flagged call (a DDP forward flagged at one line, its backward's all-reduce waiting at
+the next). A hang with no rank at any known line of a checked file (no heartbeat frames, no
+stacks) cites the script's one rank-guard finding as what "may explain" it; with ranks seen
+elsewhere in a checked file it cites nothing (doubt means silence).
 """
 
 from __future__ import annotations
@@ -93,13 +94,18 @@ def _at_the_line(
 ) -> tuple[list[CheckupNote], bool]:
     """(the notes to cite, whether as "may explain"): those at a line where a rank is; else the
     script's one note of the rule when no rank was seen anywhere in a checked file."""
-    at_line = [n for n in notes if (_name(n.path), n.line) in places]
+    at_line = [n for n in notes if any(n.covers(line) for line in _lines_in(n.path, places))]
     if at_line or not cites.may_explain or len(notes) != 1:
         return at_line, False
     checked = {_name(n.path) for n in snap.checkup}
     if any(name in checked for name, _ in places):
         return [], False  # ranks were seen in the checked files, none at the flagged line
     return notes, True
+
+
+def _lines_in(path: str, places: set[tuple[str, int]]) -> list[int]:
+    name = _name(path)
+    return [line for file, line in places if file == name]
 
 
 def _cites_for(finding: Finding, snap: Snapshot) -> Cites | None:

@@ -330,10 +330,17 @@ class CheckupNote:
     line: int
     summary: str  # what the source shows and why it bites
     text: str = ""  # the source line, stripped
+    block: tuple[int, int] | None = None  # rank-guard findings: the `if rank == 0:` body's lines
 
     @property
     def location(self) -> str:
         return f"{self.path}:{self.line}"
+
+    def covers(self, line: int) -> bool:
+        """A rank at `line` of this file is at the flagged line, or in the guarded body."""
+        if self.block is not None and self.block[0] <= line <= self.block[1]:
+            return True
+        return line == self.line
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ A collective or `dist.barrier()` under the rank guard is a checkup *error*, whic
 before the job can show it; a DDP forward there is a *warning* (the launch goes on), and it fails
 the same way: rank 0's gradient all-reduce is a collective rank 1 never joins (rank 1 calls the
 barrier after it instead). The preflight warns at job.py:LINE; the job then hangs (a mismatch, as
-torch's flight recorder sees the barrier meet the all-reduce at one sequence number), ddpdoctor
-stops it, and the final diagnosis.json cites job.py:LINE on the finding that states it.
+torch's flight recorder sees the barrier meet the all-reduce at one sequence number) with rank 0
+at the next line, in its backward, inside the guarded body; ddpdoctor stops it, and the final
+diagnosis.json cites job.py:LINE on the finding that states it.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ for step in range(4):
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
 if rank == 0:
-    model(torch.randn(4, 8)).sum().backward()  # one more batch, on rank 0 alone
+    loss = model(torch.randn(4, 8)).sum()  # one more batch, on rank 0 alone
+    loss.backward()
 dist.barrier()
 dist.destroy_process_group()
 """
-LINE = 15  # the DDP forward under the guard
+LINE = 15  # the DDP forward under the guard; rank 0 then waits at line 16, in its backward
 
 
 def test_the_final_diagnosis_cites_the_line_the_preflight_flagged(tmp_path: Path) -> None:

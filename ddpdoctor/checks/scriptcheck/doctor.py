@@ -45,6 +45,8 @@ def _result(finding: ScriptFinding, notes: Sequence[ScriptFinding] = ()) -> Chec
         "path": finding.path,
         "line": finding.line,
     }
+    if finding.block is not None:
+        facts["block"] = list(finding.block)  # the `if rank == 0:` body around it
     if notes:
         facts["notes"] = [n.to_json() for n in notes]
     return CheckResult(

@@ -411,6 +411,7 @@ def test_a_script_with_problems_keeps_its_info_notes_in_the_first_problems_facts
     )
     [result] = script_results([path])
     assert (result.id, result.status.value) == ("script.collective_under_rank_guard", "fail")
+    assert result.facts["block"] == [6, 6]  # the `if` body: a rank stuck in it is the symptom
     [note] = result.facts["notes"]
     assert note["id"] == "script.master_port_hardcoded" and note["severity"] == "info"
     assert note["evidence"] == [

@@ -107,6 +107,18 @@ def test_a_hang_elsewhere_in_the_checked_script_cites_nothing():
     assert diagnose(replace(s, checkup=(GUARD,))).findings == diagnose(s).findings
 
 
+def test_a_rank_anywhere_in_the_guarded_body_is_at_the_flagged_call():
+    """A DDP forward flagged at line 42, the backward's all-reduce waiting at line 44 of the same
+    `if rank == 0:` body (lines 41-44)."""
+    forward = replace(GUARD, block=(41, 44))
+    inside = headline(hang_snap("train.py:44 main", "train.py:60 main"), notes=(forward,))
+    assert [(e.file, e.line) for e in cited(inside)] == [("train.py", 42)]
+    after = hang_snap("train.py:45 main", "train.py:60 main")
+    assert not cited(headline(after, notes=(forward,)))
+    elsewhere = headline(hang_snap("other.py:44 main", None), notes=(forward,))
+    assert "may explain it" in elsewhere.summary  # line 44 of another file is not in the body
+
+
 def test_the_line_is_found_in_a_captured_stack_too():
     stack = StackGroup(
         ranks=(0,),
@@ -249,6 +261,7 @@ def test_every_finding_of_a_real_checkup_report_is_read_with_its_line(tmp_path):
         ("script.master_port_hardcoded", 3, 'os.environ["MASTER_PORT"] = "12355"'),
     ]
     assert all(n.path == str(job) for n in notes)
+    assert notes[0].block == (7, 7) and notes[1].block is None
     assert "hangs at this line" in notes[0].summary
 
 

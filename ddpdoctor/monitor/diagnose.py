@@ -4,7 +4,8 @@ Which problem came first decides the verdict: a collective mismatch explains the
 on gloo; a hang that was established before any rank failed stays a hang (the failures that
 follow are the job being stopped); otherwise the first failure is a crash. Everything else
 (uneven inputs, sampler misuse, stragglers, runtime warnings, the log explainers' findings) is
-reported alongside.
+reported alongside. The flight recorder's evidence and the script checkup's citations are added
+to the findings they support, last (ddpdoctor.monitor.fr_evidence, .script_citations).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from ddpdoctor.findings import Finding, sort_findings
 from ddpdoctor.monitor.fr_evidence import annotate as with_flight_recorder
+from ddpdoctor.monitor.script_citations import annotate as with_script_checkup
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict, WaitView
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.verdict_rules import crash as crash_rule
@@ -135,6 +137,7 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
             findings.append(finding)
     wait_views = waits.waits if waits is not None else ()
     findings = list(with_flight_recorder(findings, snap))
+    findings = list(with_script_checkup(findings, snap))  # the preflight's line, where it explains
     if primary is None or primary.verdict is None:
         return Diagnosis(verdict=verdict, findings=tuple(findings), waits=wait_views)
     return Diagnosis(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.host_probes import (
@@ -37,7 +38,7 @@ from ddpdoctor.monitor.host_probes import (
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
-from ddpdoctor.monitor.snapshot import RankView, Snapshot, Verdict
+from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.protocol.events import parse_event_line
@@ -101,6 +102,7 @@ class Monitor:
         # wrote a thing is then over, not starting.
         self.job_ended = False
         self._nodes_read_t: float | None = None
+        self._checkup_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
             timeout_s=stack_timeout_s,
@@ -111,6 +113,8 @@ class Monitor:
         self.logs = LogFindings(self.run) if explain_logs else None
         # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
         self.flight_recorder = FrCollector(self.run, clock=clock)
+        # the preflight's script checkup findings (doctor.json), which diagnoses cite
+        self.checkup = CheckupReader(self.run)
         self.local_host = this_host()
         self._lock = threading.RLock()
         self._run_json_mtime = self._mtime(self.run.run_json)
@@ -196,6 +200,7 @@ class Monitor:
         self.polls += 1
         self._reload_run_json()
         self._read_nodes(now)
+        checkup = self._read_checkup(now, final)
         # Liveness before reading: an exit event written before a process died is read in the
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
@@ -229,6 +234,7 @@ class Monitor:
             stack_status=self.stacks.status,
             flight_recorder=self.flight_recorder.collect(now),
             fr_status=self.flight_recorder.status(),
+            checkup=checkup,
         )
         extra = list(self.stacks.findings)
         if self.logs is not None:
@@ -483,6 +489,15 @@ class Monitor:
             self.nodes = records
             self.state.set_nodes(records)
             self.state.info = with_nodes(self.state.info, records)
+
+    def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
+        """The script checkup's findings: each doctor.json is read once as it appears (a watcher
+        may attach before the preflight wrote it); looked for at most once a second."""
+        last = self._checkup_read_t
+        if final or last is None or not 0 <= now - last < NODES_EVERY_S:
+            self._checkup_read_t = now
+            return self.checkup.refresh()
+        return self.checkup.notes
 
     def _launcher_ended(self, node: int) -> bool:
         record = self.nodes.get(node)

@@ -321,6 +321,29 @@ class WaitView:
 
 
 @dataclass(frozen=True)
+class CheckupNote:
+    """One finding of the preflight's script checkup (doctor.json, ddpdoctor.monitor.checkup), as
+    a diagnosis cites it when the run shows its symptom (ddpdoctor.monitor.script_citations)."""
+
+    rule: str  # "script.collective_under_rank_guard"
+    path: str  # the file as the checkup was given it (or found it, for a local module)
+    line: int
+    summary: str  # what the source shows and why it bites
+    text: str = ""  # the source line, stripped
+    block: tuple[int, int] | None = None  # rank-guard findings: the `if rank == 0:` body's lines
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def covers(self, line: int) -> bool:
+        """A rank at `line` of this file is at the flagged line, or in the guarded body."""
+        if self.block is not None and self.block[0] <= line <= self.block[1]:
+            return True
+        return line == self.line
+
+
+@dataclass(frozen=True)
 class Snapshot:
     run: RunInfo
     taken_t: float  # unix time the snapshot describes
@@ -349,6 +372,8 @@ class Snapshot:
     # as it answered the monitor's last request (ddpdoctor.protocol.flight_recorder), by rank.
     flight_recorder: tuple[FrRank, ...] = ()
     fr_status: str | None = None  # "asked 12:01:03", "2/2 ranks answered 12:01:04", ...
+    # The preflight's script checkup findings (read from doctor.json once), which diagnoses cite.
+    checkup: tuple[CheckupNote, ...] = ()
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)

@@ -1,10 +1,14 @@
 """The checkup as doctor results: group "script", one result per warning or error finding, one per
 script that passed (its info notes in the details), so text, JSON and JUnit show it like any check.
+A script with problems keeps its info notes too, in its first problem's `facts.notes`: a run's
+diagnosis cites them (a fixed MASTER_PORT when the port turns out taken), so doctor.json holds
+every finding of the checkup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ddpdoctor.checks.model import CheckResult, Status
 from ddpdoctor.checks.scriptcheck.check import check_scripts
@@ -23,7 +27,7 @@ def script_results(paths: Iterable[str]) -> list[CheckResult]:
         mine = [f for f in findings if f.path == path or _imported_by(f, path, paths)]
         problems = [f for f in mine if f.severity is not Severity.INFO]
         notes = [f for f in mine if f.severity is Severity.INFO]
-        results.extend(_result(f) for f in problems)
+        results.extend(_result(f, notes if i == 0 else ()) for i, f in enumerate(problems))
         if not problems:
             results.append(_passed(path, notes))
     return results
@@ -34,7 +38,17 @@ def _imported_by(finding: ScriptFinding, path: str, paths: list[str]) -> bool:
     return finding.path not in paths and path == paths[0]
 
 
-def _result(finding: ScriptFinding) -> CheckResult:
+def _result(finding: ScriptFinding, notes: Sequence[ScriptFinding] = ()) -> CheckResult:
+    facts: dict[str, Any] = {
+        "finding": finding.to_json(),
+        "rule": finding.rule,
+        "path": finding.path,
+        "line": finding.line,
+    }
+    if finding.block is not None:
+        facts["block"] = list(finding.block)  # the `if rank == 0:` body around it
+    if notes:
+        facts["notes"] = [n.to_json() for n in notes]
     return CheckResult(
         id=finding.rule,
         group=GROUP,
@@ -43,12 +57,7 @@ def _result(finding: ScriptFinding) -> CheckResult:
         summary=f"{finding.summary} [{finding.rule}]",
         details=(f"line {finding.line}: {finding.text}", f"why: {finding.why}"),
         fix=finding.fix,
-        facts={
-            "finding": finding.to_json(),
-            "rule": finding.rule,
-            "path": finding.path,
-            "line": finding.line,
-        },
+        facts=facts,
     )
 
 

@@ -20,6 +20,9 @@ class ScriptFinding:
     why: str  # what happens at run time because of it
     fix: str
     text: str = ""  # the source line, stripped
+    # The lines of the `if rank == 0:` body that holds it (rank-guard findings): a rank stuck
+    # anywhere in that body (a DDP forward flagged, its backward hanging) is its symptom.
+    block: tuple[int, int] | None = None
 
     @property
     def location(self) -> str:

@@ -45,6 +45,7 @@ def finding(
     *,
     why: str,
     fix: str,
+    block: tuple[int, int] | None = None,
 ) -> ScriptFinding:
     line = getattr(node, "lineno", 1)
     return ScriptFinding(
@@ -56,6 +57,7 @@ def finding(
         why=why,
         fix=fix,
         text=module.source.line_text(line),
+        block=block,
     )
 
 

@@ -49,6 +49,12 @@ def _ddp_keys(module: ModuleIndex, call: ast.Call) -> set[str]:
     return keys
 
 
+def body_lines(guard: ast.If) -> tuple[int, int]:
+    """First and last line of the guard's body (not its else)."""
+    last = guard.body[-1]
+    return guard.body[0].lineno, getattr(last, "end_lineno", None) or last.lineno
+
+
 @rule(
     RANK_GUARD,
     Severity.ERROR,
@@ -71,6 +77,7 @@ def collective_under_rank_guard(project: Project) -> Iterator[ScriptFinding]:
                 why="a collective needs every rank; the others never reach it, so the job hangs "
                 "at this line until the NCCL/gloo timeout",
                 fix=_FIX,
+                block=body_lines(guard),
             )
             continue
         key = target_key(call.func)
@@ -88,4 +95,5 @@ def collective_under_rank_guard(project: Project) -> Iterator[ScriptFinding]:
                 "every rank; with rank 0 alone the job hangs here",
                 fix="evaluate on every rank, or use the unwrapped model (ddp_model.module) under "
                 "the guard",
+                block=body_lines(guard),
             )

@@ -393,6 +393,32 @@ def test_doctor_results_one_per_problem_and_a_pass_per_clean_script() -> None:
     assert "2 notes" in results[2].summary
 
 
+def test_a_script_with_problems_keeps_its_info_notes_in_the_first_problems_facts(
+    tmp_path: Path,
+) -> None:
+    """doctor.json holds every finding, so a run's diagnosis can cite a note (a fixed port)."""
+    path = write(
+        tmp_path,
+        """\
+        import os
+        import torch.distributed as dist
+        os.environ["MASTER_PORT"] = "12355"
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+        """,
+    )
+    [result] = script_results([path])
+    assert (result.id, result.status.value) == ("script.collective_under_rank_guard", "fail")
+    assert result.facts["block"] == [6, 6]  # the `if` body: a rank stuck in it is the symptom
+    [note] = result.facts["notes"]
+    assert note["id"] == "script.master_port_hardcoded" and note["severity"] == "info"
+    assert note["evidence"] == [
+        {"file": path, "line": 3, "text": 'os.environ["MASTER_PORT"] = "12355"'}
+    ]
+
+
 def test_every_rule_is_in_the_readme_table() -> None:
     readme = (CORPUS.parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme.split("<!-- section:doctor-script -->")[1].split(

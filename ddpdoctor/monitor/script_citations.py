@@ -145,9 +145,10 @@ def cite(finding: Finding, notes: Sequence[CheckupNote], *, maybe: bool = False)
 
 
 def _describe(note: CheckupNote) -> str:
-    """ "job.py:15 `dist.barrier()` — barrier() runs only under ... [script.collective_...]" """
-    code = f" `{note.text}`" if note.text else ""
-    return f"{note.location}{code} — {note.summary} [{note.rule}]"
+    """ "`dist.barrier()` — barrier() runs only under ... [script.collective_...]": the file and
+    line are the Evidence's own (the text view prints them in front, JSON has them as fields)."""
+    code = f"`{note.text}` — " if note.text else ""
+    return f"{code}{note.summary} [{note.rule}]"
 
 
 def rank_places(snap: Snapshot) -> set[tuple[str, int]]:

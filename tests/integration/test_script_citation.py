@@ -92,9 +92,7 @@ def test_the_final_diagnosis_cites_the_line_the_preflight_flagged(tmp_path: Path
     )
     [cited] = [e for e in headline["evidence"] if e["file"] == "job.py"]
     assert cited["line"] == LINE
-    assert cited["text"].startswith(
-        f"the script checkup flagged this before the launch: job.py:{LINE}"
-    )
+    assert cited["text"].startswith("the script checkup flagged this before the launch: `")
     assert "[script.collective_under_rank_guard]" in cited["text"]
     assert "one more batch" in cited["text"]  # the source line itself
     assert elapsed < RUN_TIMEOUT_S

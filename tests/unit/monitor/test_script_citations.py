@@ -95,7 +95,7 @@ def test_a_hang_at_the_flagged_line_cites_the_checkup_finding_with_file_and_line
     [evidence] = cited(finding)
     assert (evidence.file, evidence.line) == ("train.py", 42)
     assert evidence.text == (
-        "the script checkup flagged this before the launch: train.py:42 `dist.barrier()` — "
+        "the script checkup flagged this before the launch: `dist.barrier()` — "
         "barrier() runs only under the rank guard of line 40: a collective needs every rank "
         "[script.collective_under_rank_guard]"
     )
@@ -137,7 +137,7 @@ def test_a_hang_with_no_known_place_may_be_explained_by_the_one_rank_guard_findi
     assert finding.summary.endswith("(train.py:42, flagged by the script checkup, may explain it)")
     [evidence] = cited(finding)
     assert evidence.text.startswith(
-        "the script checkup flagged a line before the launch that may explain this: train.py:42"
+        "the script checkup flagged a line before the launch that may explain this: `"
     )
 
 

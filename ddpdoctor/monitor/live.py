@@ -37,6 +37,7 @@ from ddpdoctor.monitor.host_probes import (
 )
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
+from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
@@ -46,8 +47,6 @@ from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
-# Findings that say how the ranks ended: after the user stopped the run, that was the stop.
-STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal"})
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
 NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
@@ -258,86 +257,13 @@ class Monitor:
         return snap
 
     def _ended_verdict(self, snap: Snapshot, live: bool) -> Snapshot:
-        """The verdicts only an ended run gets: NOT_STARTED when no rank ever reported, and
-        INTERRUPTED when the user stopped it before any problem was found."""
+        """The verdicts only an ended run gets (ddpdoctor.monitor.run_end)."""
         interrupted, before = self._interrupted
         if interrupted and not (before is not None and before.is_problem):
-            note = Finding(
-                "run.interrupted",
-                Severity.INFO,
-                "stopped by the user (Ctrl-C or SIGTERM to ddpdoctor run)",
-                "Nothing to fix: rerun to let the job finish.",
-            )
-            kept = tuple(f for f in snap.findings if f.id not in STOP_EFFECTS)
-            return replace(
-                snap,
-                verdict=Verdict.INTERRUPTED,
-                findings=(note, *kept),
-                culprits=frozenset(),
-                detected_after_s=None,
-                finished=True,
-            )
+            return interrupted_snapshot(snap)
         if live or self.state.last_t is not None or snap.verdict is not Verdict.RUNNING:
             return snap
-        # Nodes that never joined are the reason already (finding run.nodes_missing).
-        reason = () if snap.nodes_missing else (self._not_started_reason(),)
-        return replace(
-            snap,
-            verdict=Verdict.NOT_STARTED,
-            findings=(*reason, *snap.findings),
-            finished=True,
-        )
-
-    def _not_started_reason(self) -> Finding:
-        doctor = self._doctor_failures()
-        if doctor:
-            return Finding(
-                "run.not_started",
-                Severity.ERROR,
-                f"the preflight doctor found {doctor}, so the job was not started",
-                "Apply the fixes in doctor.json (ddpdoctor doctor shows them), or rerun with "
-                "--no-doctor to launch anyway.",
-            )
-        if self.tailer.events_dir_error:
-            return Finding(
-                "run.not_started",
-                Severity.ERROR,
-                f"no rank's record can be read: events/: {self.tailer.events_dir_error}",
-                "Make the run directory readable to this user (or watch as its owner).",
-            )
-        return Finding(
-            "run.not_started",
-            Severity.ERROR,
-            "the launch ended and no rank recorded that it started: torchrun ended before "
-            "starting a rank, or the ranks could not write to events/",
-            "See logs/<host>/torchrun.log (ddpdoctor explain RUN_DIR), and check that the run "
-            "directory's events/ folder is writable by the job.",
-        )
-
-    def _doctor_failures(self) -> str | None:
-        """'2 failed checks' from the run's doctor.json(s), when its preflight blocked it."""
-        paths = [self.run.doctor_json, *sorted(self.run.nodes_dir.glob("node-*/doctor.json"))]
-        for path in paths:
-            try:
-                counts = json.loads(path.read_text()).get("counts", {})
-                failed, errors = int(counts.get("fail", 0)), int(counts.get("error", 0))
-            except (OSError, ValueError, AttributeError, TypeError):
-                continue
-            parts = [f"{failed} failed check(s)"] if failed else []
-            parts += [f"{errors} check(s) that could not run"] if errors else []
-            if parts:
-                return " and ".join(parts) + f" ({path.relative_to(self.run.path)})"
-        return None
-
-    def _launcher_gone(self) -> bool:
-        """The launcher named in run.json ran on this host and has exited: a run that has
-        written nothing by then never will."""
-        data = self.run.read_run_json()
-        pid, hosts = data.get("launcher_pid"), data.get("hosts") or []
-        if not isinstance(pid, int) or not hosts or not is_local(str(hosts[0]), self.local_host):
-            return False
-        started = data.get("started_t")
-        return not pid_alive(pid, started if isinstance(started, (int, float)) else None)
+        return not_started_snapshot(snap, self.run, self.tailer.events_dir_error)
 
     def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
         """detected_after_s: problem start -> the poll that first reached the verdict (live), or
@@ -466,7 +392,7 @@ class Monitor:
             # launcher of a job over several nodes has recorded its end).
             over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
             if not self.nodes and not self.job_ended:
-                over = self._launcher_gone()
+                over = launcher_gone(self.run, self.local_host)
             return not (self.job_ended or over)
         return now - last < LIVE_WINDOW_S
 

@@ -68,7 +68,9 @@ class StepTracker:
         mono_clock: Callable[[], float],
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._record = record
+        # where a closed step goes: the runtime's record() until the rank's writer exists, then
+        # the writer's enqueue itself (core.Runtime sets it)
+        self.sink: Callable[[Record], None] = record
         self._mono = mono_clock
         self._wall = wall_clock
         self._lock = threading.RLock()
@@ -102,7 +104,7 @@ class StepTracker:
                 step.data_s += t1 - t0
                 self._fetch_epoch = epoch
         if closed is not None:
-            self._record(closed)
+            self.sink(closed)
 
     def on_forward(self, t: float, training: bool, synced: bool, batch_size: int | None) -> None:
         """A DDP forward: training (train mode, grad enabled), synced (not under no_sync)."""
@@ -126,7 +128,7 @@ class StepTracker:
                 if self._fetch_epoch is not None:
                     self.epoch = self._fetch_epoch
         if closed is not None:
-            self._record(closed)
+            self.sink(closed)
 
     def on_comm_wait(self, seconds: float) -> None:
         """Time the training thread spent blocked in a collective."""
@@ -165,7 +167,7 @@ class StepTracker:
             if step is not None and step.synced:
                 closed = self._close(step, self._mono())
         if closed is not None:
-            self._record(closed)
+            self.sink(closed)
 
     def _close(self, step: OpenStep, t: float) -> Record:
         self._open = None

@@ -58,6 +58,11 @@ if importlib.util.find_spec("ddpdoctor") is None:  # not installed: run from the
 
 
 SETTLE_STEPS = 5
+# After a switch of the runtime on (or off), train untimed for at least this long: a new heartbeat
+# thread beats at once and writes the first events ~20 ms after they are queued (heartbeat.py),
+# costs a real run pays once at its start, but each round here, which in 5 steps of a fraction of
+# a millisecond landed in the timed block (~100-200 µs in a 20 ms block: +5-10 µs a step).
+SETTLE_S = 0.15
 
 
 @dataclass
@@ -146,6 +151,15 @@ def train(variant: Variant, data: Iterator[Any], steps: int, record: bool = True
         variant.cpu.append((time.process_time() - cpu0) / steps * 1e6)
         variant.thread_cpu.append((time.thread_time() - thread0) / steps * 1e6)
         variant.steps += steps
+
+
+def settle(variant: Variant, data: Iterator[Any]) -> int:
+    """Untimed steps after a switch: SETTLE_STEPS, and on for SETTLE_S; returns how many."""
+    steps, end = 0, time.perf_counter() + SETTLE_S
+    while steps < SETTLE_STEPS or time.perf_counter() < end:
+        train(variant, data, SETTLE_STEPS, record=False)
+        steps += SETTLE_STEPS
+    return steps
 
 
 class Session:
@@ -330,18 +344,21 @@ def main(argv: list[str] | None = None) -> int:
             "variant, "
             f"hidden {args.hidden}, batch {args.batch_size}{extras}, torch {torch.__version__}"
         )
+        settled = 0
         for r in range(args.rounds):
             shift = r % len(variants)
             for v in variants[shift:] + variants[:shift]:
                 if session.enter(v):
                     # not timed: what a switch costs (the new heartbeat thread's first beat, the
                     # hello events), which a real run pays once
-                    train(v, data, SETTLE_STEPS, record=False)
+                    steps = settle(v, data)
+                    if v is variants[-1]:  # the variant whose events are counted below
+                        settled += steps
                 train(v, data, args.block)
         session.leave()
         report(variants, args.step_ms)
         full = variants[-1]
-        untimed = 30 + SETTLE_STEPS * args.rounds  # warm-up and settling steps write events too
+        untimed = 30 + settled  # warm-up and settling steps write events too
         per_step = events_per_step(session.run_dir_of(full), full.steps + untimed)
         print(f"events per step of the full runtime: {per_step}")
         if args.profile:

@@ -1,136 +1,32 @@
 """Every injection of the reference job and every sample job, run for real (torchrun, 2 gloo ranks,
 `ddpdoctor run --no-tui`), gets the right verdict and culprit; the healthy and slow jobs (two
-healthy scripts and the slow-rank script) get no false alarm. Thirteen runs in all, four at a time.
+healthy scripts and the slow-rank script) get no false alarm.
 
-All runs start in one module fixture, a few at a time (each spends much of its time waiting), and
-the tests read their diagnosis.json. Runs that are not about the default hang threshold use a small
---hang-after so that they end quickly.
+The runs are the session's shared runs (tests/integration/conftest.py), started a few at a time
+before the first test that reads them; the tests read their diagnosis.json. Runs that are not about
+the default hang threshold use a small --hang-after so that they end quickly.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from ddpdoctor.monitor import diagnose_run_dir
-from tests.procs import REPO, clean_env, ddpdoctor_cmd, kill_group
+from tests.integration.conftest import Result, SharedRuns
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
-PARALLEL = 4
-RUN_TIMEOUT_S = 150
-SAMPLES = REPO / "sample_jobs"
-REFERENCE = ["--steps", "8"]
+
+@pytest.fixture
+def results(shared_runs: SharedRuns) -> SharedRuns:
+    return shared_runs
 
 
-@dataclass(frozen=True)
-class Job:
-    name: str
-    args: tuple[str, ...]
-
-
-JOBS = [
-    Job("hang", (*REFERENCE, "--inject", "hang:rank=1,step=4")),  # default threshold
-    # slow from step 2 and a crash at step 12 on the same rank: a straggler finding, then the
-    # crash. Ten slow steps: by default the all-reduce wait per step comes from DDP's own C++
-    # timers, which report a step or two late, and the straggler rule judges medians of steps.
-    Job(
-        "crash",
-        (
-            "--steps",
-            "16",
-            "--inject",
-            "slow:rank=1,step=2,seconds=0.2",
-            "--inject",
-            "crash:rank=1,step=12",
-        ),
-    ),
-    Job("exit", (*REFERENCE, "--inject", "exit:rank=1,step=4")),
-    Job("mismatch", (*REFERENCE, "--inject", "mismatch:rank=1,step=4", "--hang-after", "3")),
-    Job("shape", (*REFERENCE, "--inject", "shape:rank=1,step=4", "--hang-after", "3")),
-    *[
-        Job(f"sample-{name}", ("--hang-after", "3", "--", str(SAMPLES / f"{name}.py")))
-        for name in (
-            "healthy",
-            "missing_set_epoch",
-            "slow_rank",
-            "exception_on_one_rank",
-            "rank0_only_barrier",
-            "stuck_dataloader",
-            "uneven_data",
-            "allreduce_size_mismatch",
-        )
-    ],
-]
-
-
-@dataclass
-class Result:
-    returncode: int
-    output: str
-    run_dir: Path
-    diagnosis: dict
-
-    def ids(self) -> list[str]:
-        return [f["id"] for f in self.diagnosis["findings"]]
-
-    def finding(self, finding_id: str) -> dict:
-        return next(f for f in self.diagnosis["findings"] if f["id"] == finding_id)
-
-
-def _start(job: Job, base: Path) -> tuple[subprocess.Popen, Path]:
-    run_dir = base / job.name
-    cmd = ddpdoctor_cmd(
-        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--backend", "gloo",
-        "--run-dir", str(run_dir), *job.args,
-    )  # fmt: skip
-    log = open(base / f"{job.name}.out", "w")  # noqa: SIM115 - closed with the process below
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(), cwd=base, start_new_session=True
-    )
-    proc.log = log  # type: ignore[attr-defined]
-    return proc, run_dir
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, Result]:
-    base = tmp_path_factory.mktemp("diagnose-jobs")
-    pending = list(JOBS)
-    running: dict[str, tuple[subprocess.Popen, Path, float]] = {}
-    done: dict[str, Result] = {}
-    try:
-        while pending or running:
-            while pending and len(running) < PARALLEL:
-                job = pending.pop(0)
-                proc, run_dir = _start(job, base)
-                running[job.name] = (proc, run_dir, time.monotonic())
-            for name, (proc, run_dir, started) in list(running.items()):
-                if proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
-                    continue
-                kill_group(proc)
-                proc.log.close()  # type: ignore[attr-defined]
-                del running[name]
-                output = (base / f"{name}.out").read_text(errors="replace")
-                path = run_dir / "diagnosis.json"
-                diagnosis = json.loads(path.read_text()) if path.exists() else {}
-                done[name] = Result(proc.returncode, output, run_dir, diagnosis)
-            time.sleep(0.2)
-    finally:
-        for proc, _, _ in running.values():
-            kill_group(proc)
-    return done
-
-
-def get(results: dict[str, Result], name: str) -> Result:
-    result = results[name]
-    assert result.diagnosis, f"{name}: no diagnosis.json\n{result.output[-3000:]}"
-    return result
+def get(results: SharedRuns, name: str) -> Result:
+    return results.get(name)
 
 
 @pytest.mark.parametrize("name", ["sample-healthy", "sample-missing_set_epoch"])

@@ -45,11 +45,14 @@ def cpu_tutorial(folder: Path) -> Path:
     return folder / "multigpu.py"
 
 
-def ddpdoctor_run(tmp_path: Path, *command: str, env_extra=None, timeout=240) -> tuple:
+def ddpdoctor_run(
+    tmp_path: Path, *command: str, env_extra=None, timeout=240, options: tuple[str, ...] = ()
+) -> tuple:
     run_dir = tmp_path / "run"
     cmd = ddpdoctor_cmd(
-        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", str(run_dir), "--", *command
-    )
+        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", str(run_dir), *options,
+        "--", *command,
+    )  # fmt: skip
     done = run_proc(cmd, timeout=timeout, cwd=tmp_path, env=clean_env(env_extra))
     doc = json.loads(done.stdout) if done.stdout.strip() else None
     return done, doc, run_dir
@@ -75,11 +78,18 @@ def explain(done: Finished) -> str:
 # -- mp.spawn -----------------------------------------------------------------------------------
 
 
-def test_mp_spawn_tutorial_is_healthy_with_exactly_its_two_ranks(tmp_path):
-    script = cpu_tutorial(tmp_path)
-    done, doc, run_dir = ddpdoctor_run(
-        tmp_path, PYTHON, script.name, "2", "1", env_extra={"TEST_PORT": str(free_port())}
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory) -> tuple[Finished, dict | None, Path]:
+    """The tutorial under `ddpdoctor run -- python multigpu.py 2 1`, read by two tests."""
+    work = tmp_path_factory.mktemp("mp-spawn-tutorial")
+    script = cpu_tutorial(work)
+    return ddpdoctor_run(
+        work, PYTHON, script.name, "2", "1", env_extra={"TEST_PORT": str(free_port())}
     )
+
+
+def test_mp_spawn_tutorial_is_healthy_with_exactly_its_two_ranks(tutorial):
+    done, doc, run_dir = tutorial
     assert done.returncode == 0, explain(done)
     assert doc["verdict"] == "healthy"
     assert [r["rank"] for r in doc["ranks"]] == [0, 1]
@@ -97,23 +107,24 @@ def test_mp_spawn_tutorial_is_healthy_with_exactly_its_two_ranks(tmp_path):
     assert_nothing_left(run_dir)
 
 
-def test_watch_counts_the_spawned_ranks_not_the_parent(tmp_path):
-    script = cpu_tutorial(tmp_path)
-    done, _, run_dir = ddpdoctor_run(
-        tmp_path, PYTHON, script.name, "1", "1", env_extra={"TEST_PORT": str(free_port())}
-    )
+def test_watch_counts_the_spawned_ranks_not_the_parent(tutorial, tmp_path):
+    done, _, ran_in = tutorial
     assert done.returncode == 0, explain(done)
+    run_dir = tmp_path / "run"
+    shutil.copytree(ran_in, run_dir)  # a copy: watch must not touch the other test's run
     watched = run_proc(ddpdoctor_cmd("watch", str(run_dir), "--json"), timeout=60)
     doc = json.loads(watched.stdout)
     assert doc["verdict"] == "healthy" and len(doc["ranks"]) == 2
     assert doc["launchers"][0]["ranks"] == [0, 1]
 
 
-def test_mp_spawn_tcp_hang_names_the_rank_stops_the_job_and_leaves_nothing(tmp_path):
-    port = str(free_port())
-    done, doc, run_dir = ddpdoctor_run(
-        tmp_path, PYTHON, str(JOBS / "spawn_tcp_hang.py"), port, "--hang-rank", "1"
-    )
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_mp_spawn_tcp_hang_names_the_rank_stops_the_job_and_leaves_nothing(shared_runs):
+    # conftest's MP_SPAWN_TCP_HANG: `ddpdoctor run --json -- python spawn_tcp_hang.py PORT
+    # --hang-rank 1`, one of the session's shared runs
+    done = shared_runs["mp-spawn-tcp-hang"]
+    doc = json.loads(done.stdout) if done.stdout.strip() else None
+    run_dir = done.run_dir
     assert done.returncode == 1, explain(done)
     assert doc["verdict"] == "hang" and doc["culprits"] == [1], explain(done)
     assert doc["detected_after_s"] <= 20.0  # the default threshold adapts (5 s floor)
@@ -211,6 +222,9 @@ def test_a_hang_under_a_users_torchrun_names_the_rank(tmp_path):
         str(JOBS / "env_hang.py"),
         "--hang-rank",
         "0",
+        "--hang-step",
+        "3",
+        options=("--hang-after", "2"),  # the threshold is not what this test is about
     )
     assert done.returncode == 1, explain(done)
     assert doc["verdict"] == "hang" and doc["culprits"] == [0], explain(done)

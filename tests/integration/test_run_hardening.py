@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -54,7 +55,7 @@ def test_a_closed_stdout_never_stops_the_job(tmp_path):
     os.close(read_end)
     try:
         code = run_with_stdout(
-            ddpdoctor_cmd("run", "--no-tui", "--nproc", "2", "--steps", "30",
+            ddpdoctor_cmd("run", "--no-tui", "--nproc", "2", "--steps", "10",
                           "--run-dir", str(run_dir)),
             write_end,
             timeout=200,
@@ -71,7 +72,7 @@ def test_a_full_disk_on_stdout_never_stops_the_job(tmp_path):
     run_dir = tmp_path / "run"
     with open("/dev/full", "wb") as full:
         code = run_with_stdout(
-            ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--steps", "20",
+            ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--steps", "10",
                           "--run-dir", str(run_dir)),
             full,
             timeout=200,
@@ -217,14 +218,12 @@ def test_watch_ends_on_a_run_that_never_started(tmp_path):
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["verdict"] == "not_started"
 
 
-def test_watch_into_a_closed_pipe_ends_quietly_with_the_verdicts_code(tmp_path):
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_watch_into_a_closed_pipe_ends_quietly_with_the_verdicts_code(tmp_path, shared_runs):
+    launched = shared_runs["reference-healthy"]  # a finished healthy run of the reference job
+    assert launched.returncode == 0, launched.explain()
     run_dir = tmp_path / "run"
-    launched = run(
-        ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--steps", "10",
-                      "--run-dir", str(run_dir)),
-        timeout=200,
-    )  # fmt: skip
-    assert launched.returncode == 0
+    shutil.copytree(launched.run_dir, run_dir)  # a copy: watch must not touch the shared run
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -245,25 +244,11 @@ def test_explain_refuses_a_fifo_and_a_device_instead_of_blocking(tmp_path):
             "(explain reads log files)\n"  # fmt: skip
 
 
-WORLD_OF_THREE = textwrap.dedent(
-    """
-    import torch.distributed as dist
-    dist.init_process_group("gloo", world_size=3)  # 2 ranks launched: waits for a third forever
-    print("never here", flush=True)
-    """
-)
-
-
-def test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped(tmp_path):
-    script = tmp_path / "three.py"
-    script.write_text(WORLD_OF_THREE)
-    run_dir = tmp_path / "run"
-    result = run(
-        ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--run-dir",
-                      str(run_dir), "--", str(script)),
-        timeout=150,
-        cwd=REPO,
-    )  # fmt: skip
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped(shared_runs):
+    # conftest's WORLD_OF_THREE: init_process_group("gloo", world_size=3) under 2 ranks
+    result = shared_runs["world-size-3"]
+    run_dir = result.run_dir
     assert result.returncode == 1, result.stdout[-3000:]
     assert "verdict: mismatch (exit code 1)" in result.stdout
     final = diagnosis(run_dir)

@@ -229,19 +229,16 @@ def test_a_node_whose_doctor_fails_ends_the_others_wait_at_once(tmp_path, cache)
 # -- a node that never joins -----------------------------------------------------------------
 
 
+@pytest.mark.timeout(400)  # the session's shared runs may start here
 def test_a_node_that_never_joins_is_named_while_waited_for_and_after_the_join_timeout(
-    tmp_path, cache
+    shared_runs,
 ):
     """Only node 0's launcher is started: it says which node it waits for, then, once torchrun's
-    rendezvous gives up (--join-timeout), that the job never started and why."""
-    run_dir = tmp_path / "run"
-    args = [
-        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--node-rank", "0",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "--join-timeout", "6", "--run-dir", str(run_dir), "--nproc", "1", "--json",
-    ]  # fmt: skip
-    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(cache)})
-    result = run(ddpdoctor_cmd(*args), env=env, timeout=90)
+    rendezvous gives up (--join-timeout), that the job never started and why. The run is one of
+    the session's shared runs (conftest's NODE_NEVER_JOINS: --nnodes 2 --node-rank 0
+    --join-timeout 6 --json)."""
+    result = shared_runs["node-never-joins"]
+    run_dir = result.run_dir
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
     assert "waiting for node 1 to join" in result.stderr  # the live status (--json: on stderr)
     assert "NOT STARTED: node 1 never joined the rendezvous" in result.stderr

@@ -1,5 +1,6 @@
 """`ddpdoctor run` of the reference job with real torchrun on 2 gloo ranks: a healthy run, and the
-trail each injected fault leaves in the run directory. One run per scenario, shared by its tests."""
+trail each injected fault leaves in the run directory. The runs are the session's shared runs
+(tests/integration/conftest.py; test_diagnose_jobs checks their verdicts), one per scenario."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.protocol.events import parse_event_line
-from tests.procs import Finished, clean_env, ddpdoctor_cmd, job_processes, run
+from tests.integration.conftest import Result, SharedRuns
+from tests.procs import clean_env, ddpdoctor_cmd, job_processes, run
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
 @pytest.fixture(scope="module")
@@ -19,11 +21,9 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data-cache")
 
 
-def ddpdoctor_run(run_dir: Path, cache_dir: Path, *args: str) -> Finished:
-    cmd = ddpdoctor_cmd(
-        "run", "--no-tui", "--nproc", "2", "--no-doctor", "--run-dir", str(run_dir), *args
-    )
-    return run(cmd, timeout=180, env=clean_env({"DDPDOCTOR_CACHE_DIR": str(cache_dir)}))
+def shared(runs: SharedRuns, name: str) -> tuple[Result, Path]:
+    result = runs[name]
+    return result, result.run_dir
 
 
 def events(run_dir: Path, rank: int) -> list[dict]:
@@ -42,10 +42,9 @@ def diagnosis(run_dir: Path) -> dict:
 # -- healthy ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def healthy(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
-    run_dir = tmp_path_factory.mktemp("healthy") / "run"
-    return ddpdoctor_run(run_dir, cache_dir, "--steps", "12"), run_dir
+@pytest.fixture
+def healthy(shared_runs) -> tuple[Result, Path]:
+    return shared(shared_runs, "reference-healthy")  # --steps 12
 
 
 def test_healthy_run_exits_0_with_its_verdict(healthy):
@@ -113,11 +112,9 @@ def test_healthy_run_leaves_no_process(healthy):
 # -- hang ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def hang(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
-    run_dir = tmp_path_factory.mktemp("hang") / "run"
-    args = ("--steps", "30", "--inject", "hang:rank=1,step=3", "--hang-after", "2")
-    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+@pytest.fixture
+def hang(shared_runs) -> tuple[Result, Path]:
+    return shared(shared_runs, "hang")  # --steps 8 --inject hang:rank=1,step=4
 
 
 def test_hang_is_diagnosed_and_the_job_stopped(hang):
@@ -135,7 +132,7 @@ def test_hang_trail(hang):
     rank1 = events(run_dir, 1)
     faults = of_kind(rank1, "fault")
     assert [(f["fault"], f["step"], f["inject"]) for f in faults] == [
-        ("hang", 3, "hang:rank=1,step=3")
+        ("hang", 4, "hang:rank=1,step=4")
     ]
     after = rank1[rank1.index(faults[0]) + 1 :]
     assert not of_kind(after, "collective_start")  # rank 1 never reached its next collective
@@ -148,26 +145,25 @@ def test_hang_trail(hang):
     assert recorders["1"]["groups"][0]["last_scheduled"] == waiting["seq"] - 1
 
 
-# -- crash, exit and slow in one run -----------------------------------------------------------
+# -- crash (after slow steps) and exit ------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def crash(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
-    run_dir = tmp_path_factory.mktemp("crash") / "run"
-    args = (
-        "--steps", "12",
-        "--inject", "slow:rank=0,step=2,seconds=0.2",
-        "--inject", "crash:rank=1,step=4",
-        "--inject", "exit:rank=0,step=4",
-    )  # fmt: skip
-    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+@pytest.fixture
+def crash(shared_runs) -> tuple[Result, Path]:
+    # --steps 16 --inject slow:rank=1,step=2,seconds=0.2 --inject crash:rank=1,step=12
+    return shared(shared_runs, "crash")
 
 
-def test_crash_and_exit_are_reported_with_their_codes(crash):
-    result, run_dir = crash
+@pytest.fixture
+def exit_(shared_runs) -> tuple[Result, Path]:
+    return shared(shared_runs, "exit")  # --steps 8 --inject exit:rank=1,step=4
+
+
+@pytest.mark.parametrize(("name", "code"), [("exit", 17), ("crash", 1)])
+def test_crash_and_exit_are_reported_with_their_codes(shared_runs, name, code):
+    result, run_dir = shared(shared_runs, name)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "rank 0 exited with code 17" in result.stdout
-    assert "rank 1 exited with code 1" in result.stdout
+    assert f"rank 1 exited with code {code}" in result.stdout
     assert diagnosis(run_dir)["verdict"] == "crash"
     assert job_processes(run_dir) == []
 
@@ -175,24 +171,26 @@ def test_crash_and_exit_are_reported_with_their_codes(crash):
 def test_crash_trail_is_a_fault_then_an_error(crash):
     _, run_dir = crash
     rank1 = events(run_dir, 1)
-    fault = of_kind(rank1, "fault")[0]
-    assert (fault["fault"], fault["step"]) == ("crash", 4)
+    fault = next(f for f in of_kind(rank1, "fault") if f["fault"] != "slow")
+    assert (fault["fault"], fault["step"]) == ("crash", 12)
     error = of_kind(rank1, "error")[0]
     assert rank1.index(fault) < rank1.index(error)
     assert "InjectedCrash" in error["exc_type"] and "injected crash on rank 1" in error["message"]
     assert of_kind(rank1, "exit")[-1]["code"] == 1
 
 
-def test_exit_trail_is_a_fault_and_no_exit_event(crash):
-    _, run_dir = crash
-    rank0 = events(run_dir, 0)
-    assert [(f["fault"], f["step"]) for f in of_kind(rank0, "fault")] == [("slow", 2), ("exit", 4)]
-    assert of_kind(rank0, "exit") == []  # os._exit: nothing recorded the death
+def test_exit_trail_is_a_fault_and_no_exit_event(exit_):
+    _, run_dir = exit_
+    rank1 = events(run_dir, 1)
+    assert [(f["fault"], f["step"]) for f in of_kind(rank1, "fault")] == [("exit", 4)]
+    assert of_kind(rank1, "exit") == []  # os._exit: nothing recorded the death
 
 
 def test_slow_trail_is_compute_time_on_the_slow_rank(crash):
     _, run_dir = crash
-    slow = {s["step"]: s for s in of_kind(events(run_dir, 0), "step")}
+    faults = [(f["fault"], f["step"]) for f in of_kind(events(run_dir, 1), "fault")]
+    assert faults == [("slow", 2), ("crash", 12)]
+    slow = {s["step"]: s for s in of_kind(events(run_dir, 1), "step")}
     # The sleep is the slow rank's own work in every step from step 2 on (the peer's share of
     # the same wall time is waiting for it: how the runtime splits that is its own test's job).
     assert slow[2]["compute_time_s"] >= 0.19 and slow[3]["compute_time_s"] >= 0.19
@@ -202,11 +200,9 @@ def test_slow_trail_is_compute_time_on_the_slow_rank(crash):
 # -- collective mismatches ---------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mismatch(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
-    run_dir = tmp_path_factory.mktemp("mismatch") / "run"
-    args = ("--steps", "30", "--inject", "mismatch:rank=1,step=3", "--hang-after", "2")
-    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+@pytest.fixture
+def mismatch(shared_runs) -> tuple[Result, Path]:
+    return shared(shared_runs, "mismatch")  # --steps 8 --inject mismatch:rank=1,step=4
 
 
 def test_mismatch_trail_is_a_barrier_facing_an_all_reduce(mismatch):
@@ -214,7 +210,7 @@ def test_mismatch_trail_is_a_barrier_facing_an_all_reduce(mismatch):
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     rank1 = events(run_dir, 1)
     fault = of_kind(rank1, "fault")[0]
-    assert (fault["fault"], fault["step"]) == ("mismatch", 3)
+    assert (fault["fault"], fault["step"]) == ("mismatch", 4)
     barrier = of_kind(rank1[rank1.index(fault) :], "collective_start")[0]
     assert barrier["op"] == "barrier"
     # what rank 0 called at the same number is DDP's gradient all-reduce (C++, no event): the
@@ -229,11 +225,9 @@ def test_mismatch_trail_is_a_barrier_facing_an_all_reduce(mismatch):
     assert job_processes(run_dir) == []
 
 
-@pytest.fixture(scope="module")
-def shape(tmp_path_factory, cache_dir) -> tuple[Finished, Path]:
-    run_dir = tmp_path_factory.mktemp("shape") / "run"
-    args = ("--json", "--steps", "6", "--inject", "shape:rank=0,step=2")
-    return ddpdoctor_run(run_dir, cache_dir, *args), run_dir
+@pytest.fixture
+def shape(shared_runs) -> tuple[Result, Path]:
+    return shared(shared_runs, "shape")  # --json --steps 8 --inject shape:rank=1,step=4
 
 
 def test_json_output_is_the_final_diagnosis_alone_on_stdout(shape):
@@ -247,13 +241,13 @@ def test_json_output_is_the_final_diagnosis_alone_on_stdout(shape):
 def test_shape_trail_is_one_all_reduce_with_two_sizes(shape):
     result, run_dir = shape
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    rank0 = events(run_dir, 0)
-    fault = of_kind(rank0, "fault")[0]
-    assert (fault["fault"], fault["step"]) == ("shape", 2)
-    garbled = of_kind(rank0[rank0.index(fault) :], "collective_start")[0]
+    rank1 = events(run_dir, 1)
+    fault = of_kind(rank1, "fault")[0]
+    assert (fault["fault"], fault["step"]) == ("shape", 4)
+    garbled = of_kind(rank1[rank1.index(fault) :], "collective_start")[0]
     assert garbled["op"] == "all_reduce" and garbled["shapes"] == [[5]]
     peer = [
-        e for e in of_kind(events(run_dir, 1), "collective_start") if e["seq"] == garbled["seq"]
+        e for e in of_kind(events(run_dir, 0), "collective_start") if e["seq"] == garbled["seq"]
     ]
     assert [(e["op"], e["shapes"]) for e in peer] == [("all_reduce", [[4]])]
     assert diagnosis(run_dir)["verdict"] == "mismatch"

@@ -1,5 +1,8 @@
 """The sample jobs: plain DDP scripts that run the same under plain torchrun and under
-`ddpdoctor run` (through the bootstrap), and the sampler audit on missing_set_epoch.py."""
+`ddpdoctor run` (through the bootstrap), and the sampler audit on missing_set_epoch.py.
+
+Both runs of missing_set_epoch.py are the session's shared runs (tests/integration/conftest.py):
+test_diagnose_jobs reads the verdict of the same `ddpdoctor run`."""
 
 from __future__ import annotations
 
@@ -11,24 +14,13 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.protocol.events import parse_event_line
-from tests.procs import PYTHON, REPO, Finished, clean_env, ddpdoctor_cmd, job_processes, run
+from tests.integration.conftest import Result
+from tests.procs import REPO, job_processes
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 SAMPLES = REPO / "sample_jobs"
 PREFIX = re.compile(r"^\[default\d+\]:")
-
-
-def ddpdoctor_run(run_dir: Path, *script: str) -> Finished:
-    cmd = ddpdoctor_cmd(
-        "run", "--no-tui", "--nproc", "2", "--no-doctor", "--run-dir", str(run_dir), "--", *script
-    )
-    return run(cmd, timeout=180, cwd=REPO)
-
-
-def plain_torchrun(*script: str) -> Finished:
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", *script]
-    return run(cmd, timeout=180, cwd=REPO, env=clean_env())
 
 
 def job_lines(output: str) -> list[str]:
@@ -68,13 +60,12 @@ def test_readme_lists_every_sample():
         assert f"`{path.name}`" in readme
 
 
-@pytest.fixture(scope="module")
-def missing_set_epoch(tmp_path_factory) -> tuple[Finished, Finished, Path]:
+@pytest.fixture
+def missing_set_epoch(shared_runs) -> tuple[Result, Result, Path]:
     """missing_set_epoch.py twice: under plain torchrun, and under ddpdoctor through the bootstrap.
     It finishes (exit 0) and prints deterministic lines, so the two runs must print the same."""
-    plain = plain_torchrun("sample_jobs/missing_set_epoch.py")
-    run_dir = tmp_path_factory.mktemp("missing-set-epoch") / "run"
-    return plain, ddpdoctor_run(run_dir, "sample_jobs/missing_set_epoch.py"), run_dir
+    watched = shared_runs["sample-missing_set_epoch"]
+    return shared_runs["plain-missing_set_epoch"], watched, watched.run_dir
 
 
 def test_a_sample_behaves_the_same_with_and_without_ddpdoctor(missing_set_epoch):

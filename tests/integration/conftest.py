@@ -14,6 +14,7 @@ not here: they run alone in their own modules.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import textwrap
 import time
@@ -43,11 +44,14 @@ WORLD_OF_THREE = textwrap.dedent(
 @dataclass(frozen=True)
 class Job:
     """One shared run. `args` follow `ddpdoctor run --no-tui --no-doctor --nproc 2 --run-dir D`;
-    `command`, when given, is run instead, with {run_dir} and {port} (a free port) filled in."""
+    `command`, when given, is run instead, with {run_dir} and {port} (a free port) filled in.
+    `stdout`: "file" (read back into the result), "closed-pipe" (a pipe whose reader is gone) or
+    "full" (/dev/full: every write fails with ENOSPC)."""
 
     name: str
     args: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
+    stdout: str = "file"
 
 
 CRASH = (
@@ -66,6 +70,18 @@ MP_SPAWN_TCP_HANG = tuple(ddpdoctor_cmd(
     "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}",
     "--", PYTHON, str(LAUNCH_JOBS / "spawn_tcp_hang.py"), "{port}", "--hang-rank", "1",
 ))  # fmt: skip
+
+
+# a user's own torchrun under `ddpdoctor run -- ...` (test_run_commands)
+def users_torchrun(*options: str) -> tuple[str, ...]:
+    return (
+        *ddpdoctor_cmd("run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}"),
+        *options,
+        "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(LAUNCH_JOBS / "env_hang.py"),
+    )  # fmt: skip
+
+
 PLAIN_MISSING_SET_EPOCH = (
     PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
     f"{SAMPLES}/missing_set_epoch.py",
@@ -78,6 +94,24 @@ JOBS = [
     Job("hang", (*REFERENCE, "--inject", "hang:rank=1,step=4")),  # default threshold
     Job("node-never-joins", command=NODE_NEVER_JOINS),  # test_run_multinode
     Job("mp-spawn-tcp-hang", command=MP_SPAWN_TCP_HANG),  # test_run_commands
+    # the threshold is not what the hang's test is about: a small one ends it sooner
+    Job(
+        "users-torchrun-hang",
+        command=(*users_torchrun("--hang-after", "2"), "--hang-rank", "0", "--hang-step", "3"),
+    ),
+    Job("users-torchrun", command=(*users_torchrun(), "--steps", "10")),
+    # the healthy reference job with ddpdoctor's stdout closed or full (test_run_hardening): the
+    # closed pipe with the preflight doctor too, whose report is the first thing written
+    Job(
+        "closed-stdout",
+        command=tuple(
+            ddpdoctor_cmd(
+                "run", "--no-tui", "--nproc", "2", "--steps", "10", "--run-dir", "{run_dir}"
+            )
+        ),
+        stdout="closed-pipe",
+    ),
+    Job("full-stdout", ("--steps", "10"), stdout="full"),
     # slow from step 2 and a crash at step 12 on the same rank: a straggler finding, then the
     # crash. Ten slow steps: by default the all-reduce wait per step comes from DDP's own C++
     # timers, which report a step or two late, and the straggler rule judges medians of steps.
@@ -160,12 +194,21 @@ def _start(job: Job, base: Path, env: dict[str, str]) -> tuple[subprocess.Popen,
     work = base / job.name
     work.mkdir()
     run_dir = work / "run"
-    with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
-        proc = subprocess.Popen(  # the child keeps its own copies of the two files
-            _command(job, base, run_dir),
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=work,
-            start_new_session=True,
-        )  # fmt: skip
+    (work / "stdout").touch()
+    if job.stdout == "closed-pipe":
+        read_end, out = os.pipe()
+        os.close(read_end)
+    else:
+        out = os.open(work / "stdout" if job.stdout == "file" else "/dev/full", os.O_WRONLY)
+    try:
+        with open(work / "stderr", "w") as err:
+            proc = subprocess.Popen(  # the child keeps its own copies of both
+                _command(job, base, run_dir),
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=work,
+                start_new_session=True,
+            )  # fmt: skip
+    finally:
+        os.close(out)
     return proc, run_dir, work
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import Result, SharedRuns
 from tests.procs import PYTHON, REPO, Finished, clean_env, ddpdoctor_cmd, free_port, job_processes
 from tests.procs import run as run_proc
 
@@ -45,14 +46,11 @@ def cpu_tutorial(folder: Path) -> Path:
     return folder / "multigpu.py"
 
 
-def ddpdoctor_run(
-    tmp_path: Path, *command: str, env_extra=None, timeout=240, options: tuple[str, ...] = ()
-) -> tuple:
+def ddpdoctor_run(tmp_path: Path, *command: str, env_extra=None, timeout=240) -> tuple:
     run_dir = tmp_path / "run"
     cmd = ddpdoctor_cmd(
-        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", str(run_dir), *options,
-        "--", *command,
-    )  # fmt: skip
+        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", str(run_dir), "--", *command
+    )
     done = run_proc(cmd, timeout=timeout, cwd=tmp_path, env=clean_env(env_extra))
     doc = json.loads(done.stdout) if done.stdout.strip() else None
     return done, doc, run_dir
@@ -69,6 +67,12 @@ def hellos(run_dir: Path, rank: int) -> list[dict]:
 
 def assert_nothing_left(run_dir: Path) -> None:
     assert job_processes(run_dir) == []
+
+
+def shared(runs: SharedRuns, name: str) -> tuple[Result, dict | None, Path]:
+    """One of the session's shared runs (tests/integration/conftest.py), as ddpdoctor_run gives."""
+    done = runs[name]
+    return done, (json.loads(done.stdout) if done.stdout.strip() else None), done.run_dir
 
 
 def explain(done: Finished) -> str:
@@ -122,9 +126,7 @@ def test_watch_counts_the_spawned_ranks_not_the_parent(tutorial, tmp_path):
 def test_mp_spawn_tcp_hang_names_the_rank_stops_the_job_and_leaves_nothing(shared_runs):
     # conftest's MP_SPAWN_TCP_HANG: `ddpdoctor run --json -- python spawn_tcp_hang.py PORT
     # --hang-rank 1`, one of the session's shared runs
-    done = shared_runs["mp-spawn-tcp-hang"]
-    doc = json.loads(done.stdout) if done.stdout.strip() else None
-    run_dir = done.run_dir
+    done, doc, run_dir = shared(shared_runs, "mp-spawn-tcp-hang")
     assert done.returncode == 1, explain(done)
     assert doc["verdict"] == "hang" and doc["culprits"] == [1], explain(done)
     assert doc["detected_after_s"] <= 20.0  # the default threshold adapts (5 s floor)
@@ -184,19 +186,11 @@ def test_a_script_run_by_the_bootstrap_without_rank_variables_is_no_rank_itself(
 # -- a user's torchrun ------------------------------------------------------------------------
 
 
-def test_a_users_torchrun_is_watched_without_nesting(tmp_path):
-    done, doc, run_dir = ddpdoctor_run(
-        tmp_path,
-        PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(JOBS / "env_hang.py"),
-        "--steps",
-        "10",
-    )
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_users_torchrun_is_watched_without_nesting(shared_runs):
+    # conftest's "users-torchrun": `ddpdoctor run --json -- python -m torch.distributed.run
+    # --standalone --nproc-per-node 2 env_hang.py --steps 10`
+    done, doc, run_dir = shared(shared_runs, "users-torchrun")
     assert done.returncode == 0, explain(done)
     assert doc["verdict"] == "healthy" and [r["rank"] for r in doc["ranks"]] == [0, 1]
     # one torchrun (the user's) and its two ranks: the launcher is that torchrun
@@ -210,22 +204,11 @@ def test_a_users_torchrun_is_watched_without_nesting(tmp_path):
     assert_nothing_left(run_dir)
 
 
-def test_a_hang_under_a_users_torchrun_names_the_rank(tmp_path):
-    done, doc, run_dir = ddpdoctor_run(
-        tmp_path,
-        PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(JOBS / "env_hang.py"),
-        "--hang-rank",
-        "0",
-        "--hang-step",
-        "3",
-        options=("--hang-after", "2"),  # the threshold is not what this test is about
-    )
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_hang_under_a_users_torchrun_names_the_rank(shared_runs):
+    # conftest's "users-torchrun-hang": as above with --hang-after 2 and env_hang.py's rank 0
+    # hanging at step 3
+    done, doc, run_dir = shared(shared_runs, "users-torchrun-hang")
     assert done.returncode == 1, explain(done)
     assert doc["verdict"] == "hang" and doc["culprits"] == [0], explain(done)
     assert doc["job"]["stopped_for"] == "hang" and doc["stacks"]

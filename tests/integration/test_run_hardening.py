@@ -48,37 +48,25 @@ def run_with_stdout(cmd: list[str], stdout, *, timeout: float) -> int:
     return proc.returncode
 
 
-def test_a_closed_stdout_never_stops_the_job(tmp_path):
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_closed_stdout_never_stops_the_job(shared_runs):
     # `ddpdoctor run | head -1`: the reader is gone before the doctor prints its first line.
-    run_dir = tmp_path / "run"
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        code = run_with_stdout(
-            ddpdoctor_cmd("run", "--no-tui", "--nproc", "2", "--steps", "10",
-                          "--run-dir", str(run_dir)),
-            write_end,
-            timeout=200,
-        )  # fmt: skip
-    finally:
-        os.close(write_end)
-    assert code == 0
-    final = diagnosis(run_dir)
+    # conftest's "closed-stdout" run: the reference job, --steps 10, with the preflight doctor.
+    result = shared_runs["closed-stdout"]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0, result.explain()
+    final = diagnosis(result.run_dir)
     assert final["verdict"] == "healthy" and final["final"] is True
     assert [r["state"] for r in final["ranks"]] == ["done", "done"]
 
 
-def test_a_full_disk_on_stdout_never_stops_the_job(tmp_path):
-    run_dir = tmp_path / "run"
-    with open("/dev/full", "wb") as full:
-        code = run_with_stdout(
-            ddpdoctor_cmd("run", "--no-tui", "--no-doctor", "--nproc", "2", "--steps", "10",
-                          "--run-dir", str(run_dir)),
-            full,
-            timeout=200,
-        )  # fmt: skip
-    assert code == 0
-    assert diagnosis(run_dir)["verdict"] == "healthy"
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_full_disk_on_stdout_never_stops_the_job(shared_runs):
+    # conftest's "full-stdout" run: the reference job, --steps 10, stdout on /dev/full
+    result = shared_runs["full-stdout"]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0, result.explain()
+    assert diagnosis(result.run_dir)["verdict"] == "healthy"
 
 
 def test_impossible_nproc_and_a_used_run_directory_are_refused_before_anything_starts(tmp_path):

@@ -29,7 +29,13 @@ _DIFFERENT = ("COLLECTIVE_TYPE_MISMATCH", "SIZE_OR_SYNTAX_MISMATCH", "COLLECTIVE
 def compare(a: FrEntry, b: FrEntry, ranks: Sequence[int]) -> str | None:
     """Why two calls at one sequence number differ, in torch's analyzer's words; None when they
     match. Without the analyzer (an old torch, an op it does not model) only the op is compared:
-    sizes may legitimately differ between ranks (gather, scatter, all_to_all)."""
+    sizes may legitimately differ between ranks (gather, scatter, all_to_all).
+
+    Identical calls match without asking: the analyzer lives in torch, and importing torch in the
+    monitor costs two seconds of CPU, which a healthy job's dumps (asked while its ranks start)
+    would otherwise take from the ranks on a small machine."""
+    if same_call(a, b):
+        return None
     try:
         from torch.distributed.flight_recorder.components.types import Op
 
@@ -41,6 +47,18 @@ def compare(a: FrEntry, b: FrEntry, ranks: Sequence[int]) -> str | None:
         return f"COLLECTIVE_TYPE_MISMATCH: {a.op} vs {b.op}" if a.op != b.op else None
     state = getattr(info.state, "name", "")
     return f"{state}: {info.culprit}" if state in _DIFFERENT else None
+
+
+def same_call(a: FrEntry, b: FrEntry) -> bool:
+    """The same op on the same tensors: what torch's analyzer matches in every case."""
+    return (
+        a.op == b.op
+        and a.p2p == b.p2p
+        and a.input_sizes == b.input_sizes
+        and a.input_dtypes == b.input_dtypes
+        and a.output_sizes == b.output_sizes
+        and a.output_dtypes == b.output_dtypes
+    )
 
 
 def calls_at_first_difference(

@@ -176,3 +176,25 @@ def test_a_recorder_wait_ends_when_the_waiter_trains_on():
 def test_a_recorder_wait_shorter_than_the_waiting_threshold_is_not_listed():
     s = hung()
     assert wait.detect(replace(s, taken_t=WAITER.pending("0").created_t + 0.1)) is None
+
+
+def test_a_healthy_jobs_dumps_are_compared_without_importing_torch():
+    """Importing torch costs the monitor two seconds of CPU: on a small machine, taken from the
+    ranks of a healthy job whose dumps were asked for while it started. Identical calls match
+    without torch's analyzer; only a real difference asks it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ddpdoctor.monitor.diagnose import diagnose\n"
+        "from tests.unit.monitor.test_rules_fr_hang import WAITER, hung\n"
+        "from ddpdoctor.monitor import fr_evidence\n"
+        "assert fr_evidence.first_difference((WAITER, WAITER), world_size=2) is None\n"
+        "diagnose(hung())\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "False", out.stderr

@@ -153,13 +153,19 @@ def train(variant: Variant, data: Iterator[Any], steps: int, record: bool = True
         variant.steps += steps
 
 
-def settle(variant: Variant, data: Iterator[Any]) -> int:
-    """Untimed steps after a switch: SETTLE_STEPS, and on for SETTLE_S; returns how many."""
-    steps, end = 0, time.perf_counter() + SETTLE_S
-    while steps < SETTLE_STEPS or time.perf_counter() < end:
-        train(variant, data, SETTLE_STEPS, record=False)
-        steps += SETTLE_STEPS
-    return steps
+def settle_steps(variant: Variant, data: Iterator[Any]) -> int:
+    """How many untimed steps after a switch cover SETTLE_S (at least SETTLE_STEPS), from the
+    time of a few steps now; the same number on every rank (they step together)."""
+    import torch
+    import torch.distributed as dist
+
+    start = time.perf_counter()
+    train(variant, data, 20, record=False)
+    per_step = (time.perf_counter() - start) / 20
+    wanted = torch.tensor([max(SETTLE_STEPS, int(SETTLE_S / max(per_step, 1e-6)) + 1)])
+    if dist.get_world_size() > 1:
+        dist.all_reduce(wanted, op=dist.ReduceOp.MAX)
+    return int(wanted.item())
 
 
 class Session:
@@ -334,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             build(v, args.hidden)
             session.enter(v)
             train(v, data, 30, record=False)  # warm-up: first-call costs, hook registration
+        settle = settle_steps(variants[-1], data)  # the runtime is on: its variant
         extras = "".join(
             f", {what} every step"
             for flag, what in ((args.log, "log()"), (args.sync, "all_reduce"))
@@ -351,14 +358,14 @@ def main(argv: list[str] | None = None) -> int:
                 if session.enter(v):
                     # not timed: what a switch costs (the new heartbeat thread's first beat, the
                     # hello events), which a real run pays once
-                    steps = settle(v, data)
+                    train(v, data, settle, record=False)
                     if v is variants[-1]:  # the variant whose events are counted below
-                        settled += steps
+                        settled += settle
                 train(v, data, args.block)
         session.leave()
         report(variants, args.step_ms)
         full = variants[-1]
-        untimed = 30 + settled  # warm-up and settling steps write events too
+        untimed = 30 + 20 + settled  # warm-up and settling steps write events too
         per_step = events_per_step(session.run_dir_of(full), full.steps + untimed)
         print(f"events per step of the full runtime: {per_step}")
         if args.profile:

@@ -14,13 +14,11 @@ diagnosis.json cites job.py:LINE on the finding that states it.
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.procs import clean_env, ddpdoctor_cmd, kill_group
+from tests.procs import ddpdoctor_cmd, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -56,24 +54,8 @@ def test_the_final_diagnosis_cites_the_line_the_preflight_flagged(tmp_path: Path
         "run", "--no-tui", "--nproc", "2", "--hang-after", "4", "--run-dir", str(run_dir),
         "--", "job.py",
     )  # fmt: skip
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        raise AssertionError("the run did not end") from None
-    finally:
-        kill_group(proc)
-    elapsed = time.monotonic() - start
+    finished = run(cmd, timeout=RUN_TIMEOUT_S, cwd=tmp_path)
+    out, elapsed = finished.stdout + finished.stderr, finished.elapsed_s
 
     # the preflight warned (and did not block the launch)
     assert f"job.py:{LINE}: the DDP model's forward runs only under the rank guard" in out, out
@@ -83,7 +65,7 @@ def test_the_final_diagnosis_cites_the_line_the_preflight_flagged(tmp_path: Path
     assert doctor["counts"]["fail"] == 0
 
     final = json.loads((run_dir / "diagnosis.json").read_text())
-    assert proc.returncode == 1, out
+    assert finished.returncode == 1, out
     assert final["verdict"] in ("hang", "mismatch"), out  # mismatch with the flight recorder
     headline = final["findings"][0]
     assert headline["id"] == final["verdict"] and headline["severity"] == "error"

@@ -117,12 +117,12 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
             log_dir=log_dir,
             program=plan.program,
         )
-    # On several nodes sharing the run directory, node 0 describes the run.
-    if plan.node_rank in (None, 0) or not run_dir.run_json.exists():
-        document = run_json_document(
-            plan, run_dir=run_dir.path, torchrun=argv, torch_version=torch_version
-        )
-        write_json_atomic(run_dir.run_json, document)
+    # On several nodes sharing the run directory, node 0 describes the run: it always writes,
+    # the others only fill the place until it does (never over node 0's, whichever starts first).
+    document = run_json_document(
+        plan, run_dir=run_dir.path, torchrun=argv, torch_version=torch_version
+    )
+    write_json_atomic(run_dir.run_json, document, replace=plan.node_rank in (None, 0))
     recorder = node_recorder(plan, run_dir, log_dir)
     if plan.command is None and plan.script and starts_own_ranks(plan.script):
         console.print(f"ddpdoctor: warning: {spawn_hint(plan.script)}", markup=False)

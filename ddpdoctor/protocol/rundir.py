@@ -254,14 +254,28 @@ def _probe_writable(folder: Path) -> None:
     os.unlink(probe)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees half a file: temp file in the same folder, then rename."""
+def write_json_atomic(path: Path, data: Any, *, replace: bool = True) -> bool:
+    """Write JSON so that a reader never sees half a file: temp file in the same folder, then rename.
+
+    With replace=False an existing file is kept (the temp file is linked into place, which fails
+    atomically when the name is taken, even between hosts on a shared file system); the return
+    value says whether this call wrote the file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(jsontext.dumps(data, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
     except BaseException:
         try:
             os.unlink(tmp)

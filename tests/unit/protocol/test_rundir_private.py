@@ -100,6 +100,17 @@ def test_nodes_of_one_job_share_a_directory_but_a_node_never_runs_twice_in_it(tm
     RunDir.check_fresh(target, node_rank=0)
 
 
+def test_node_0s_run_json_wins_whichever_node_writes_first(tmp_path):
+    path = tmp_path / "run.json"
+    # A later node finds the place empty and fills it; node 0 then replaces it.
+    assert write_json_atomic(path, {"node_rank": 1}, replace=False) is True
+    assert write_json_atomic(path, {"node_rank": 0}) is True
+    # A node that comes after node 0 keeps node 0's description.
+    assert write_json_atomic(path, {"node_rank": 2}, replace=False) is False
+    assert json.loads(path.read_text()) == {"node_rank": 0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]  # no temp file left
+
+
 def test_json_written_is_always_valid_json(tmp_path):
     path = tmp_path / "d.json"
     write_json_atomic(path, {"loss": math.nan, "t": [math.inf, 1.5], "n": {"x": -math.inf}})

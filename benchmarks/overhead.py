@@ -11,6 +11,10 @@ repetition), medians reported:
       torchrun script: once with its small default MLP (steps of a few ms, the worst case for a
       fixed per-step cost) and once 4096 wide (steps of tens of ms, like a real job's).
 
+  (0) the control: the same tiny-step script under plain torchrun on both sides of every pair.
+      Its ratio should read 1.000; its spread is how far a pair swings on this machine with no
+      instrumentation at all, the noise floor against which (b) and (c) are read.
+
   (c) the same tiny-step script as a user starts it, `ddpdoctor run --no-tui --no-doctor -- ...`
       (the monitor watching, DDP's buckets left to the flight recorder), against plain torchrun;
       also the CPU share of ddpdoctor's own process (launcher + monitor: its user + system time,
@@ -153,6 +157,11 @@ def measure_under_run(
     return Measurement(done, loop_wall, loop_cpu, count_events(run_dir), done)
 
 
+def measure_plain_twice(nproc: int, steps: int, run_dir: Path | None) -> Measurement:
+    """(0): plain torchrun on the "instrumented" side too (the run directory is not used)."""
+    return measure_script(nproc, steps, None)
+
+
 MONITOR_CPU_SHARE: list[float] = []  # (c): ddpdoctor's own process, CPU s per wall s
 
 
@@ -220,6 +229,7 @@ def main() -> int:
     args = parser.parse_args()
     print(f"ddpdoctor overhead: {args.nproc} gloo ranks, {args.steps} steps, {args.reps} pairs")
     sides: list[tuple[str, Callable[..., Measurement]]] = [
+        ("(0) control: plain torchrun against itself", measure_plain_twice),
         ("(a) reference job", measure_reference),
         ("(b) user script", measure_script),
         ("(b) user script, 4096 wide", functools.partial(measure_script, hidden=4096)),
@@ -252,6 +262,8 @@ def main() -> int:
                 f"{m['instrumented_ms_per_step']:.2f} ms/step: time ratio {m['time_ratio']:.3f} "
                 f"(overhead {m['overhead_pct']:+.1f}%; pairs {low:+.1f}% .. {high:+.1f}%)"
             )
+        if not r["events_by_kind_per_step"]:  # the control writes no events
+            continue
         kinds = ", ".join(f"{k} {v:.2f}" for k, v in r["events_by_kind_per_step"].items())
         print(f"    events per rank per step: {r['events_per_rank_per_step']:.2f} ({kinds})")
     if MONITOR_CPU_SHARE:

@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from ddpdoctor.launch.output_tail import OutputTail
+from ddpdoctor.launchers.proc_tree import descendants
 from ddpdoctor.protocol.rundir import open_private
 
 STOP_GRACE_S = 3.0  # SIGTERM first; whatever still runs after this long gets SIGKILL
@@ -147,13 +148,8 @@ class TorchrunProcess:
         """Remember torchrun's current descendants, so they are known even if torchrun dies first."""
         if self._proc is None:
             return
-        try:
-            children = psutil.Process(self._proc.pid).children(recursive=True)
-        except psutil.Error:
-            return
-        with self._lock:
-            for child in children:
-                self._known.setdefault(child.pid, child)
+        for pid in descendants(self._proc.pid):
+            self._remember(pid)
 
     def alive_pids(self) -> list[int]:
         self.refresh()

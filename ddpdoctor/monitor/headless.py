@@ -64,9 +64,16 @@ class HeadlessView:
 
     def job_output(self, line: str) -> None:
         """A line of the job's own output, passed through unchanged."""
-        self.console.print(
-            line.rstrip("\n"), markup=False, highlight=False, emoji=False, soft_wrap=True
-        )
+        if self.live:  # above the bars: only the console knows where they are
+            self.console.print(
+                line.rstrip("\n"), markup=False, highlight=False, emoji=False, soft_wrap=True
+            )
+            return
+        # Straight to the stream: a job that prints every step of a millisecond would otherwise
+        # spend ~80 µs of this process's CPU per line in rich's rendering, on the ranks' cores.
+        stream = self.console.file
+        stream.write(line.rstrip("\n") + "\n")
+        stream.flush()
 
     # -- updates ---------------------------------------------------------------------------
 

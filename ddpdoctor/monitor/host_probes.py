@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from ddpdoctor.launchers.proc_tree import descendants
+
 PROBE_EVERY_S = 1.0
 MAX_PROBED = 8  # ranks probed per poll: the ranks waited on are few (rank 0, a straggler)
 
@@ -91,18 +93,16 @@ class ChildCpu:
         self._seen: dict[int, tuple[float, dict[int, float]]] = {}  # pid -> (t, child -> cpu s)
 
     def sample(self, pid: int, t: float) -> float | None:
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except (psutil.Error, OSError):
+        if not psutil.pid_exists(pid):
             self._seen.pop(pid, None)
             return None
         now: dict[int, float] = {}
-        for child in children:
+        for child in descendants(pid):
             try:
-                times = child.cpu_times()
+                times = psutil.Process(child).cpu_times()
             except (psutil.Error, OSError):
                 continue
-            now[child.pid] = times.user + times.system
+            now[child] = times.user + times.system
         previous = self._seen.get(pid)
         self._seen[pid] = (t, now)
         if previous is None or t <= previous[0]:

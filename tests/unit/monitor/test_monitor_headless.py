@@ -113,6 +113,14 @@ def test_job_output_passes_through_untouched():
     assert out.getvalue() == "[default0]:loss [red]1.0[/red] :smile:\n"
 
 
+def test_job_output_keeps_the_jobs_own_control_codes():
+    # colours and a carriage return of the job's progress bar, as the job wrote them
+    line = "[default1]:\x1b[32mepoch 1\x1b[0m 50%\r 60%\tloss 0.3"
+    con, out = console()
+    HeadlessView(con, live=False).job_output(line + "\n")
+    assert out.getvalue() == line + "\n"
+
+
 def _busy_wait(waited: float):
     from ddpdoctor.monitor.snapshot import Activity
     from ddpdoctor.protocol.verdicts import ActivityState

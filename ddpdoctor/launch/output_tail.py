@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ddpdoctor.protocol.torchrun_logs import RANK_LOG, classify_log_path
 
 POLL_S = 0.1
+# How often the log folder is walked for new rank logs (a rank's first line, a restart's new
+# attempt): the known files are read every POLL_S, but walking the tree each time cost the
+# launcher's CPU, which a job on few cores pays for, to find nothing new.
+DISCOVER_EVERY_S = 1.0
 READ_BYTES = 1 << 20
 
 
@@ -70,6 +75,7 @@ class OutputTail:
         self._on_agent_line = on_agent_line
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-output", daemon=True)
+        self._next_discovery = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -93,7 +99,10 @@ class OutputTail:
             self._agent_line(line)
         if self._on_line is None:
             return
-        self._discover()
+        now = time.monotonic()
+        if now >= self._next_discovery or self._done.is_set():
+            self._next_discovery = now + DISCOVER_EVERY_S
+            self._discover()
         for follow, prefix in self._ranks.values():
             for line in follow.lines():
                 self._on_line(prefix + line)

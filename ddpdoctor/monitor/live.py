@@ -183,6 +183,19 @@ class Monitor:
             self._write(snap, force=True)
             return snap
 
+    def _lead_wrote_the_final(self) -> bool:
+        """On node 1 and up of a job spanning nodes: node 0's launcher has ended, so the final
+        diagnosis.json it wrote stands (node 0 leads, as in run.json). Its stop waited for the
+        stacks of every node; a follower that stops after it may have asked node 0 for stacks
+        once its ranks were gone, and its diagnosis would then lack them."""
+        if not self.node_rank:  # one node (None), or node 0 itself
+            return False
+        lead = read_node_records(self.run).get(0)
+        if lead is None or not lead.ended:
+            return False
+        previous = self._read_previous_diagnosis()
+        return bool(previous and previous.get("final") is True)
+
     @property
     def writes_diagnosis(self) -> bool:
         """Whether this monitor writes diagnosis.json (not over a launcher's final one)."""
@@ -469,6 +482,9 @@ class Monitor:
             and not snap.findings
         ):
             return  # nothing to say yet: do not litter a fresh run directory
+        if self._lead_wrote_the_final():
+            self._written_key = key
+            return
         try:
             document = snap.diagnosis_json()
             document["final"] = self._final

@@ -312,3 +312,36 @@ def test_the_launcher_knows_the_run_never_started_as_soon_as_torchrun_exited(tmp
     assert monitor.poll().live  # its own record has not ended yet
     monitor.job_ended = True
     assert monitor.close().never_started
+
+
+def _hung_run_over_two_nodes(tmp_path):
+    from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
+
+    run, clock = new_run(tmp_path), Clock()
+    w = Writer(run, clock)
+    w.start()
+    seq = train(w, clock, 8)
+    fault_t = hang(w, clock, seq + 1, 3.0)
+    wait(w, clock, seq + 1, fault_t, 3.0)
+    lead = NodeRecorder(run, NodeRecord(0, "vm", 10))
+    lead.started(100, NOW - 20)
+    return run, clock, lead
+
+
+@pytest.mark.parametrize("lead_ended", [True, False])
+def test_a_follower_leaves_the_final_diagnosis_of_node_0_once_node_0_ended(tmp_path, lead_ended):
+    run, clock, lead = _hung_run_over_two_nodes(tmp_path)
+    kw = {"clock": clock, "capture_stacks": False, "explain_logs": False}
+    assert Monitor(run, node_rank=0, **kw).close(job_ended=True).verdict is Verdict.HANG
+    # what node 0's launcher wrote, marked so that a rewrite shows
+    written = json.loads(run.diagnosis_json.read_text())
+    assert written["final"] is True
+    run.diagnosis_json.write_text(json.dumps({**written, "written_by": "node 0"}))
+    if lead_ended:
+        lead.ended(1, -15, NOW)
+    follower = Monitor(run, node_rank=1, **kw).close(job_ended=True)
+    assert follower.verdict is Verdict.HANG  # its own verdict (and exit code) stays its own
+    after = json.loads(run.diagnosis_json.read_text())
+    # node 0 ended: its final diagnosis stands; still running: the follower's is the latest
+    assert ("written_by" in after) is lead_ended
+    assert after["verdict"] == "hang" and after["final"] is True

@@ -16,7 +16,8 @@ guard, which ddpdoctor starts instead (same output, same exit status, signals pa
   to whatever still runs STOP_GRACE_S later;
 - it exits as the command did: the same code, or dies of the same signal.
 
-Only the standard library: it starts before anything else of the job.
+Only the standard library (and ddpdoctor's /proc walk, which needs no more): it starts before
+anything else of the job.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import sys
 import threading
 import time
 
+from ddpdoctor.launchers.proc_tree import descendants
+
 STOP_GRACE_S = 3.0
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -39,29 +42,6 @@ USAGE = "usage: python -m ddpdoctor.launch.job_guard COMMAND [ARGS...]"
 def _prctl(option: int, value: int) -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (from /proc), children first found first."""
-    found: list[int] = []
-    queue = [root]
-    while queue:
-        pid = queue.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                    children = [int(p) for p in fh.read().split()]
-            except (OSError, ValueError):
-                continue
-            for child in children:
-                if child not in found:
-                    found.append(child)
-                    queue.append(child)
-    return found
 
 
 def end_everything_below_me() -> None:

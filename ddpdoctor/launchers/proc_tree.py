@@ -5,13 +5,14 @@ parent map: ~1 ms here with 90 processes, tens of ms on a GPU node running hundr
 launcher and the monitor ask a few times a second while the job trains on the same cores. The
 kernel lists each thread's children in /proc/<pid>/task/<tid>/children, so walking down from the
 job's root reads only the files of the job's own processes (~20 µs for a 2-rank job).
+
+Only the standard library unless the kernel lacks those files (then psutil): the job guard, which
+starts before anything else of the job, uses it too.
 """
 
 from __future__ import annotations
 
 import os
-
-import psutil
 
 
 def descendants(pid: int) -> list[int]:
@@ -19,7 +20,9 @@ def descendants(pid: int) -> list[int]:
     found = _from_children_files(pid)
     if found is not None:
         return found
-    try:  # a kernel without CONFIG_PROC_CHILDREN: psutil's scan of every process
+    import psutil  # a kernel without CONFIG_PROC_CHILDREN: psutil's scan of every process
+
+    try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
     except (psutil.Error, OSError):
         return []

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +139,34 @@ def background(
         yield proc
     finally:
         kill_group(proc)
+
+
+def run_in_parallel(
+    starts: Mapping[str, Callable[[], subprocess.Popen]], *, parallel: int, timeout_s: float
+) -> dict[str, tuple[subprocess.Popen, bool]]:
+    """Start the jobs `parallel` at a time (each start function starts one in its own session),
+    each bounded by `timeout_s`: name -> (its process, whether it was killed for the timeout),
+    every process group killed once it ended, and what is left killed on error."""
+    pending = list(starts.items())
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    done: dict[str, tuple[subprocess.Popen, bool]] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < parallel:
+                name, start = pending.pop(0)
+                running[name] = (start(), time.monotonic())
+            for name, (proc, started) in list(running.items()):
+                if proc.poll() is None and time.monotonic() - started < timeout_s:
+                    continue
+                timed_out = proc.poll() is None
+                kill_group(proc)
+                del running[name]
+                done[name] = (proc, timed_out)
+            time.sleep(0.2)
+    finally:
+        for proc, _ in running.values():
+            kill_group(proc)
+    return done
 
 
 def ddpdoctor_cmd(*args: str) -> list[str]:

@@ -13,18 +13,18 @@ not here: they run alone in their own modules.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import textwrap
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, REPO, clean_env, ddpdoctor_cmd, free_port, kill_group
+from tests.procs import PYTHON, REPO, clean_env, ddpdoctor_cmd, free_port, run_in_parallel
 
 PARALLEL = 4
 RUN_TIMEOUT_S = 150
@@ -190,7 +190,7 @@ def _command(job: Job, base: Path, run_dir: Path) -> list[str]:
     )
 
 
-def _start(job: Job, base: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path, Path]:
+def _start(job: Job, base: Path, env: dict[str, str]) -> subprocess.Popen:
     work = base / job.name
     work.mkdir()
     run_dir = work / "run"
@@ -209,12 +209,11 @@ def _start(job: Job, base: Path, env: dict[str, str]) -> tuple[subprocess.Popen,
             )  # fmt: skip
     finally:
         os.close(out)
-    return proc, run_dir, work
+    return proc
 
 
-def _finish(name: str, proc: subprocess.Popen, run_dir: Path, work: Path) -> Result:
-    timed_out = proc.poll() is None
-    kill_group(proc)
+def _finish(name: str, proc: subprocess.Popen, timed_out: bool, work: Path) -> Result:
+    run_dir = work / "run"
     stderr = (work / "stderr").read_text(errors="replace")
     if timed_out:
         stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
@@ -228,24 +227,12 @@ def run_jobs(jobs: Sequence[Job], base: Path) -> dict[str, Result]:
     """Run `jobs`, PARALLEL at a time, each bounded by RUN_TIMEOUT_S; kill what is left on error."""
     (base / "three.py").write_text(WORLD_OF_THREE)
     env = clean_env({"DDPDOCTOR_CACHE_DIR": str(base / "data-cache")})
-    pending = list(jobs)
-    running: dict[str, tuple[subprocess.Popen, Path, Path, float]] = {}
-    done: dict[str, Result] = {}
-    try:
-        while pending or running:
-            while pending and len(running) < PARALLEL:
-                job = pending.pop(0)
-                running[job.name] = (*_start(job, base, env), time.monotonic())
-            for name, (proc, run_dir, work, started) in list(running.items()):
-                if proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
-                    continue
-                del running[name]
-                done[name] = _finish(name, proc, run_dir, work)
-            time.sleep(0.2)
-    finally:
-        for proc, _, _, _ in running.values():
-            kill_group(proc)
-    return done
+    starts = {job.name: functools.partial(_start, job, base, env) for job in jobs}
+    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
+    return {
+        name: _finish(name, proc, timed_out, base / name)
+        for name, (proc, timed_out) in ended.items()
+    }
 
 
 @pytest.fixture(scope="session")

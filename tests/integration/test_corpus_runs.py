@@ -15,9 +15,9 @@ All jobs start in one module fixture, a few at a time (most of their time is wai
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import pytest
 
 from ddpdoctor.monitor.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
 from ddpdoctor.protocol.events import parse_event_line
-from tests.procs import REPO, clean_env, ddpdoctor_cmd, job_processes, kill_group
+from tests.procs import REPO, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -50,7 +50,7 @@ class Result:
         return json.loads(self.stdout)
 
 
-def _start(job: dict, base: Path) -> tuple[subprocess.Popen, Path, Path]:
+def _start(job: dict, base: Path) -> subprocess.Popen:
     work = base / job["name"]
     work.mkdir()
     run_dir = work / "run"
@@ -66,35 +66,23 @@ def _start(job: dict, base: Path) -> tuple[subprocess.Popen, Path, Path]:
         cwd=work,
         start_new_session=True,
     )
-    return proc, run_dir, work
+    return proc
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Result]:
     base = tmp_path_factory.mktemp("corpus")
-    pending = [*MANIFEST["healthy"], *MANIFEST["faulty"]]
-    running: dict[str, tuple[subprocess.Popen, Path, Path, float]] = {}
+    jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"]]
+    starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
+    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
     done: dict[str, Result] = {}
-    try:
-        while pending or running:
-            while pending and len(running) < PARALLEL:
-                job = pending.pop(0)
-                running[job["name"]] = (*_start(job, base), time.monotonic())
-            for name, (proc, run_dir, work, started) in list(running.items()):
-                if proc.poll() is None and time.monotonic() - started < RUN_TIMEOUT_S:
-                    continue
-                timed_out = proc.poll() is None
-                kill_group(proc)
-                del running[name]
-                stderr = (work / "stderr").read_text(errors="replace")
-                if timed_out:
-                    stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-                stdout = (work / "stdout").read_text(errors="replace")
-                done[name] = Result(proc.returncode, stdout, stderr, run_dir)
-            time.sleep(0.2)
-    finally:
-        for proc, _, _, _ in running.values():
-            kill_group(proc)
+    for name, (proc, timed_out) in ended.items():
+        work = base / name
+        stderr = (work / "stderr").read_text(errors="replace")
+        if timed_out:
+            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
+        stdout = (work / "stdout").read_text(errors="replace")
+        done[name] = Result(proc.returncode, stdout, stderr, work / "run")
     return done
 
 

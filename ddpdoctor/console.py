@@ -10,7 +10,7 @@ import codecs
 import contextlib
 import os
 import sys
-from typing import TextIO
+from typing import IO, TextIO
 
 from rich.console import Console
 
@@ -25,7 +25,7 @@ STATUS_STYLES = {
 }
 
 
-def stream_is_unicode(stream: TextIO) -> bool:
+def stream_is_unicode(stream: IO[str]) -> bool:
     encoding = getattr(stream, "encoding", None) or "ascii"
     try:
         return codecs.lookup(encoding).name in ("utf-8", "utf-16", "utf-32")
@@ -85,7 +85,7 @@ class SafeStream:
 def safe_stream(stream: TextIO) -> TextIO:
     """`stream` wrapped so that writing to it never raises (see SafeStream); idempotent."""
     if isinstance(stream, SafeStream):
-        return stream  # type: ignore[return-value]
+        return stream
     return SafeStream(stream)  # type: ignore[return-value]
 
 
@@ -116,7 +116,7 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def symbols_for(stream: TextIO) -> dict[str, str]:
+def symbols_for(stream: IO[str]) -> dict[str, str]:
     return UNICODE_SYMBOLS if stream_is_unicode(stream) else ASCII_SYMBOLS
 
 

@@ -38,7 +38,7 @@ def launcher_detect(ctx: CheckContext) -> CheckOutcome:
     problems: list[Problem] = []
     if info.torchrun and info.slurm:
         per_node, source = slurm_tasks_per_node(ctx.env)
-        if per_node and per_node > 1:
+        if per_node and per_node > 1 and source is not None:
             double = (
                 f"srun starts {per_node} tasks per node ({source}={ctx.env[source]}) and each "
                 "runs torchrun, which starts its own ranks: "
@@ -255,7 +255,7 @@ def _consistency_problems(values: dict[str, int], *, torchrun: bool) -> list[Pro
                 fatal=False,
             )
         )
-    elif torchrun and None not in (rank, local, group):
+    elif torchrun and rank is not None and local is not None and group is not None:
         expected = group * local_world + local
         if expected != rank:
             problems.append(

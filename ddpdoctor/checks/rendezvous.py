@@ -130,7 +130,7 @@ def init_method(ctx: CheckContext) -> CheckOutcome:
 def _tcp_init_method(ctx: CheckContext, method: str) -> CheckOutcome:
     parsed = urlparse(method)
     host = parsed.hostname
-    facts = {"init_method": method, "scheme": "tcp", "host": host}
+    facts: dict[str, object] = {"init_method": method, "scheme": "tcp", "host": host}
     if not host:
         return failed(
             f"{method!r} names no host",

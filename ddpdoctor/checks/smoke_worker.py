@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 START = time.monotonic()
 # Run as a script, Python puts this file's directory first on sys.path, where ddpdoctor's own
@@ -101,7 +102,7 @@ def main() -> int:
         step = "init"
         fault.before(step)
         reporter.send(step, "start")
-        kwargs = {"device_id": device} if backend == "nccl" else {}
+        kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **kwargs)
         reporter.send(step, "ok")
 

@@ -237,6 +237,7 @@ def _lead(
         return RankResult(int(outcome.report.exit_code), outcome)
     join_s = time.monotonic() - join_started
     payloads, group_error, group_s = _gather(setup, dist, base, store, local, facts)
+    assert payloads is not None  # rank 0 (the lead) always has them, from the group or the store
     benches = _bench(setup, dist, torch, store, verdict, group_error)
     outcome = joined_ok(
         info,

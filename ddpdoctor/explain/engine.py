@@ -157,7 +157,7 @@ def _directory_files(root: Path) -> Iterator[tuple[Path, FileContext]]:
 def _files_under(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    found = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         found.extend(
@@ -203,6 +203,8 @@ class _HelloIndex:
     def add(self, event: dict) -> None:
         rank, host, local, pid = (event.get(k) for k in ("rank", "host", "local_rank", "pid"))
         self.hosts.add(host)
+        if not isinstance(rank, int):
+            return
         if isinstance(local, int):
             self.by_local.setdefault((host, local), rank)
         if isinstance(pid, int) and isinstance(host, str):

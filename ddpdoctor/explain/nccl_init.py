@@ -145,7 +145,8 @@ class NcclAnalyzer:
         for line in [*self.versions.values(), *self.networks.values()]:
             evidence.add(line, ())
         for proc in done:
-            evidence.add(proc.complete, _ranks(proc.rank))
+            if proc.complete is not None:
+                evidence.add(proc.complete, _ranks(proc.rank))
         finding = Finding(
             id="nccl.init",
             severity=Severity.INFO,

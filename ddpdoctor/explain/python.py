@@ -270,7 +270,8 @@ def _candidate(group: _Group) -> Candidate:
             evidence.add(tb.cause.exception, ranks)
         if tb.frame is not None:
             evidence.add(tb.frame, ranks)
-        evidence.add(tb.exception, ranks)
+        if tb.exception is not None:
+            evidence.add(tb.exception, ranks)
     first = group.items[0][1]
     short_type = first.type.rsplit(".", 1)[-1]
     message = first.message if len(first.message) <= 300 else first.message[:300] + "…"

@@ -227,7 +227,9 @@ class WatchdogAnalyzer:
 
     def _behind(self, reports: list[_Report]) -> Candidate | None:
         known = [r for r in reports if r.rank is not None and r.progress is not None]
-        progress = {r.rank: r.progress for r in known}
+        progress: dict[int, int] = {
+            r.rank: r.progress for r in known if r.rank is not None and r.progress is not None
+        }
         if progress and min(progress.values()) < max(progress.values()):
             low = min(progress.values())
             behind = sorted(rank for rank, done in progress.items() if done == low)

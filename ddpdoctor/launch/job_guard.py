@@ -102,9 +102,9 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"ddpdoctor: error: cannot run {argv[0]}: {exc.strerror or exc}\n")
         return 127
     started.append(proc)
-    for signum in pending:
+    for queued in pending:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+            os.kill(proc.pid, queued)
     while proc.poll() is None and not orphaned.is_set():
         if os.getppid() != parent:
             orphaned.set()

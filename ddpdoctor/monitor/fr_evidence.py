@@ -114,8 +114,8 @@ def _behind_clause(snap: Snapshot, finding: Finding) -> str | None:
         return None
     behind = []
     for rank in finding.ranks:
-        d = snap.fr_of(rank)
-        group = d.group("0") if d is not None and d.error is None else None
+        rank_dump = snap.fr_of(rank)
+        group = rank_dump.group("0") if rank_dump is not None and rank_dump.error is None else None
         if group is not None and group.last_enqueued < waiting.seq:
             behind.append(rank)
     if not behind:
@@ -125,7 +125,7 @@ def _behind_clause(snap: Snapshot, finding: Finding) -> str | None:
 
 
 def _rank_lines(snap: Snapshot, ranks: Sequence[int]) -> list[str]:
-    lines = []
+    lines: list[str] = []
     for d in snap.flight_recorder:
         if d.rank in ranks or len(lines) < 4:
             lines.append(f"{TAG}, rank {d.rank}: {d.summary()}")

@@ -154,21 +154,26 @@ def judge(
         idle_run += 1
     children_busy = child_cpu_pct is not None and child_cpu_pct >= 100 * BUSY_CPU
     gpu_busy = gpu_util_pct is not None and gpu_util_pct >= GPU_BUSY_PCT
-    common = dict(
-        cpu_pct=cpu_pct,
-        where=last.where,
-        frame=last.frame,
-        child_cpu_pct=child_cpu_pct,
-        gpu_util_pct=gpu_util_pct,
-    )
+
+    def judged(state: ActivityState, since: float) -> Judgement:
+        return Judgement(
+            state,
+            since,
+            cpu_pct=cpu_pct,
+            where=last.where,
+            frame=last.frame,
+            child_cpu_pct=child_cpu_pct,
+            gpu_util_pct=gpu_util_pct,
+        )
+
     if idle_run < BLOCKED_INTERVALS and any(active):
-        return Judgement(ActivityState.BUSY, _busy_since(samples, active), **common)
+        return judged(ActivityState.BUSY, _busy_since(samples, active))
     if children_busy:
-        return Judgement(ActivityState.BUSY, samples[-1 - idle_run].t, **common)
+        return judged(ActivityState.BUSY, samples[-1 - idle_run].t)
     if gpu_busy:
-        return Judgement(ActivityState.GPU_WAIT, samples[-1 - idle_run].t, **common)
+        return judged(ActivityState.GPU_WAIT, samples[-1 - idle_run].t)
     if idle_run >= BLOCKED_INTERVALS:
-        return Judgement(ActivityState.BLOCKED, samples[-1 - idle_run].t, **common)
+        return judged(ActivityState.BLOCKED, samples[-1 - idle_run].t)
     return None
 
 

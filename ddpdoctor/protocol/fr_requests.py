@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol.jsontext import is_number
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -76,6 +77,8 @@ class FrRequest:
             isinstance(ranks, list) and all(isinstance(r, int) and r >= 0 for r in ranks)
         ):
             raise ValueError("bad ranks")
+        if not is_number(created) or not is_number(deadline):
+            raise ValueError("bad times")
         return cls(
             ident, float(created), float(deadline), tuple(ranks) if ranks is not None else None
         )

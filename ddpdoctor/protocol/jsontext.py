@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 
 def finite(value: Any) -> Any:
@@ -31,3 +31,13 @@ def dumps(value: Any, **kwargs: Any) -> str:
 
 def dump(value: Any, fh: Any, **kwargs: Any) -> None:
     fh.write(dumps(value, **kwargs))
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """A JSON integer (JSON's true/false load as bool, a subclass of int, and are not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """A JSON number, integer or not (never a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

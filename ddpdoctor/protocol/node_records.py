@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ddpdoctor.protocol.jsontext import is_int
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -57,7 +58,7 @@ class NodeRecord:
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError("not a node record")
         node, host, pid = data.get("node_rank"), data.get("host"), data.get("launcher_pid")
-        if not _is_int(node) or not isinstance(host, str) or not _is_int(pid):
+        if not is_int(node) or not isinstance(host, str) or not is_int(pid):
             raise ValueError("bad node record")
         return cls(
             node_rank=node,
@@ -76,12 +77,8 @@ class NodeRecord:
         )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _opt_int(value: Any) -> int | None:
-    return value if _is_int(value) else None
+    return value if is_int(value) else None
 
 
 def _opt_float(value: Any) -> float | None:

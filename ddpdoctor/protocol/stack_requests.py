@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol.jsontext import is_int, is_number
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
 SCHEMA_VERSION = 1
@@ -95,10 +96,10 @@ class StackRequest:
         ident, ranks, asked = data.get("id"), data.get("ranks"), data.get("asked_by")
         if not isinstance(ident, str) or not _ID.match(ident):
             raise ValueError("bad request id")
-        if not isinstance(ranks, list) or not all(_is_int(r) and r >= 0 for r in ranks):
+        if not isinstance(ranks, list) or not all(is_int(r) and r >= 0 for r in ranks):
             raise ValueError("bad ranks")
         created, deadline = data.get("created_t"), data.get("deadline_t")
-        if not _is_number(created) or not _is_number(deadline):
+        if not is_number(created) or not is_number(deadline):
             raise ValueError("bad times")
         asked = asked if isinstance(asked, Mapping) else {}
         node = asked.get("node")
@@ -109,9 +110,9 @@ class StackRequest:
             deadline_t=float(deadline),
             asked_by=Asker(
                 host=str(asked.get("host") or "?"),
-                pid=int(asked["pid"]) if _is_int(asked.get("pid")) else 0,
+                pid=int(asked["pid"]) if is_int(asked.get("pid")) else 0,
                 role=str(asked.get("role") or "watch"),
-                node=node if _is_int(node) else None,
+                node=node if is_int(node) else None,
             ),
         )
 
@@ -147,7 +148,7 @@ class StackAnswer:
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError("not a stack answer")
         ident, node, capture = data.get("request_id"), data.get("node"), data.get("capture_id")
-        if not isinstance(ident, str) or not _ID.match(ident) or not _is_int(node):
+        if not isinstance(ident, str) or not _ID.match(ident) or not is_int(node):
             raise ValueError("bad answer")
         if capture is not None and (not isinstance(capture, str) or "/" in capture):
             raise ValueError("bad capture id")
@@ -160,20 +161,12 @@ class StackAnswer:
             request_id=ident,
             node=int(node),
             host=str(data.get("host") or "?"),
-            pid=int(data["pid"]) if _is_int(data.get("pid")) else 0,
+            pid=int(data["pid"]) if is_int(data.get("pid")) else 0,
             capture_id=capture,
-            ranks=tuple(sorted(r for r in ranks if _is_int(r))),
+            ranks=tuple(sorted(r for r in ranks if is_int(r))),
             errors=tuple(sorted((int(k), str(v)) for k, v in errors.items() if str(k).isdigit())),
-            answered_t=float(answered) if _is_number(answered) else 0.0,
+            answered_t=float(answered) if is_number(answered) else 0.0,
         )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def new_request_id(asker: Asker, now: float | None = None) -> str:

@@ -178,8 +178,8 @@ class AgentLogParser:
         if match and "rank" in self._entry:
             pid = int(match.group(2))
             self.exits[pid] = AgentExit(
-                rank=int(self._entry["rank"]),  # type: ignore[arg-type]
-                local_rank=int(self._entry["local_rank"]),  # type: ignore[arg-type]
+                rank=int(str(self._entry["rank"])),
+                local_rank=int(str(self._entry["local_rank"])),
                 exit_code=int(match.group(1)),
                 pid=pid,
                 host=str(self._entry.get("host")),

@@ -47,7 +47,7 @@ class FaultHooks:
     """What the injector calls; tests replace these to observe a fault without suffering it."""
 
     record: Callable[[str, str, int], None]  # ddpdoctor.runtime.api.fault(spec_text, kind, step)
-    extra_collective: Callable[[], None]  # the mismatch: a collective the peers never call
+    extra_collective: Callable[[], object]  # the mismatch: a collective the peers never call
     sleep: Callable[[float], None] = time.sleep
     hang: Callable[[], None] = _inject_hang
     hard_exit: Callable[[int], None] = _hard_exit

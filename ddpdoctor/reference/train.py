@@ -274,7 +274,9 @@ def train_loop(
     from torch.utils.data import DataLoader, DistributedSampler
 
     workers = cfg.workers_for(ctx.on_gpu)
-    sampler = DistributedSampler(train_set, shuffle=True, seed=cfg.seed, drop_last=True)
+    sampler: DistributedSampler = DistributedSampler(
+        train_set, shuffle=True, seed=cfg.seed, drop_last=True
+    )
     loader = DataLoader(
         train_set,
         batch_size=cfg.batch_size,

@@ -88,7 +88,7 @@ def evaluate(model: Any, test_set: Any, *, device: Any, batch_size: int) -> Eval
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, DistributedSampler
 
-    sampler = DistributedSampler(test_set, shuffle=False)
+    sampler: DistributedSampler = DistributedSampler(test_set, shuffle=False)
     loader = DataLoader(test_set, batch_size=batch_size, sampler=sampler)
     samples = correct = 0
     loss_sum = 0.0

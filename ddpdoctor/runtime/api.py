@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ddpdoctor.protocol.events import FAULT, WARNING
 from ddpdoctor.runtime import core, records
@@ -43,7 +43,7 @@ class PhaseScope:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         runtime = self._runtime
         if runtime is not None and self._previous is not None and core.active() is runtime:
             try:

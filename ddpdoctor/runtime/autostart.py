@@ -138,8 +138,9 @@ def wrap_init_process_group(dist: Any) -> None:
         runtime = core.active() or _start_runtime()
         c10d_hooks.forget_calls()
         result = original(*args, **kwargs)
-        if runtime is not None and core.active() is runtime:
-            runtime.on_process_group()
+        current = core.active()
+        if current is not None and current is runtime:
+            current.on_process_group()
         return result
 
     setattr(init_process_group, JOIN_MARK, True)

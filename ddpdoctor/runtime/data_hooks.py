@@ -243,7 +243,7 @@ def install(runtime: core.Runtime) -> None:
         (DistributedSampler, "__iter__", sampler_iter, original_sampler_iter),
         (DistributedSampler, "set_epoch", set_epoch, original_set_epoch),
     ):
-        new.__ddpdoctor_original__ = old  # type: ignore[attr-defined]
+        new.__dict__["__ddpdoctor_original__"] = old
         setattr(cls, name, new)
         runtime.on_deactivate(functools.partial(_restore, cls, name, new, old))
 

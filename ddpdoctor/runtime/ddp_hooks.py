@@ -118,6 +118,7 @@ class HookSlot:
             import torch.distributed as dist
 
             pg = self.group if self.group is not None else dist.group.WORLD
+            assert pg is not None  # a DDP model exists only inside a process group
             opts = dist.AllreduceOptions()
             opts.reduceOp = dist.ReduceOp.SUM
             if hasattr(opts, "asyncOp"):
@@ -134,7 +135,7 @@ class HookSlot:
 
 # DDP inspects a hook: a function with a __name__, a parameter named `bucket`, and no annotations
 # other than GradBucket / Future[Tensor] (string annotations fail its check): none here.
-def ddpdoctor_comm_hook(slot, bucket):  # type: ignore[no-untyped-def]
+def ddpdoctor_comm_hook(slot, bucket):
     """Run the delegate hook for one bucket, recorded as one all_reduce of the DDP group."""
     runtime = core._active
     if runtime is None:
@@ -403,7 +404,7 @@ def install(runtime: core.Runtime) -> None:
         ("register_comm_hook", register_comm_hook, original_register),
         ("_register_builtin_comm_hook", _register_builtin_comm_hook, original_builtin),
     ):
-        new.__ddpdoctor_original__ = old  # type: ignore[attr-defined]
+        new.__dict__["__ddpdoctor_original__"] = old
         setattr(DDP, name, new)
         runtime.on_deactivate(functools.partial(_restore, DDP, name, new, old))
 

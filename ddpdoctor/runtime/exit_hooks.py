@@ -19,7 +19,7 @@ import sysconfig
 import threading
 import traceback
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from ddpdoctor.protocol.events import ERROR
 from ddpdoctor.runtime import core
@@ -169,6 +169,8 @@ def _install_faulthandler(runtime: core.Runtime) -> None:
     if faulthandler.is_enabled():
         return
     for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
         try:
             faulthandler.enable(file=stream, all_threads=True)
         except Exception:  # noqa: BLE001 - a stream without a file descriptor (captured stderr)
@@ -183,7 +185,7 @@ def _install_exit(runtime: core.Runtime) -> None:
 
     original_exit = sys.exit
 
-    def exit(status: Any = None) -> None:
+    def exit(status: Any = None) -> NoReturn:
         current = core.active()
         if current is not None:
             current.hint_exit(exit_code_of(status), "sys.exit")

@@ -289,8 +289,8 @@ class StackCollector:
         text = f"captured {_plural(len(got))} at {rnd.started}"
         remote_got = sorted(r for r, e in rnd.remote_ranks.items() if e.ok)
         if remote_got:
-            nodes = sorted({rnd.by_node[r] for r in remote_got})
-            text += f" ({_plural(len(remote_got))} by node {', '.join(map(str, nodes))}'s launcher)"
+            by = sorted({rnd.by_node[r] for r in remote_got})
+            text += f" ({_plural(len(remote_got))} by node {', '.join(map(str, by))}'s launcher)"
         missing = rnd.waiting_for if rnd.expired else []
         if missing:
             text += f"; no answer for rank(s) {_rank_list(missing)}"

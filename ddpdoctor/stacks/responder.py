@@ -107,9 +107,12 @@ class StackResponder:
         def work():
             capture = None
             if alive:
-                fn = capture_fn
-                if fn is None:
-                    from ddpdoctor.stacks.capture import capture_stacks as fn
+                if capture_fn is None:
+                    from ddpdoctor.stacks.capture import capture_stacks
+
+                    fn = capture_stacks
+                else:
+                    fn = capture_fn
                 capture = fn(
                     run,
                     alive,

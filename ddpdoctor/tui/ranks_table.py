@@ -34,10 +34,12 @@ class KeyedText(Text):
 def _cell_text(cell: Cell, column_index: int, row_key: str | None = None) -> Text:
     text, style = cell
     column = COLUMNS[column_index]
-    kwargs = {"style": style, "justify": column.justify, "no_wrap": True, "overflow": "ellipsis"}
+    justify = column.justify
     if row_key is not None:
-        return KeyedText(text, row_key, **kwargs)
-    return Text(text, **kwargs)
+        return KeyedText(
+            text, row_key, style=style, justify=justify, no_wrap=True, overflow="ellipsis"
+        )
+    return Text(text, style=style, justify=justify, no_wrap=True, overflow="ellipsis")
 
 
 class RanksTable(DataTable):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from statistics import fmean
+from typing import Literal
 
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot
 from ddpdoctor.protocol.verdicts import ActivityState
@@ -27,7 +28,7 @@ class Column:
     key: str
     label: str
     width: int
-    justify: str = "left"
+    justify: Literal["left", "center", "right"] = "left"
 
 
 # Ordered so that an 80-column terminal shows what matters in a hang: who, what state, how far,
@@ -262,7 +263,7 @@ def host_row(
     rank_text = f"{arrow}{fmt.CULPRIT_MARK if has_culprit else ' '}{host}"
     steps_known = [rv.step for rv in members if rv.step is not None]
     laggard = min(steps_known) if steps_known else None
-    totals = [rv.total_steps for rv in members if rv.total_steps] or [run_total]
+    totals: list[int | None] = [rv.total_steps for rv in members if rv.total_steps] or [run_total]
     total = totals[0]
     in_coll = [rv for rv in members if rv.collective is not None]
     longest = max(in_coll, key=_waiting) if in_coll else None

@@ -40,12 +40,16 @@ def _ddp_keys(module: ModuleIndex, call: ast.Call) -> set[str]:
             keys.add(key)
     cls = module.class_of(call)
     if cls is not None:
-        for key in {target_key(call.func)} - {None}:
-            if key.startswith("self.") and any(
+        attr = target_key(call.func)
+        if (
+            attr is not None
+            and attr.startswith("self.")
+            and any(
                 isinstance(v, ast.Call) and is_ddp(module.qualname(v.func))
-                for _, v in module.class_assignments(cls, key)
-            ):
-                keys.add(key)
+                for _, v in module.class_assignments(cls, attr)
+            )
+        ):
+            keys.add(attr)
     return keys
 
 

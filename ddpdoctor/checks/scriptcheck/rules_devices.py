@@ -143,7 +143,7 @@ def _ddp_bindings(module: ModuleIndex, scope: ast.AST) -> list[tuple[ast.Call, s
             parent = module.parents.get(node)
             if isinstance(parent, ast.Assign):
                 keys |= {target_key(t) for t in parent.targets}
-            found.append((node, keys - {None}))
+            found.append((node, {key for key in keys if key is not None}))
     return found
 
 

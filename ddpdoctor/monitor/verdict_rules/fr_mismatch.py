@@ -39,8 +39,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     parts = [f"{named_ranks(ranks)}: {calls[ranks[0]].describe()}" for _, ranks in ordered]
     evidence = [Evidence(f"{TAG}: torch's analyzer at #{seq}: {why}")]
     for rank, entry in sorted(calls.items())[:8]:
-        dump = snap.fr_of(rank)
-        state = dump.state_of(entry) if dump is not None else entry.state
+        rank_dump = snap.fr_of(rank)
+        state = rank_dump.state_of(entry) if rank_dump is not None else entry.state
         evidence.append(Evidence(f"{TAG}, rank {rank}: {entry.backend} {entry.describe()} {state}"))
     created = [e.created_t for e in calls.values() if e.created_t is not None]
     onset = max(created) if created else snap.taken_t

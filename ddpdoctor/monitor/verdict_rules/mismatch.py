@@ -16,6 +16,7 @@ from ddpdoctor.monitor.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
     CollectiveView,
+    RankView,
     Snapshot,
     Verdict,
 )
@@ -53,7 +54,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     differing: set[tuple[str, int]] = set()
     get = first.get
     # Ranks with the same latest calls (the same calls_key) need comparing only once.
-    classes: dict[int, object] = {}
+    classes: dict[int, RankView] = {}
     for view in snap.ranks:
         classes.setdefault(view.calls_key or -1 - view.rank, view)
     for view in classes.values():

@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ddpdoctor.explain.log_rules import LineRule
+from typing import Protocol
 
 _WORD = re.compile(r"\w+")
 
 
+class Indexable(Protocol):
+    """What the index reads of a rule (log_rules.LineRule, which builds on this module)."""
+
+    @property
+    def needles(self) -> tuple[str, ...]: ...
+
+    @property
+    def examples(self) -> tuple[str, ...]: ...
+
+
 class TokenIndex:
-    def __init__(self, rules: Sequence[LineRule]) -> None:
+    def __init__(self, rules: Sequence[Indexable]) -> None:
         self.by_word: dict[str, set[int]] = {}
         self.substrings: list[tuple[str, int]] = []  # needles with no usable word
         for index, rule in enumerate(rules):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ddpdoctor.protocol.events import (
     ERROR,
@@ -32,9 +32,13 @@ from ddpdoctor.runtime.records import Record
 from ddpdoctor.runtime.steps import StepTracker
 from ddpdoctor.runtime.writer import EventWriter
 
-if TYPE_CHECKING:
-    from ddpdoctor.runtime.flight_recorder import FrResponder
-    from ddpdoctor.runtime.heartbeat import Heartbeat
+
+class BeatThread(Protocol):
+    """The heartbeat thread as the runtime knows it (runtime/heartbeat.py builds on this module,
+    so the runtime names only what it needs of it)."""
+
+    def stop(self, timeout: float | None = 2.0) -> None: ...
+
 
 # Events kept in memory while the rank is not known yet (no $RANK: it comes from the process
 # group later). Beyond this, the oldest heartbeats would only repeat themselves: drop new ones.
@@ -107,11 +111,10 @@ class Runtime:
         self.join_only = False
         self.world_size: int | None = None  # from the process group, once joined
         self.exit_hint: ExitHint | None = None
-        self.heartbeat: Heartbeat | None = None  # its thread, once activate() started it
+        self.heartbeat: BeatThread | None = None  # its thread, once activate() started it
         # How DDP's gradient buckets are recorded ({"mode", "why"}: ddp_hooks.bucket_mode), said
         # in the hello event once the DDP hooks are installed.
         self.bucket_recording: dict[str, str] | None = None
-        self._fr: FrResponder | None = None  # answers flight-recorder requests, once asked
         self.finished = False
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
@@ -229,16 +232,6 @@ class Runtime:
             pg_timeout_given=self.pg_timeout_given,
             **extra,
         )
-
-    def answer_requests(self) -> None:
-        """The monitor's flight-recorder requests (the heartbeat thread calls this every beat:
-        one stat of the requests folder until one comes)."""
-        responder = self._fr
-        if responder is None:
-            from ddpdoctor.runtime.flight_recorder import FrResponder
-
-            responder = self._fr = FrResponder(self)
-        responder.poll()
 
     def on_process_group(self) -> None:
         """init_process_group returned: learn rank, backend and device, and say hello again."""

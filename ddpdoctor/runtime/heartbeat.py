@@ -19,6 +19,7 @@ from typing import Any
 
 from ddpdoctor.protocol.events import HEARTBEAT
 from ddpdoctor.runtime.core import Runtime
+from ddpdoctor.runtime.flight_recorder import FrResponder
 from ddpdoctor.runtime.progress_probe import progress_fields
 
 # How often the probes of collectives in flight are polled while there are any.
@@ -80,6 +81,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._queued = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fr: FrResponder | None = None  # answers flight-recorder requests, once asked
         self.beats = 0
 
     def start(self) -> None:
@@ -123,7 +125,15 @@ class Heartbeat:
         writer = self.runtime.writer
         if writer is not None:
             writer.check_file()
-        self.runtime.answer_requests()
+        self._answer_requests()
+
+    def _answer_requests(self) -> None:
+        """The monitor's flight-recorder requests: one stat of the requests folder a beat until
+        one comes (the responder, and torch with it, is loaded only then)."""
+        responder = self._fr
+        if responder is None:
+            responder = self._fr = FrResponder(self.runtime)
+        responder.poll()
 
     def _run(self) -> None:
         """Beat every period, and write what the training thread queued.

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint format clean bench cluster cluster-stop
+.PHONY: demo test lint docs docs-serve format clean bench cluster cluster-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,18 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check ddpdoctor tests benchmarks sample_jobs
 	$(BIN)/ruff format --check ddpdoctor tests benchmarks sample_jobs
+	$(BIN)/mypy
 
-test: lint
+test: lint docs
 	$(BIN)/python -m pytest -q --durations=10
+
+# The documentation site (mkdocs-material), built strictly: a broken link or a page missing from
+# the navigation fails the build, and so `make test`.
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 format: $(VENV)/.installed-test
 	$(BIN)/ruff check --fix ddpdoctor tests benchmarks sample_jobs
@@ -50,4 +59,4 @@ cluster-stop:
 	bash scripts/cluster.sh stop
 
 clean:
-	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache
+	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache .mypy_cache

@@ -115,13 +115,43 @@ def main(argv: list[str]) -> int:
     end_everything_below_me()
     if orphaned.is_set():
         return 1
-    code = proc.returncode
-    if code < 0:  # die of the same signal, as the command did
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-        return 128 - code
-    return code
+    return exit_as(proc.returncode)
+
+
+def exit_as(code: int) -> int:
+    """End as the command did: return its exit code, or die of the signal that ended it.
+
+    SIGKILL (the OOM killer) and SIGSTOP take no handler: `signal.signal` raises for them, which
+    once turned the job's OOM kill into a traceback of the guard's and exit 1. Any signal is sent
+    to the guard with its default action where that can be set, unblocked; should the guard
+    survive it (a signal whose default action is not to end a process), it exits 128 + N, as a
+    shell reports a death by signal N."""
+    if code >= 0:
+        return code
+    signum = -code
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(signum, signal.SIG_DFL)
+    with contextlib.suppress(OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    with contextlib.suppress(OSError):
+        os.kill(os.getpid(), signum)
+    return 128 + signum
+
+
+def guarded_main(argv: list[str]) -> int:
+    """`main`, with ddpdoctor's own failure kept out of the job's record: the guard's output is
+    the job's (torchrun.log), where a traceback from this file would be read as an exception of
+    the user's job. One line says it is ddpdoctor's, and the job is ended, not left behind."""
+    try:
+        return main(argv)
+    except Exception as exc:  # noqa: BLE001 - reported as ddpdoctor's own, in one line
+        sys.stderr.write(
+            f"ddpdoctor: internal error in the job guard: {type(exc).__name__}: {exc}\n"
+        )
+        with contextlib.suppress(Exception):
+            end_everything_below_me()
+        return 3
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(guarded_main(sys.argv[1:]))

@@ -46,6 +46,7 @@ from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.protocol.torchrun_logs import AgentLogParser, signal_name
+from ddpdoctor.protocol.trust import Origin, agent_log_origin
 from ddpdoctor.protocol.verdicts import RankState, Verdict
 from ddpdoctor.rank_ranges import named_ranks
 from ddpdoctor.stacks.responder import StackResponder
@@ -401,9 +402,16 @@ def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
         else:
             continue
         described.add(rank.rank)
+    views = {view.rank: view for view in final.ranks}
+    origin = agent_log_origin(final.run.launch_mode)
     for exit_ in sorted(agent_exits.values(), key=lambda e: (e.rank is None, e.rank or 0)):
         if exit_.rank is None or exit_.rank in described or exit_.exit_code == 0:
             continue
+        view = views.get(exit_.rank)
+        if view is not None and (view.state is RankState.DONE or view.alive is True):
+            continue  # ddpdoctor saw it finish, or run: the table's word is not a fact (trust.py)
+        if view is None and origin is Origin.JOB:
+            continue  # a rank ddpdoctor never saw, named only by the job's output
         how = f"ended by {exit_.signal}" if exit_.signal else f"exited with code {exit_.exit_code}"
         lines.append(f"rank {exit_.rank} {how} (torchrun)")
         described.add(exit_.rank)

@@ -36,6 +36,7 @@ from ddpdoctor.console import make_console, symbols_for, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.launch.capacity import HostCapacity, check_nproc
 from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
+from ddpdoctor.launch.hangup import Hangup
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
@@ -163,11 +164,29 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     # Every process of the job carries this marker: whatever still has it when the launch ends
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.
-    launch_id = env[ENV_LAUNCH_ID] = new_launch_id()
+    env[ENV_LAUNCH_ID] = new_launch_id()
+    # From here to the last line printed, a hangup of the terminal leaves the job running and
+    # ddpdoctor watching it to the end (hangup.py).
+    with Hangup().installed() as hangup:
+        return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
+
+
+def run_and_report(
+    plan: LaunchPlan,
+    watchers: Watchers,
+    run_dir: RunDir,
+    console: Console,
+    argv: list[str],
+    env: dict[str, str],
+    recorder: NodeRecorder | None,
+    hangup: Hangup,
+) -> int:
+    """Run the job to its end, then print how it ended; the exit code."""
+    launch_id = env[ENV_LAUNCH_ID]
     reaper = Reaper(launch_id)
     try:
         outcome, agent_exits = run_job(
-            plan, watchers, run_dir, console, argv, env, recorder=recorder
+            plan, watchers, run_dir, console, argv, env, recorder=recorder, hangup=hangup
         )
     finally:
         end_marked(launch_id)
@@ -206,6 +225,7 @@ def run_job(
     env: dict[str, str],
     *,
     recorder: NodeRecorder | None = None,
+    hangup: Hangup | None = None,
 ) -> tuple[RunOutcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
     print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
@@ -248,9 +268,16 @@ def run_job(
         with forward_signals(job, interrupts, leave_tui=use_tui):
             if use_tui and watchers.tui is not None:
                 # A signal ends the app by KeyboardInterrupt (Textual restores the terminal).
+                if hangup is not None:
+                    hangup.in_tui = True
                 with contextlib.suppress(KeyboardInterrupt):
                     title = f"ddpdoctor run: {plan.job_name}"
                     watchers.tui(supervised, mode="run", job=job, title=title)
+                if hangup is not None:
+                    hangup.in_tui = False
+                    if hangup.happened and interrupts.signum is None:
+                        # The terminal went away, not the user: the job goes on, watched.
+                        watch_headless(supervised, job, view, lines)
             else:
                 watch_headless(supervised, job, view, lines)
         end_job(job)

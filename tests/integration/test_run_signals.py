@@ -1,0 +1,113 @@
+"""The signal policy of `ddpdoctor run`, for each launch mode (docs/trust-and-signals.md).
+
+SIGHUP (the terminal went away): the job runs on, ddpdoctor watches it to the end, writes
+diagnosis.json and exits with the verdict's code. The terminal here is a real pseudo-terminal,
+ddpdoctor's controlling terminal, hung up by closing its master side, as a dropped ssh session
+does."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import select
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import PYTHON, clean_env, ddpdoctor_cmd, job_processes, kill_group
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+JOBS = Path(__file__).resolve().parent.parent / "launch_jobs"
+STEPS = 80
+
+
+def _controlling_terminal() -> None:
+    """In the child, after setsid: its stdin (the pty's slave) becomes its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def drain(master: int, until: float) -> bytes:
+    """Read what ddpdoctor wrote to its terminal (so it never blocks on a full pty) until then."""
+    out = b""
+    while time.monotonic() < until:
+        ready, _, _ = select.select([master], [], [], max(0.0, min(0.2, until - time.monotonic())))
+        if ready:
+            try:
+                out += os.read(master, 65536)
+            except OSError:
+                break
+    return out
+
+
+def steps_of(run_dir: Path, rank: int) -> list[int]:
+    path = run_dir / "events" / f"rank-{rank}.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("kind") == "step":
+                steps.append(event["step"])
+    return steps
+
+
+SCRIPT_MODE = ("--nproc", "2", "--", str(JOBS / "env_hang.py"))
+USERS_TORCHRUN = (
+    "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    str(JOBS / "env_hang.py"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        pytest.param(SCRIPT_MODE, id="ddpdoctors-torchrun"),
+        pytest.param(USERS_TORCHRUN, id="users-torchrun"),
+    ],
+)
+def test_a_hangup_of_the_terminal_leaves_the_job_running_to_its_end(tmp_path, job):
+    run_dir = tmp_path / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-doctor", "--no-tui", "--run-dir", str(run_dir), *job, "--steps", str(STEPS)
+    )  # fmt: skip
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        cmd,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=tmp_path,
+        env=clean_env({"TERM": "xterm-256color"}),
+        start_new_session=True,
+        preexec_fn=_controlling_terminal,
+    )
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(steps_of(run_dir, 1)) < 5:
+            drain(master, time.monotonic() + 0.5)
+            assert proc.poll() is None, "ddpdoctor ended before the job trained"
+        assert len(steps_of(run_dir, 1)) >= 5, "the job never trained"
+        os.close(master)  # the terminal hangs up: SIGHUP to ddpdoctor, its session's leader
+        master = -1
+        returncode = proc.wait(timeout=120)
+    finally:
+        if master >= 0:
+            os.close(master)
+        kill_group(proc)
+        for left in job_processes(run_dir):  # never leak into the suite, even on failure
+            with contextlib.suppress(Exception):
+                left.kill()
+    assert returncode == 0, f"ddpdoctor ended with {returncode}"
+    diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
+    assert diagnosis["verdict"] == "healthy"
+    assert [r["state"] for r in diagnosis["ranks"]] == ["done", "done"]
+    assert steps_of(run_dir, 0)[-1] == steps_of(run_dir, 1)[-1] == STEPS  # every step ran

@@ -10,7 +10,8 @@ guard, which ddpdoctor starts instead (same output, same exit status, signals pa
 
 - it is a child subreaper (PR_SET_CHILD_SUBREAPER): a process of the job whose parent dies (the
   ranks of a dead mp.spawn parent) becomes its child, not init's, so it can still find them;
-- it forwards SIGINT and SIGTERM from ddpdoctor to the command;
+- it forwards SIGINT and SIGTERM from ddpdoctor to the command, in the command's own stop
+  protocol (stop_protocol.py: srun gets two SIGINTs for a Ctrl-C, and never SIGKILL);
 - when ddpdoctor dies (the parent-death signal, or its parent pid changes), or when the command
   has ended and left processes behind, it sends SIGTERM to every process below it, and SIGKILL
   to whatever still runs STOP_GRACE_S later;
@@ -31,6 +32,13 @@ import sys
 import threading
 import time
 
+from ddpdoctor.launch.stop_protocol import (
+    end_sruns,
+    is_srun,
+    is_srun_command,
+    pass_on,
+    slurm_steps,
+)
 from ddpdoctor.launchers.proc_tree import descendants
 
 STOP_GRACE_S = 3.0
@@ -45,19 +53,26 @@ def _prctl(option: int, value: int) -> None:
 
 
 def end_everything_below_me() -> None:
-    """SIGTERM to every process below the guard, SIGKILL to what is left after the grace."""
+    """SIGTERM to every process below the guard, SIGKILL to what is left after the grace; srun
+    is spared SIGKILL (it would leak its allocation) and ended by its own protocol instead."""
     me = os.getpid()
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        pids = descendants(me)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-        if signum == signal.SIGKILL or not pids:
-            break
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and descendants(me):
-            _reap()
-            time.sleep(0.1)
+    pids = descendants(me)
+    steps = slurm_steps(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while pids and time.monotonic() < deadline and descendants(me):
+        _reap()
+        time.sleep(0.1)
+    sruns = []
+    for pid in descendants(me):
+        if is_srun(pid):
+            sruns.append(pid)
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    end_sruns(sruns, steps)
     _reap()
 
 
@@ -81,6 +96,7 @@ def main(argv: list[str]) -> int:
     _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
     if os.getppid() != parent or parent == 1:
         return 1  # ddpdoctor died before the guard was set up: start nothing
+    srun = is_srun_command(argv)  # a Ctrl-C passed on to srun is two SIGINTs (stop_protocol)
     orphaned = threading.Event()
     started: list[subprocess.Popen[bytes]] = []
     pending: list[int] = []
@@ -89,8 +105,7 @@ def main(argv: list[str]) -> int:
         if os.getppid() != parent:  # the parent-death signal: ddpdoctor is gone
             orphaned.set()
         elif started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(started[0].pid, signum)
+            pass_on(started[0].pid, signum, srun=srun)
         else:
             pending.append(signum)  # before the command started: passed on once it has
 
@@ -103,8 +118,7 @@ def main(argv: list[str]) -> int:
         return 127
     started.append(proc)
     for signum in pending:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signum)
+        pass_on(proc.pid, signum, srun=srun)
     while proc.poll() is None and not orphaned.is_set():
         if os.getppid() != parent:
             orphaned.set()

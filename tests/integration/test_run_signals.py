@@ -13,14 +13,25 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import termios
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, clean_env, ddpdoctor_cmd, job_processes, kill_group
+from tests.integration.test_run_commands import slurm
+from tests.procs import (
+    PYTHON,
+    background,
+    clean_env,
+    ddpdoctor_cmd,
+    job_processes,
+    kill_group,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -111,3 +122,44 @@ def test_a_hangup_of_the_terminal_leaves_the_job_running_to_its_end(tmp_path, jo
     assert diagnosis["verdict"] == "healthy"
     assert [r["state"] for r in diagnosis["ranks"]] == ["done", "done"]
     assert steps_of(run_dir, 0)[-1] == steps_of(run_dir, 1)[-1] == STEPS  # every step ran
+
+
+# -- srun (make cluster) ----------------------------------------------------------------------
+
+
+def squeue_named(name: str) -> str:
+    done = subprocess.run(
+        ["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True, text=True, timeout=10
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.slurm
+@slurm
+def test_ctrl_c_under_srun_ends_the_step_and_releases_the_allocation(tmp_path):
+    """One SIGINT is only a status request to srun; ddpdoctor used to SIGKILL srun 6 s later,
+    which left the job RUNNING with no processes, blocking the next srun."""
+    name = f"ddpdoctor-ctrl-c-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-doctor", "--no-tui", "--run-dir", str(run_dir), "--",
+        "srun", "-J", name, "-n", "2", PYTHON, str(JOBS / "env_hang.py"), "--steps", "100000",
+    )  # fmt: skip
+    try:
+        with background(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as p:
+            wait_for(
+                lambda: len(steps_of(run_dir, 1)) >= 2 or p.poll() is not None,
+                timeout=120,
+                what="the srun job to train",
+            )
+            assert p.poll() is None, p.stdout.read()
+            assert squeue_named(name), "the job is not in squeue"
+            os.kill(p.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 130, out
+        left = wait_for(
+            lambda: not squeue_named(name) or None, timeout=15, what="the allocation to go"
+        )
+        assert left
+    finally:
+        subprocess.run(["scancel", "-n", name], capture_output=True, timeout=10, check=False)

@@ -5,10 +5,15 @@ rank was killed, ended by a signal or failed (torchrun's failure table, as any r
 can print it) is kept as it is while it agrees with ddpdoctor's own observation; when the rank it
 names finished cleanly (its exit event said code 0) or its process runs, the report is the
 job's text, not a fact: it stays visible, quoted, as information that was not acted on.
+
+ddpdoctor's own failures are not the job's either: a Python exception raised in ddpdoctor's
+launch code (the guard around a user's command writes into the job's output) is reported as
+ddpdoctor's internal error, never as an exception of the user's job.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -17,6 +22,25 @@ from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot
 
 # The explainers' findings that say a rank ended (ddpdoctor.explain.torchrun).
 EXIT_REPORTS = frozenset({"torchrun.killed", "torchrun.signal", "torchrun.failed"})
+# Code of ddpdoctor's that runs around the job, never in it: its frames are ddpdoctor's own.
+_OWN_FRAME = re.compile(r'File "[^"]*/ddpdoctor/launch/[^"/]+\.py"')
+INTERNAL = "ddpdoctor.internal"
+
+
+def ddpdoctors_own(finding: Finding) -> Finding:
+    """A traceback raised in ddpdoctor's launch code, told as ddpdoctor's, not the job's."""
+    if finding.id != "python.exception":
+        return finding
+    if not any(_OWN_FRAME.search(e.text[:2000]) for e in finding.evidence):
+        return finding
+    return replace(
+        finding,
+        id=INTERNAL,
+        severity=Severity.WARNING,
+        summary=f"ddpdoctor's own launch code failed (not your job): {finding.summary}",
+        fix="Nothing to fix in your job. Please report this error of ddpdoctor's, with the "
+        "lines above.",
+    )
 
 
 def _contradiction(view: RankView) -> str | None:
@@ -31,7 +55,7 @@ def _contradiction(view: RankView) -> str | None:
 def weigh_exit_reports(findings: Iterable[Finding], snap: Snapshot) -> list[Finding]:
     views = {view.rank: view for view in snap.ranks}
     weighed = []
-    for finding in findings:
+    for finding in map(ddpdoctors_own, findings):
         if finding.id in EXIT_REPORTS and finding.severity is not Severity.INFO:
             seen = [
                 c

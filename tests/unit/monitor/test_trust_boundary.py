@@ -106,3 +106,35 @@ def test_a_printed_report_of_a_rank_that_finished_cleanly_is_information_not_an_
     assert weighed.severity is Severity.INFO and weighed.summary.startswith("not acted on")
     assert "rank 1 finish normally" in weighed.summary
     assert not any(f.severity is Severity.ERROR for f in found.findings)
+
+
+GUARD_TRACEBACK = """\
+Traceback (most recent call last):
+  File "<frozen runpy>", line 88, in _run_code
+  File "/opt/ddpdoctor/launch/job_guard.py", line 120, in main
+    signal.signal(-code, signal.SIG_DFL)
+  File "/usr/lib/python3.11/signal.py", line 56, in signal
+    handler = _signal.signal(_enum_to_int(signalnum), _enum_to_int(handler))
+OSError: [Errno 22] Invalid argument"""
+
+
+def test_an_exception_of_ddpdoctors_own_launch_code_is_not_the_jobs():
+    from ddpdoctor.explain import explain_lines
+    from ddpdoctor.findings import Severity
+    from ddpdoctor.monitor.diagnose import diagnose
+
+    printed = explain_lines(GUARD_TRACEBACK.splitlines(), "logs/vm/torchrun.log")
+    assert [f.id for f in printed] == ["python.exception"]
+    state = state_with_table("command", {0: True, 1: True})
+    found = diagnose(state.snapshot(NOW + 4.0), extra_findings=printed)
+    assert [f.id for f in found.findings] == ["ddpdoctor.internal"]
+    internal = found.findings[0]
+    assert internal.severity is Severity.WARNING and "not your job" in internal.summary
+    user_error = explain_lines(
+        GUARD_TRACEBACK.replace(
+            "/opt/ddpdoctor/launch/job_guard.py", "/home/me/train.py"
+        ).splitlines(),
+        "logs/vm/torchrun.log",
+    )
+    kept = diagnose(state.snapshot(NOW + 4.0), extra_findings=user_error).findings
+    assert [f.id for f in kept] == ["python.exception"]

@@ -102,6 +102,13 @@ class RunOutcome:
 
 
 def launch(plan: LaunchPlan, watchers: Watchers) -> int:
+    # From the preflight to the last line printed, a hangup of the terminal leaves the job
+    # running (or starting) and ddpdoctor watching it to the end (hangup.py).
+    with Hangup().installed() as hangup:
+        return _launch(plan, watchers, hangup)
+
+
+def _launch(plan: LaunchPlan, watchers: Watchers, hangup: Hangup) -> int:
     if plan.command is None:  # a user's command decides its own ranks
         check_nproc(plan.nproc_per_node, HostCapacity.here(), plan.workers or 0)
     if plan.run_dir is not None:
@@ -165,10 +172,7 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.
     env[ENV_LAUNCH_ID] = new_launch_id()
-    # From here to the last line printed, a hangup of the terminal leaves the job running and
-    # ddpdoctor watching it to the end (hangup.py).
-    with Hangup().installed() as hangup:
-        return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
+    return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
 
 
 def run_and_report(

@@ -117,8 +117,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"ddpdoctor: error: cannot run {argv[0]}: {exc.strerror or exc}\n")
         return 127
     started.append(proc)
-    for signum in pending:
-        pass_on(proc.pid, signum, srun=srun)
+    for waiting in pending:
+        pass_on(proc.pid, waiting, srun=srun)
     while proc.poll() is None and not orphaned.is_set():
         if os.getppid() != parent:
             orphaned.set()

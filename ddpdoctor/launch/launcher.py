@@ -272,16 +272,18 @@ def run_job(
         with forward_signals(job, interrupts, leave_tui=use_tui):
             if use_tui and watchers.tui is not None:
                 # A signal ends the app by KeyboardInterrupt (Textual restores the terminal).
-                if hangup is not None:
-                    hangup.in_tui = True
                 with contextlib.suppress(KeyboardInterrupt):
-                    title = f"ddpdoctor run: {plan.job_name}"
-                    watchers.tui(supervised, mode="run", job=job, title=title)
-                if hangup is not None:
-                    hangup.in_tui = False
-                    if hangup.happened and interrupts.signum is None:
-                        # The terminal went away, not the user: the job goes on, watched.
-                        watch_headless(supervised, job, view, lines)
+                    try:  # a hangup leaves the app only while it runs (never the job's watch)
+                        if hangup is not None:
+                            hangup.in_tui = True
+                        title = f"ddpdoctor run: {plan.job_name}"
+                        watchers.tui(supervised, mode="run", job=job, title=title)
+                    finally:
+                        if hangup is not None:
+                            hangup.in_tui = False
+                if hangup is not None and hangup.happened and interrupts.signum is None:
+                    # The terminal went away, not the user: the job goes on, watched.
+                    watch_headless(supervised, job, view, lines)
             else:
                 watch_headless(supervised, job, view, lines)
         end_job(job)

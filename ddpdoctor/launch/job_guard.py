@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 
+from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, marked_pids
 from ddpdoctor.launch.stop_protocol import (
     end_sruns,
     is_srun,
@@ -57,7 +58,9 @@ def end_everything_below_me() -> None:
     is spared SIGKILL (it would leak its allocation) and ended by its own protocol instead."""
     me = os.getpid()
     pids = descendants(me)
-    steps = slurm_steps(pids)
+    # srun's tasks run under slurmstepd, not below the guard: the launch's marker finds them.
+    launch_id = os.environ.get(ENV_LAUNCH_ID)
+    steps = slurm_steps([*pids, *(marked_pids(launch_id) if launch_id else ())])
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)

@@ -36,6 +36,7 @@ from ddpdoctor.console import make_console, symbols_for, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.launch.capacity import HostCapacity, check_nproc
 from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
+from ddpdoctor.launch.hangup import Hangup
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
@@ -46,6 +47,7 @@ from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.protocol.torchrun_logs import AgentLogParser, signal_name
+from ddpdoctor.protocol.trust import Origin, agent_log_origin
 from ddpdoctor.protocol.verdicts import RankState, Verdict
 from ddpdoctor.rank_ranges import named_ranks
 from ddpdoctor.stacks.responder import StackResponder
@@ -100,6 +102,13 @@ class RunOutcome:
 
 
 def launch(plan: LaunchPlan, watchers: Watchers) -> int:
+    # From the preflight to the last line printed, a hangup of the terminal leaves the job
+    # running (or starting) and ddpdoctor watching it to the end (hangup.py).
+    with Hangup().installed() as hangup:
+        return _launch(plan, watchers, hangup)
+
+
+def _launch(plan: LaunchPlan, watchers: Watchers, hangup: Hangup) -> int:
     if plan.command is None:  # a user's command decides its own ranks
         check_nproc(plan.nproc_per_node, HostCapacity.here(), plan.workers or 0)
     if plan.run_dir is not None:
@@ -162,11 +171,26 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     # Every process of the job carries this marker: whatever still has it when the launch ends
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.
-    launch_id = env[ENV_LAUNCH_ID] = new_launch_id()
+    env[ENV_LAUNCH_ID] = new_launch_id()
+    return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
+
+
+def run_and_report(
+    plan: LaunchPlan,
+    watchers: Watchers,
+    run_dir: RunDir,
+    console: Console,
+    argv: list[str],
+    env: dict[str, str],
+    recorder: NodeRecorder | None,
+    hangup: Hangup,
+) -> int:
+    """Run the job to its end, then print how it ended; the exit code."""
+    launch_id = env[ENV_LAUNCH_ID]
     reaper = Reaper(launch_id)
     try:
         outcome, agent_exits = run_job(
-            plan, watchers, run_dir, console, argv, env, recorder=recorder
+            plan, watchers, run_dir, console, argv, env, recorder=recorder, hangup=hangup
         )
     finally:
         end_marked(launch_id)
@@ -205,6 +229,7 @@ def run_job(
     env: dict[str, str],
     *,
     recorder: NodeRecorder | None = None,
+    hangup: Hangup | None = None,
 ) -> tuple[RunOutcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
     print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
@@ -248,8 +273,17 @@ def run_job(
             if use_tui and watchers.tui is not None:
                 # A signal ends the app by KeyboardInterrupt (Textual restores the terminal).
                 with contextlib.suppress(KeyboardInterrupt):
-                    title = f"ddpdoctor run: {plan.job_name}"
-                    watchers.tui(supervised, mode="run", job=job, title=title)
+                    try:  # a hangup leaves the app only while it runs (never the job's watch)
+                        if hangup is not None:
+                            hangup.in_tui = True
+                        title = f"ddpdoctor run: {plan.job_name}"
+                        watchers.tui(supervised, mode="run", job=job, title=title)
+                    finally:
+                        if hangup is not None:
+                            hangup.in_tui = False
+                if hangup is not None and hangup.happened and interrupts.signum is None:
+                    # The terminal went away, not the user: the job goes on, watched.
+                    watch_headless(supervised, job, view, lines)
             else:
                 watch_headless(supervised, job, view, lines)
         end_job(job)
@@ -401,9 +435,16 @@ def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
         else:
             continue
         described.add(rank.rank)
+    views = {view.rank: view for view in final.ranks}
+    origin = agent_log_origin(final.run.launch_mode)
     for exit_ in sorted(agent_exits.values(), key=lambda e: (e.rank is None, e.rank or 0)):
         if exit_.rank is None or exit_.rank in described or exit_.exit_code == 0:
             continue
+        view = views.get(exit_.rank)
+        if view is not None and (view.state is RankState.DONE or view.alive is True):
+            continue  # ddpdoctor saw it finish, or run: the table's word is not a fact (trust.py)
+        if view is None and origin is Origin.JOB:
+            continue  # a rank ddpdoctor never saw, named only by the job's output
         how = f"ended by {exit_.signal}" if exit_.signal else f"exited with code {exit_.exit_code}"
         lines.append(f"rank {exit_.rank} {how} (torchrun)")
         described.add(exit_.rank)

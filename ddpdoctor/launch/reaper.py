@@ -25,6 +25,8 @@ import time
 import uuid
 from collections.abc import Mapping
 
+from ddpdoctor.launch.stop_protocol import end_sruns, is_srun, slurm_steps
+
 ENV_LAUNCH_ID = "DDPDOCTOR_LAUNCH_ID"
 GRACE_S = 3.0  # SIGTERM first; whatever runs this long after gets SIGKILL
 MAX_ROUNDS = 20
@@ -74,19 +76,29 @@ def _alive(pid: int) -> bool:
 
 
 def end_marked(launch_id: str, *, grace_s: float = GRACE_S) -> int:
-    """End every process of the launch; returns how many were found. Bounded in time."""
+    """End every process of the launch; returns how many were found. Bounded in time.
+
+    srun gets SIGTERM (it then ends its step) but never SIGKILL, which would leak its Slurm
+    allocation: once the rest is gone, stop_protocol.end_sruns waits for it, cancels its steps
+    if it lingers, and kills it only after that."""
     seen: set[int] = set()
+    sruns: set[int] = set()
+    steps: set[str] = set()
     for _ in range(MAX_ROUNDS):
-        pids = [p for p in marked_pids(launch_id) if _alive(p)]
+        pids = [p for p in marked_pids(launch_id) if _alive(p) and p not in sruns]
         if not pids:
             break
         seen.update(pids)
+        steps.update(slurm_steps(pids))
         _signal(pids, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.05)
-        _signal([p for p in pids if _alive(p)], signal.SIGKILL)
+        left = [p for p in pids if _alive(p)]
+        sruns.update(p for p in left if is_srun(p))
+        _signal([p for p in left if p not in sruns], signal.SIGKILL)
         grace_s = min(grace_s, 0.5)  # later rounds: only what was forked meanwhile
+    end_sruns(sruns, steps)
     return len(seen)
 
 

@@ -7,6 +7,8 @@ in) unless the user asked to keep it running.
 The launcher stops a job only on a certain verdict (`Snapshot.confirmed`): a mismatch deadlock, a
 crash torchrun did not end, or a hang whose culprit is confirmed blocked by two heartbeat
 intervals (no CPU advance, no I/O, the same frame), silent (its heartbeat stopped) or finished.
+Those verdicts rest on what ddpdoctor observed (the ranks' events, the process table): text the
+job printed never ends a rank or confirms a verdict (ddpdoctor.protocol.trust).
 Never for a busy rank: ranks waiting for one are a wait (a `running` verdict with a
 `wait.busy_rank` finding), even when the wait becomes an error near the process group's timeout,
 since torch's own timeout ends it then. A hang without a culprit (every rank in the same

@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from ddpdoctor.launch.output_tail import OutputTail
+from ddpdoctor.launch.stop_protocol import is_srun
 from ddpdoctor.launchers.proc_tree import descendants
 from ddpdoctor.protocol.rundir import open_private
 
@@ -239,6 +240,8 @@ class TorchrunProcess:
         for proc in procs:
             if not _running(proc) or (not include_agent and proc.pid == self.pid):
                 continue
+            if signum == signal.SIGKILL and is_srun(proc.pid):
+                continue  # SIGKILL leaks srun's allocation: it ends with its tasks (end_marked)
             # Each worker leads its own group (its DataLoader workers are in it): signal the group.
             with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                 if os.getpgid(proc.pid) == proc.pid:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from ddpdoctor.findings import Finding, sort_findings
 from ddpdoctor.monitor.fr_evidence import annotate as with_flight_recorder
+from ddpdoctor.monitor.job_text import weigh_exit_reports
 from ddpdoctor.monitor.script_citations import annotate as with_script_checkup
 from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict, WaitView
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
@@ -129,7 +130,8 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
         # The stop was ddpdoctor's (or the watchdog's after the hang): torchrun's report that a
         # rank was terminated "from outside" says nothing the consequence finding does not.
         extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
-    secondary.extend(extra_findings)
+    # Text reports of a rank's end that ddpdoctor's observation contradicts: information only.
+    secondary.extend(weigh_exit_reports(extra_findings, snap))
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):
         if (finding.id, finding.summary) not in seen:

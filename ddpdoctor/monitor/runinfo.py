@@ -54,6 +54,7 @@ def run_info(run: RunDir, data: dict[str, Any] | None = None) -> RunInfo:
         command=tuple(str(c) for c in command) if isinstance(command, list) else (),
         nnodes=_int(_first(data, "nnodes")),
         total_steps=_int(_first(data, "total_steps", "steps")),
+        launch_mode=data.get("launch_mode") if isinstance(data.get("launch_mode"), str) else None,
     )
 
 

@@ -257,6 +257,8 @@ class RunInfo:
     command: tuple[str, ...] = ()
     nnodes: int | None = None
     total_steps: int | None = None
+    # run.json's: "torchrun" (ddpdoctor's own) or "command" (the user's launch command)
+    launch_mode: str | None = None
 
 
 @dataclass(frozen=True)

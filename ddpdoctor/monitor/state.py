@@ -40,6 +40,7 @@ from ddpdoctor.protocol.torchrun_logs import (
     LogSource,
     signal_name,
 )
+from ddpdoctor.protocol.trust import agent_log_origin, report_may_end_rank
 
 LOG_RING = 1000  # recent log lines kept for the logs panel
 MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank
@@ -366,7 +367,11 @@ class RunState:
             return RankState.FAILED, tracker.error_t, None, None
         agent = self.agent_exit(tracker)
         vanished_t = tracker.last_event_t
-        if agent is not None:
+        if agent is not None and report_may_end_rank(
+            agent_log_origin(self.info.launch_mode),
+            alive=self.alive.get(tracker.rank),
+            live=live,
+        ):  # torchrun's table explains an end ddpdoctor saw; it never ends a running rank
             if tracker.agent_exit_code is None:
                 tracker.agent_exit_code = agent.exit_code
                 key = next((k for k, p in self.agents.items() if agent.pid in p.exits), "")

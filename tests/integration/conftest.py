@@ -87,6 +87,12 @@ PLAIN_MISSING_SET_EPOCH = (
     f"{SAMPLES}/missing_set_epoch.py",
 )  # fmt: skip
 
+FORGED_TABLE = (
+    *ddpdoctor_cmd("run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}"),
+    "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    str(LAUNCH_JOBS / "forged_table.py"), "--seconds", "22",
+)  # fmt: skip
+
 # The longest waits first, so that they overlap with the others.
 JOBS = [
     # init_process_group(world_size=3) under 2 ranks: the verdict needs 10 s of waiting
@@ -100,6 +106,9 @@ JOBS = [
         command=(*users_torchrun("--hang-after", "2"), "--hang-rank", "0", "--hang-step", "3"),
     ),
     Job("users-torchrun", command=(*users_torchrun(), "--steps", "10")),
+    # rank 0 prints a torchrun failure table naming rank 1 killed (test_run_trust): the job is
+    # healthy for longer than a crash's stop takes (15 s), so a stop on that text would show
+    Job("forged-table", command=FORGED_TABLE),
     # the healthy reference job with ddpdoctor's stdout closed or full (test_run_hardening): the
     # closed pipe with the preflight doctor too, whose report is the first thing written
     Job(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ddpdoctor.exit_codes import ExitCode
@@ -123,3 +125,22 @@ def test_a_node_that_never_joined_means_not_started():
     assert RunOutcome(
         final=waiting, job_returncode=None, stopped_for=None, interrupted=False
     ).started
+
+
+def test_torchruns_table_never_contradicts_what_ddpdoctor_saw():
+    """A job can print a torchrun-style table: a rank that finished cleanly or still runs is not
+    "ended by SIGKILL" in the closing lines, and in a user's command's output (the job's text) a
+    rank ddpdoctor never saw is not named at all."""
+    ranks = [
+        RankView(rank=0, state=RankState.DONE, exit_code=0),
+        RankView(rank=1, state=RankState.RUNNING, alive=True),
+    ]
+    agent = {
+        100: AgentExit(rank=0, local_rank=0, exit_code=-9, pid=100),
+        101: AgentExit(rank=1, local_rank=1, exit_code=-9, pid=101),
+        102: AgentExit(rank=2, local_rank=2, exit_code=-9, pid=102),
+    }
+    final = snap(Verdict.HEALTHY, ranks)
+    assert rank_exit_lines(final, agent) == ["rank 2 ended by SIGKILL (torchrun)"]
+    command = replace(final, run=replace(final.run, launch_mode="command"))
+    assert rank_exit_lines(command, agent) == []

@@ -21,7 +21,9 @@ from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.rundir import RunDir
 
-MAX_EVENTS_PER_RANK = 200_000  # a long run is summarized by its first events; the report stays small
+MAX_EVENTS_PER_RANK = (
+    200_000  # a long run is summarized by its first events; the report stays small
+)
 MAX_SPANS_PER_KIND = 20_000
 
 
@@ -148,15 +150,15 @@ def _read_rank(rank: int, path: Path) -> RankTimeline:
                 _call_args(start),
             )
         )
-    if heartbeat_open is not None and isinstance(heartbeat_open.get("since_t"), int | float):
-        # a collective with no start event (DDP's own gradient all-reduce runs in C++): the
-        # heartbeat thread saw the rank in it until its last beat
-        if _call_key(heartbeat_open) not in open_calls:
-            since = float(heartbeat_open["since_t"])
-            add(
-                Span(rank, "wait", f"{_label(heartbeat_open)} (never completed)", since,
-                     max(end, since), _call_args(heartbeat_open))
-            )  # fmt: skip
+    # a collective with no start event (DDP's own gradient all-reduce runs in C++): the
+    # heartbeat thread saw the rank in it until its last beat
+    since = heartbeat_open.get("since_t") if heartbeat_open is not None else None
+    beat = heartbeat_open or {}
+    if isinstance(since, int | float) and _call_key(beat) not in open_calls:
+        add(
+            Span(rank, "wait", f"{_label(beat)} (never completed)", float(since),
+                 max(end, float(since)), _call_args(beat))
+        )  # fmt: skip
     out.spans.sort(key=lambda s: s.start)
     return out
 

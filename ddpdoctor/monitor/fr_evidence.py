@@ -17,7 +17,7 @@ from dataclasses import replace
 from ddpdoctor.findings import Evidence, Finding
 from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.protocol.flight_recorder import FrRank
-from ddpdoctor.protocol.fr_reading import calls_at_first_difference, compare
+from ddpdoctor.protocol.fr_reading import calls_at_first_difference, compare, last_scheduled
 
 TAG = "flight recorder"
 
@@ -54,7 +54,7 @@ def _behind_clause(snap: Snapshot, finding: Finding) -> str | None:
     for rank in finding.ranks:
         d = snap.fr_of(rank)
         group = d.group("0") if d is not None and d.error is None else None
-        if group is not None and group.last_enqueued < waiting.seq:
+        if group is not None and last_scheduled(d, "0") < waiting.seq:
             behind.append(rank)
     if not behind:
         return None

@@ -189,7 +189,7 @@ def _read_group(
     members = tuple(sorted({d.rank for d in have} | set(no_dump)))
     entry = next((e for d in have for e in d.entries if e.pg == pg), None)
     name, desc = (entry.pg_name, entry.pg_desc) if entry else (pg, "")
-    scheduled = {d.rank: _last_scheduled(d, pg) for d in have}
+    scheduled = {d.rank: last_scheduled(d, pg) for d in have}
     furthest = max(scheduled.values(), default=0)
     positions = tuple(
         RankPosition(
@@ -240,7 +240,8 @@ def _with(
     return replace(base, kind=kind, seq=seq, calls=calls, never_reached=never, why=why)
 
 
-def _last_scheduled(d: FrRank, pg: str) -> int:
+def last_scheduled(d: FrRank, pg: str) -> int:
+    """The group's last collective this rank's backend scheduled: how far it got (0: none)."""
     group = d.group(pg)
     seqs = [e.seq for e in d.entries if e.pg == pg and not e.p2p]
     return max([group.last_enqueued if group else 0, *seqs])

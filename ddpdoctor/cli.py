@@ -227,10 +227,11 @@ def _add_watch(sub) -> None:
 def _add_explain(sub) -> None:
     p = sub.add_parser(
         "explain",
-        help="read NCCL / torch / torchrun / gloo logs and say what went wrong",
-        description="Explain log files (or run directories). Exit 1 when an error is found.",
+        help="read NCCL / torch / torchrun / gloo logs and flight-recorder dumps: what went wrong",
+        description="Explain log files, flight-recorder dumps or run directories. Exit 1 when "
+        "an error is found.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="log files or run directories")
+    p.add_argument("files", nargs="+", metavar="FILE", help="logs, dumps or directories")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
 
 

@@ -267,11 +267,13 @@ class TorchrunAnalyzer:
                 if entry.pid == agent.pid:
                     entry.lines.insert(0, agent.lines[0])
         _pick_root_of_excerpt(table)
-        if not self.root_header_seen and not any(f.root_cause for f in table):
+        loose = [a for a in agents if a.pid not in table_pids]
+        # torchrun logs its agent line for the failure it saw first: with the table's Root
+        # Cause part cut off, that line (when it was kept) still names it
+        if not self.root_header_seen and not loose and not any(f.root_cause for f in table):
             _pick_root_of_truncated(table)
         roots = [f for f in table if f.root_cause]
         peers = [f for f in table if not f.root_cause]
-        loose = [a for a in agents if a.pid not in table_pids]
         if not roots:
             roots, loose = loose[:1], loose[1:]
         out = []

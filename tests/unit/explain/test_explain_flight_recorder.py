@@ -113,3 +113,12 @@ def test_the_whole_table_still_names_its_root_cause():
     head = next(f for f in findings if f.id == "torchrun.failed")
     assert head.ranks == (0,) and "the first failure torchrun observed" in head.summary
     assert "bug.py:13 in main: raise RuntimeError" in head.summary
+
+
+def test_with_torchruns_own_line_kept_a_cut_table_still_names_the_first_failure(tmp_path):
+    whole = (TORCHRUN / "torchrun-full.log").read_text()
+    cut = tmp_path / "cut.log"
+    cut.write_text(whole[: whole.index("Root Cause (first observed failure)")])
+    findings = explain_files([cut])
+    head = next(f for f in findings if f.id == "torchrun.failed")
+    assert head.ranks == (0,) and "the first failure torchrun observed" in head.summary

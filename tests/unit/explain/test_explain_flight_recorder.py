@@ -29,7 +29,7 @@ def test_a_hang_names_the_rank_that_never_reached_the_collective_and_its_number(
     assert head.summary.startswith("rank 1 never reached all_reduce #6: rank 0 waits in it")
     assert "rank 1 left no dump" in head.summary
     texts = [e.text for e in head.evidence]
-    assert any("rank 0 called it at:" in t and "train.py:71 train" in t for t in texts)
+    assert any("rank 0 called it at:" in t and "train.py:100 train" in t for t in texts)
 
 
 @pytest.mark.parametrize(
@@ -58,16 +58,24 @@ def test_a_subgroup_hang_names_the_group_and_the_member_that_left_no_dump():
 
 
 def test_dumps_alone_of_an_exited_rank_say_what_they_can():
-    dump = DUMPS / "exited" / "fr_trace_rank_0"
+    dump = DUMPS / "exited-late" / "fr_trace_rank_0"  # the failed #6 recorded as retired
     (only,) = explain_files([dump])
     assert only.id == "fr.no_dump" and only.severity.value == "warning" and only.ranks == (1,)
 
 
-def test_dumps_and_logs_in_one_directory_tell_one_story():
-    findings = explain_files([DUMPS / "exited"])  # rank 0's dump + torchrun's output
+@pytest.mark.parametrize(
+    ("name", "headline"),
+    [
+        ("exited", "rank 1 never reached all_reduce #6: rank 0 waits in it"),
+        # rank 0's dump has #6 retired (failed): its log says it failed there
+        ("exited-late", "rank 1 never reached all_reduce #6: rank 0 failed in it"),
+    ],
+)
+def test_dumps_and_logs_in_one_directory_tell_one_story(name, headline):
+    findings = explain_files([DUMPS / name])  # rank 0's dump + torchrun's output
     (head,) = errors(findings)
     assert head.id == "fr.never_reached" and head.ranks == (1,)
-    assert head.summary.startswith("rank 1 never reached all_reduce #6: rank 0 failed in it")
+    assert head.summary.startswith(headline)
     rest = {f.id: f for f in findings[1:]}
     # torchrun's table names rank 0, the rank that waited: a consequence, told as such
     assert rest["torchrun.failed"].severity.value == "warning"

@@ -107,7 +107,8 @@ def _findings(diagnosis: dict[str, Any]) -> str:
         items.append(
             f'<div class="finding {_e(severity)}" data-id="{_e(f.get("id", ""))}">'
             f'<div class="summary">{_e(severity)}: {_e(f.get("summary", ""))}'
-            f"{' (ranks ' + _e(', '.join(map(str, ranks))) + ')' if ranks else ''}</div>"
+            f"{' (' + _e(named_ranks(r for r in ranks if isinstance(r, int))) + ')' if ranks else ''}"
+            "</div>"
             f'<div class="fix">Fix: {_e(f.get("fix", ""))}</div>'
             + (f'<div class="evidence">{_e(chr(10).join(evidence[:12]))}</div>' if evidence else "")
             + "</div>"

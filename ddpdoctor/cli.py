@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_watch(sub)
     _add_explain(sub)
+    _add_report(sub)
     return parser
 
 
@@ -226,11 +227,23 @@ def _add_watch(sub) -> None:
 def _add_explain(sub) -> None:
     p = sub.add_parser(
         "explain",
-        help="read NCCL / torch / torchrun / gloo logs and say what went wrong",
-        description="Explain log files (or run directories). Exit 1 when an error is found.",
+        help="read NCCL / torch / torchrun / gloo logs and flight-recorder dumps: what went wrong",
+        description="Explain log files, flight-recorder dumps or run directories. Exit 1 when "
+        "an error is found.",
     )
-    p.add_argument("files", nargs="+", metavar="FILE", help="log files or run directories")
+    p.add_argument("files", nargs="+", metavar="FILE", help="logs, dumps or directories")
     p.add_argument("--json", action="store_true", help="print findings as JSON")
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report (and a trace) of a run directory",
+        description="Write RUN_DIR/report.html: verdict, findings, timeline, step times, stacks.",
+    )
+    p.add_argument("run_dir", type=_directory, metavar="RUN_DIR")
+    p.add_argument("-o", "--output", metavar="FILE", help="the HTML file (RUN_DIR/report.html)")
+    p.add_argument("--trace", metavar="FILE", help="also write Chrome/Perfetto trace JSON")
 
 
 def split_script(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -245,7 +258,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     own, script = split_script(list(argv))
     args = build_parser().parse_args(own)
     if args.command is None:
-        raise UsageError("no command given: use doctor, run, watch or explain (see --help)")
+        raise UsageError("no command given: use doctor, run, watch, explain or report (see --help)")
     if script:
         if args.command != "run":
             raise UsageError(f"'--' and a script only go with 'run', not '{args.command}'")

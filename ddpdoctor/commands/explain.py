@@ -1,4 +1,5 @@
-"""`ddpdoctor explain [--json] FILE...`: say what went wrong in NCCL / torch / torchrun / gloo logs."""
+"""`ddpdoctor explain [--json] FILE...`: say what went wrong in NCCL / torch / torchrun / gloo logs
+and PyTorch flight-recorder dumps (ddpdoctor.explain.flight_recorder), told as one story."""
 
 from __future__ import annotations
 

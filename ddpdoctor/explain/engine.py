@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.explain.catalog import new_analyzers
+from ddpdoctor.explain.flight_recorder import explain_dumps
 from ddpdoctor.explain.lines import (
     FileContext,
     SourceLine,
@@ -20,6 +21,8 @@ from ddpdoctor.explain.lines import (
 from ddpdoctor.explain.log_rules import Analyzer, Candidate
 from ddpdoctor.findings import Finding, Severity, sort_findings
 from ddpdoctor.protocol.events import parse_event_line
+from ddpdoctor.protocol.flight_recorder import FrRank
+from ddpdoctor.protocol.fr_files import DumpError, is_dump_file, load_dump
 
 _RUN_DIR_MARKERS = ("logs", "nccl", "events", "run.json")
 _HELLO_SCAN_LINES = 50  # the hello event is a rank's first; never read far for it
@@ -90,10 +93,19 @@ def explain_files(paths: Iterable[str | os.PathLike[str]]) -> list[Finding]:
 
 
 def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
-    """explain_files, plus how much was read (for the command's closing line)."""
+    """explain_files, plus how much was read (for the command's closing line). Flight-recorder
+    dumps among the files are read as dumps and told with the logs as one story."""
     explainer = Explainer()
     files = 0
+    dumps: list[FrRank] = []
     for path, context in expand_paths(paths):
+        if is_dump_file(path):
+            try:
+                dumps.append(load_dump(path))
+            except DumpError as exc:
+                raise UsageError(str(exc)) from None
+            files += 1
+            continue
         try:
             explainer.feed_file(iter_file_lines(path, context), context.label)
         except FileNotFoundError:
@@ -101,7 +113,21 @@ def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
         files += 1
-    return ExplainResult(tuple(explainer.findings()), files, explainer.lines_read)
+    findings = explainer.findings()
+    if dumps:
+        findings = explain_dumps(_one_per_rank(dumps), findings)
+    return ExplainResult(tuple(findings), files, explainer.lines_read)
+
+
+def _one_per_rank(dumps: list[FrRank]) -> list[FrRank]:
+    """A rank dumped twice (the pickle and its JSON form, or two requests): its latest dump,
+    the one with the most entries when their times are not known."""
+    best: dict[int, FrRank] = {}
+    for d in dumps:
+        old = best.get(d.rank)
+        if old is None or (d.taken_t, len(d.entries)) > (old.taken_t, len(old.entries)):
+            best[d.rank] = d
+    return [best[r] for r in sorted(best)]
 
 
 def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path, FileContext]]:

@@ -7,6 +7,10 @@ exit code is a signal: -9 SIGKILL (OOM killer or an external kill), -6 SIGABRT, 
 Users paste excerpts, so a table may lack its headers: field lines after `<script> FAILED`, after
 the Failures block or under a bare `[N]:` still make entries. Such an entry's role is unknown; when
 no entry is marked as the root cause, the first one that was not stopped by SIGTERM is taken.
+A table cut before its "Root Cause" part still names its failures: the first one that was not
+stopped by SIGTERM is told, with its error file and the last frame of its traceback in the
+user's code (with `@record`, torchrun prints the rank's traceback in the table), and with the
+warning that the first failure is not in what was read.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ _EXIT_FIELD = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _AGENT_FAILED = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
 )
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+_LIBRARY = ("site-packages/", "dist-packages/", "/lib/python", "<frozen ")
 _LOCAL_RANK_ARG = re.compile(r"error: unrecognized arguments:.*--local[-_]rank=(?P<local>\d+)")
 
 _SIGNAL_MEANING = {
@@ -105,6 +111,21 @@ class _Failure:
     from_agent: bool = False  # an agent log line, not a failure-table entry
     lines: list[SourceLine] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)  # the table fields read so far
+    error_file: str | None = None
+    traceback: list[str] = field(default_factory=list)  # the lines of its `traceback` field
+    truncated: bool = False  # from the Failures of a table cut before its Root Cause part
+
+    def user_frame(self) -> str | None:
+        """ "bug.py:16 in main: dist.barrier()": the traceback's last frame in the user's code."""
+        found = None
+        for i, text in enumerate(self.traceback):
+            match = _FRAME.match(text)
+            if match and not any(m in match.group("file") for m in _LIBRARY):
+                code = self.traceback[i + 1].strip() if i + 1 < len(self.traceback) else ""
+                code = "" if _FRAME.match(code) else code
+                found = f"{match.group('file')}:{match.group('line')} in {match.group('func')}"
+                found += f": {code}" if code else ""
+        return found
 
     @property
     def signal_name(self) -> str | None:
@@ -128,6 +149,8 @@ class TorchrunAnalyzer:
         self.local_rank_args: list[SourceLine] = []
         self._section: dict[str | None, str | None] = {}
         self._entry: dict[str | None, _Failure | None] = {}
+        self._in_traceback: dict[str | None, bool] = {}
+        self.root_header_seen = False
 
     def feed(self, line: SourceLine) -> None:
         body = line.body
@@ -159,6 +182,7 @@ class TorchrunAnalyzer:
             return
         if stripped.startswith("Root Cause (first observed failure)"):
             self._section[file], self._entry[file] = "root", None
+            self.root_header_seen = True
             return
         if stripped == "Failures:":
             self._section[file], self._entry[file] = "failures", None
@@ -169,7 +193,16 @@ class TorchrunAnalyzer:
             return
         if stripped.startswith("===="):  # the table's closing border
             self._section[file] = self._entry[file] = None
+            self._in_traceback[file] = False
             return
+        field_match = _FIELD.match(line.body)
+        if self._in_traceback.get(file) and field_match is None and entry is None:
+            current = self._entry.get(file)
+            if current is not None and not stripped.startswith("----") and stripped:
+                if len(current.traceback) < 200:
+                    current.traceback.append(line.body)
+                return
+        self._in_traceback[file] = False
         if stripped.startswith("----"):
             if section == "failures":  # the Root Cause header comes next, unless it was cut off
                 self._section[file], self._entry[file] = "partial", None
@@ -178,10 +211,10 @@ class TorchrunAnalyzer:
             self._section[file] = section = section or "partial"
             self._new_entry(file, section)
             return
-        field_match = _FIELD.match(line.body)
         if field_match is None or section is None:
             return
         key = field_match.group("key")
+        self._in_traceback[file] = key == "traceback"
         current = self._entry.get(file)
         # Without its `[N]:` line an entry starts at its first field; a field seen twice is the next.
         if current is None or key in current.keys:
@@ -212,12 +245,17 @@ class TorchrunAnalyzer:
                 failure.code = int(match.group("code"))
                 failure.pid = match.group("pid")
             failure.lines.append(line)
+        elif key == "error_file":
+            failure.error_file = value.strip() if value.strip() not in ("", "<N/A>") else None
         elif key == "traceback" and "Signal" in value:
             failure.lines.append(line)
+        elif key == "traceback":
+            failure.traceback.append(value)
 
     def end_file(self, file: str | None) -> None:
         self._section.pop(file, None)
         self._entry.pop(file, None)
+        self._in_traceback.pop(file, None)
 
     def finish(self) -> list[Candidate]:
         table = [f for f in self.failures if not f.from_agent and f.code is not None]
@@ -229,9 +267,13 @@ class TorchrunAnalyzer:
                 if entry.pid == agent.pid:
                     entry.lines.insert(0, agent.lines[0])
         _pick_root_of_excerpt(table)
+        loose = [a for a in agents if a.pid not in table_pids]
+        # torchrun logs its agent line for the failure it saw first: with the table's Root
+        # Cause part cut off, that line (when it was kept) still names it
+        if not self.root_header_seen and not loose and not any(f.root_cause for f in table):
+            _pick_root_of_truncated(table)
         roots = [f for f in table if f.root_cause]
         peers = [f for f in table if not f.root_cause]
-        loose = [a for a in agents if a.pid not in table_pids]
         if not roots:
             roots, loose = loose[:1], loose[1:]
         out = []
@@ -277,6 +319,14 @@ def _pick_root_of_excerpt(table: list[_Failure]) -> None:
             failure.root_cause = False
 
 
+def _pick_root_of_truncated(table: list[_Failure]) -> None:
+    """A table cut before its Root Cause part: its first failure not stopped by SIGTERM is
+    told (it may be a consequence of the root cause that was cut off)."""
+    failed = [f for f in table if f.signal_name != "SIGTERM"]
+    if failed:
+        failed[0].root_cause = failed[0].truncated = True
+
+
 def _root_cause(root: _Failure, others: list[_Failure]) -> Candidate:
     evidence = EvidenceList()
     ranks = () if root.rank is None else (root.rank,)
@@ -294,7 +344,18 @@ def _root_cause(root: _Failure, others: list[_Failure]) -> Candidate:
         if root.code == 2:
             what += " (2 usually means argparse rejected the command line)"
     summary = f"{root.describe()[0].upper()}{root.describe()[1:]} {what}"
-    summary += " — the first failure torchrun observed"
+    frame = root.user_frame()
+    if frame:
+        summary += f"; its traceback ends in {frame}"
+    if root.error_file:
+        summary += f" (error file {root.error_file})"
+    if root.truncated:
+        summary += (
+            " — torchrun's table was cut before its Root Cause part: the first failure is not "
+            "in it, and this rank's error may be a consequence of it"
+        )
+    else:
+        summary += " — the first failure torchrun observed"
     stopped = [o for o in others if o.signal_name == "SIGTERM"]
     also = [o for o in others if o.signal_name != "SIGTERM"]
     if stopped:
@@ -307,7 +368,13 @@ def _root_cause(root: _Failure, others: list[_Failure]) -> Candidate:
         for line in other.lines[:1]:
             evidence.add(line, ranks)
     fix = _SIGNAL_FIX.get(name or "", "")
-    if not fix:
+    if root.truncated:
+        fix = (
+            "Read the whole torchrun output (its Root Cause part names the rank that failed "
+            "first) or that rank's error file; fix the first failure: errors of ranks that "
+            "waited in a collective for it (a closed connection, a timeout) follow from it."
+        )
+    elif not fix:
         fix = (
             "Read that rank's own log for its traceback (torchrun --log-dir keeps it in "
             "attempt_N/<local_rank>/stderr.log); other ranks' errors after it are consequences."

@@ -72,6 +72,10 @@ class FrEntry:
     output_sizes: tuple[tuple[int, ...], ...]
     output_dtypes: tuple[str, ...]
     created_t: float | None  # unix time it was scheduled (the rank's clock)
+    # the Python stack that called it, innermost first: (file, line, function); only the
+    # pickled dumps carry it (torch's JSON form has no frames, ddpdoctor's answers drop them)
+    frames: tuple[tuple[str, int, str], ...] = ()
+    timeout_s: float | None = None  # the group's timeout, as recorded with the call
 
     def tensors(self) -> str:
         """ "float32[4740]" or "float32[8, 4] x2" """
@@ -151,6 +155,9 @@ class FrRank:
     entries: tuple[FrEntry, ...] = ()  # the latest KEEP_ENTRIES, oldest first
     error: str | None = None  # "no flight recorder in this torch", ...
     step: int | None = None  # the rank's completed training steps when it took the dump
+    # the largest rank list of pg_config: the default group's members. Only that: gloo writes
+    # every group under one empty name, so a subgroup's members cannot be read from it.
+    world: tuple[int, ...] = ()
 
     def group(self, pg: str) -> FrGroup | None:
         return next((g for g in self.groups if g.pg == pg), None)
@@ -239,9 +246,11 @@ def parse_entry(raw: Mapping[str, Any]) -> FrEntry | None:
         return None
     backend, _, op = name.partition(":")
     op = op.split(" ")[0]  # "send 0->1": the peers are in the name
-    group = raw.get("process_group")
+    group = raw.get("process_group")  # a list in JSON, a tuple in the pickled form
     pg_name, pg_desc = (
-        (str(group[0]), str(group[1])) if isinstance(group, list) and len(group) == 2 else ("", "")
+        (str(group[0]), str(group[1]))
+        if isinstance(group, list | tuple) and len(group) == 2
+        else ("", "")
     )
     p2p = bool(raw.get("is_p2p"))
     created = raw.get("time_created_ns")
@@ -260,7 +269,31 @@ def parse_entry(raw: Mapping[str, Any]) -> FrEntry | None:
         output_sizes=_sizes(raw.get("output_sizes")),
         output_dtypes=_strs(raw.get("output_dtypes")),
         created_t=created / 1e9 if isinstance(created, int) and created > 0 else None,
+        frames=_frames(raw.get("frames")),
+        timeout_s=timeout / 1000 if isinstance(timeout := raw.get("timeout_ms"), int) else None,
     )
+
+
+def _frames(value: Any) -> tuple[tuple[str, int, str], ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(
+        (str(f.get("filename", "?")), _int(f.get("line")), str(f.get("name", "?")))
+        for f in value[:64]
+        if isinstance(f, Mapping)
+    )
+
+
+def _config_ranks(config: Any) -> tuple[int, ...]:
+    """The longest rank list in pg_config ({name: {"ranks": "[0, 1]"}})."""
+    best: tuple[int, ...] = ()
+    for group in config.values() if isinstance(config, Mapping) else ():
+        text = group.get("ranks") if isinstance(group, Mapping) else None
+        if isinstance(text, str) and text.startswith("[") and text.endswith("]"):
+            ranks = tuple(_int(r, -1) for r in text[1:-1].split(",") if r.strip())
+            if len(ranks) > len(best) and all(r >= 0 for r in ranks):
+                best = ranks
+    return best
 
 
 def parse_dump(dump: Any, *, rank: int, request_id: str = "", taken_t: float = 0.0) -> FrRank:
@@ -297,6 +330,7 @@ def parse_dump(dump: Any, *, rank: int, request_id: str = "", taken_t: float = 0
         version=str(dump.get("version") or ""),
         groups=tuple(sorted(groups, key=lambda g: _int(g.pg, 1 << 30))),
         entries=tuple(entries),
+        world=_config_ranks(dump.get("pg_config")),
     )
 
 

@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"reference", "integrations"}),
     frozenset({"launch", "distributed_doctor"}),
     frozenset({"monitor"}),
-    frozenset({"tui"}),
+    frozenset({"tui", "report"}),
     frozenset({"commands"}),
     frozenset({"cli", "__main__", "__init__"}),
 )

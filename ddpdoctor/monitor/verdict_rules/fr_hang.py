@@ -5,7 +5,8 @@ By default DDP's gradient all-reduce runs in C++ without an event per bucket, so
 in backward shows no open collective in its events: the flight recorder, dumped by every rank at
 the monitor's request, says where each backend is (ddpdoctor.protocol.flight_recorder). The
 numbers are the backend's own per-group sequence numbers (collective_seq_id), which count every
-collective of the group, DDP's included.
+collective of the group, DDP's included. How far each rank got is read as the post-mortem reads
+it (ddpdoctor.protocol.fr_reading.last_scheduled).
 
 A waiter counts when its dump, taken at the request, shows #K pending for at least the threshold;
 a culprit when its dump, taken at least the threshold after the waiter scheduled #K, shows the
@@ -23,6 +24,7 @@ from ddpdoctor.monitor.verdict_rules import hang as hang_rule
 from ddpdoctor.monitor.verdict_rules.describe import stack_of, where_is
 from ddpdoctor.monitor.verdict_rules.hang import FIX
 from ddpdoctor.protocol.flight_recorder import FrEntry, FrRank
+from ddpdoctor.protocol.fr_reading import last_scheduled
 from ddpdoctor.rank_ranges import named_ranks
 
 # Events and dumps carry the same rank's clock; a little slack for an event written in the same
@@ -54,7 +56,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         behind = []
         for d in dumps:
             group = d.group(pg)
-            if group is None or group.last_enqueued >= k or not current(d, snap):
+            if group is None or last_scheduled(d, pg) >= k or not current(d, snap):
                 continue
             view = snap.rank(d.rank)
             if view is not None and busy(view, snap):

@@ -5,7 +5,7 @@ By default DDP's gradient all-reduces are not events, so a rank-conditional barr
 others' gradient all-reduce shows in the events as a rank waiting in a barrier that the others
 "never reached". The backends' own records (every collective, DDP's included, numbered per
 group) show the two calls side by side; torch's analyzer decides whether they differ
-(ddpdoctor.monitor.fr_evidence.compare).
+(ddpdoctor.protocol.fr_reading, shared with the post-mortem).
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.fr_evidence import TAG, calls_at_first_difference
+from ddpdoctor.monitor.fr_evidence import TAG
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.verdict_rules.mismatch import FIX, _culprits
+from ddpdoctor.protocol.fr_reading import calls_at_first_difference
 from ddpdoctor.rank_ranges import named_ranks
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ddpdoctor.monitor.snapshot import CollectiveView, RankView, Snapshot
 from ddpdoctor.monitor.verdict_rules.fr_hang import STALE_SLACK_S, current
 from ddpdoctor.protocol.flight_recorder import FrEntry, FrRank, dtype_name
+from ddpdoctor.protocol.fr_reading import last_scheduled
 
 DEFAULT_PG = "0"
 
@@ -60,7 +61,7 @@ def fr_waits(snap: Snapshot, skip: frozenset[int] = frozenset()) -> list[FrWait]
         for d in dumps:
             group = d.group(DEFAULT_PG)
             view = snap.rank(d.rank)
-            if group is None or view is None or group.last_enqueued >= seq:
+            if group is None or view is None or last_scheduled(d, DEFAULT_PG) >= seq:
                 continue
             if not view.state.finished and current(d, snap):
                 behind.append(view)

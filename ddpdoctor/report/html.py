@@ -10,8 +10,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-import plotly.graph_objects as go  # type: ignore[import-untyped]
-import plotly.io as pio  # type: ignore[import-untyped]
+import plotly.graph_objects as go
+import plotly.io as pio
 
 from ddpdoctor.rank_ranges import named_ranks
 from ddpdoctor.report.timeline import Timeline

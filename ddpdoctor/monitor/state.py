@@ -287,6 +287,7 @@ class RunState:
                 collective.dtypes,
                 collective.since_t,
                 collective.group_ranks,
+                site=collective.site,
             )
         hb_age = None
         if tracker.last_heartbeat_t is not None:

@@ -19,7 +19,7 @@ from ddpdoctor.monitor.snapshot import (
     Snapshot,
     Verdict,
 )
-from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites
 from ddpdoctor.rank_ranges import named_ranks
 
 FIX = (
@@ -68,6 +68,9 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if not differing:
         return _from_abort_message(snap)
     key = min(differing, key=lambda k: (k[1], k[0]))
+    divergence = call_sites.first_divergence(snap)
+    if divergence is not None and divergence.seq <= key[1]:
+        return _from_divergence(snap, divergence, key)
     by_rank: dict[int, CollectiveView] = {}
     frequency: Counter = Counter()
     for view in snap.ranks:
@@ -119,6 +122,45 @@ def _outcome(
         verdict=Verdict.MISMATCH,
         confirmed=True,
         culprits=frozenset(culprits),
+        started_t=onset,
+        onset_t=onset,
+    )
+
+
+def _from_divergence(
+    snap: Snapshot, divergence: call_sites.Divergence, key: tuple[str, int]
+) -> RuleOutcome:
+    """The ranks disagree at `key`; their call sites show where it began: one side's extra call
+    at an earlier (or the same) number, which the transport may have paired with another."""
+    evidence = list(divergence.evidence())
+    if divergence.seq < key[1]:
+        later = []
+        for view in snap.ranks:
+            coll = next((c for c in _calls(view) if (c.group, c.seq) == key), None)
+            if coll is not None and len(later) < 4:
+                later.append(f"rank {view.rank}: {coll.describe()}")
+        evidence.append(Evidence(f"then at #{key[1]}: " + "; ".join(later)))
+    starts = [
+        c.since_t
+        for c in (divergence.call, divergence.other_call)
+        if c is not None and c.since_t is not None
+    ]
+    onset = max(starts) if starts else snap.taken_t
+    group = f" of group {divergence.group}" if divergence.group != "default" else ""
+    finding = Finding(
+        id="mismatch",
+        severity=Severity.ERROR,
+        summary=f"collective mismatch at #{divergence.seq}{group}: {divergence.describe()}",
+        fix=FIX,
+        ranks=divergence.culprits,
+        evidence=tuple(evidence),
+    )
+    return RuleOutcome(
+        rule="mismatch",
+        findings=(finding,),
+        verdict=Verdict.MISMATCH,
+        confirmed=True,
+        culprits=frozenset(divergence.culprits),
         started_t=onset,
         onset_t=onset,
     )

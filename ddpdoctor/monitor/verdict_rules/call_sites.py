@@ -38,6 +38,7 @@ class Divergence:
     others: tuple[int, ...]
     other_call: CollectiveView | None  # what the others called at #seq (None: nothing yet)
     others_ended: bool = False  # the others finished before ever reaching #seq
+    others_doing: str = ""  # what the others are in instead ("all_reduce (float32[18])")
 
     def describe(self) -> str:
         """ "rank 0 called barrier #16 from lit.py:24 on_epoch_end via DDPStrategy.barrier; rank
@@ -52,6 +53,8 @@ class Divergence:
             text += f" (its #{other.seq}: {other.op} from {other.site.describe()})"
         elif self.others_ended:
             text += f" (it finished after #{self.seq - 1})"
+        elif self.others_doing:
+            text += f" (it is in {self.others_doing})"
         return text
 
     def evidence(self) -> tuple[Evidence, ...]:
@@ -180,3 +183,38 @@ def ended_divergence(
         None,
         others_ended=True,
     )
+
+
+def open_extra(
+    snap: Snapshot, side: list[int], others: list[int], doing: str = ""
+) -> Divergence | None:
+    """Whether the ranks of `side`, known to be in another call than `others` (the flight
+    recorder says so), are all in an explicit collective from a site no other rank ever called
+    from: `self.log(..., sync_dist=True)` under `if self.global_rank == 0` against the others'
+    gradient all-reduce (DDP's, which has no site). `doing` says what the others are in."""
+    views = [snap.rank(r) for r in side]
+    first = views[0].collective if views and views[0] is not None else None
+    if first is None or first.site is None or not others:
+        return None
+    key = first.site.key
+    for view in views:
+        coll = view.collective if view is not None else None
+        if coll is None or coll.site is None or coll.site.key != key:
+            return None
+    other_views = [snap.rank(r) for r in others]
+    if any(view is None or key in _site_keys(view) for view in other_views):
+        return None
+    other = other_views[0]
+    return Divergence(
+        first.group,
+        first.seq,
+        tuple(sorted(side)),
+        first,
+        tuple(sorted(others)),
+        other.collective if other is not None else None,
+        others_doing=doing,
+    )
+
+
+def _site_keys(view: RankView) -> set[SiteKey]:
+    return {c.site.key for by in _calls_by_group(view).values() for c in by.values() if c.site}

@@ -24,7 +24,7 @@ class Model(L.LightningModule):
 
     def on_train_epoch_end(self):
         if self.global_rank == 0:
-            self.trainer.strategy.barrier()  # BUG: the other ranks never reach it
+            self.trainer.strategy.barrier()  # <- script.collective_under_rank_guard
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -19,7 +19,7 @@ class Model(L.LightningModule):
         x, y = batch
         loss = nn.functional.cross_entropy(self.layer(x), y)
         if self.global_rank == 0:
-            self.log("train_loss", loss, sync_dist=True)  # BUG: a collective on rank 0 only
+            self.log("train_loss", loss, sync_dist=True)  # <- script.collective_under_rank_guard
         return loss
 
     def configure_optimizers(self):

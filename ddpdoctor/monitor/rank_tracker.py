@@ -95,6 +95,15 @@ def _frame_text(value: Any, *, base: bool) -> str:
     return f"{file}:{line if isinstance(line, int) else '?'} {function}"
 
 
+def _location(value: Any) -> str | None:
+    """ "train.py:17 in main" from an error event's location (None when absent or odd)."""
+    frame = _frame_text(value, base=True)
+    if not frame:
+        return None
+    place, _, function = frame.partition(" ")
+    return f"{place} in {function}"
+
+
 def _site(value: Any) -> CallSite | None:
     """A collective_start's site (the user's frame, via, issuer); None when absent or odd."""
     user = _frame_text(value, base=True)
@@ -170,6 +179,7 @@ class RankTracker:
         self.traceback: str | None = None
         self.error_t: float | None = None
         self.error_at: tuple[str, int] | None = None
+        self.error_line: str | None = None  # "train.py:17 in main": the user's line (location)
         self.exit_code: int | None = None
         self.exit_reason: str | None = None
         self.exit_t: float | None = None
@@ -416,6 +426,7 @@ class RankTracker:
         self.traceback = text(e.get("traceback"))
         self.error_t = t
         self.error_at = where
+        self.error_line = _location(e.get("location"))
         self.last_event = f"error {exc_type}"
 
     def _exit(self, e: dict[str, Any], t: float | None, where) -> None:

@@ -215,6 +215,7 @@ class RankView:
     avg_comm_wait_s: float | None = None
     avg_steps: int = 0  # how many recent steps those means cover
     error_at: tuple[str, int] | None = None  # (file, line) of its error event
+    error_line: str | None = None  # "train.py:17 in main": where in the user's code it raised
     error_lines: tuple[LogLine, ...] = ()  # its latest warn/error log lines (stderr, NCCL)
     # Equal for two ranks whose latest calls (recent_collectives' tail and the open one) are the
     # same sequence; lets the mismatch rule compare one rank per class at 1000s of ranks (0: unset)

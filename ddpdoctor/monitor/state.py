@@ -348,6 +348,7 @@ class RunState:
                 avg_comm_wait_s=comm,
                 avg_steps=n,
                 error_at=tracker.error_at,
+                error_line=tracker.error_line,
                 error_lines=tuple(tracker.error_lines),
                 calls_key=tracker.calls_key(),
                 activity=doing,

@@ -88,6 +88,8 @@ def root_finding(root: RankView, same: list[RankView]) -> Finding:
     place = f" (in {', '.join(where)})" if where else ""
     if root.error:
         summary = f"rank {root.rank} failed first{place}: {root.error}"
+        if root.error_line:  # the user's line it raised at (the error event's location)
+            summary += f" at {root.error_line}"
     elif root.exit_signal:
         summary = f"rank {root.rank} failed first{place}: ended by {root.exit_signal}"
     else:

@@ -31,7 +31,8 @@ from ddpdoctor.runtime.records import fields_text
 USER, FRAMEWORK, INTERNAL = 0, 1, 2
 _KINDS: dict[str, int] = {}  # co_filename -> USER | FRAMEWORK | INTERNAL
 _MAX_DEPTH = 96  # frames walked at most: a site deeper than that is not worth the walk
-_SITES: dict[tuple[Any, ...], str] = {}  # the frames that tell a site apart -> its JSON text
+# the frames that tell a site apart -> (their code objects, the site's JSON text)
+_SITES: dict[tuple[int, ...], tuple[Any, Any, Any, str]] = {}
 MAX_SITES = 1024
 _PACKAGE_DIRS = ("site-packages", "dist-packages")
 
@@ -99,21 +100,31 @@ def site_of(frame: FrameType | None) -> str | None:
         depth += 1
     else:
         return None
+    # keyed by the code objects' ids (hashing a code object hashes its bytecode); the entry
+    # holds the objects themselves, so an id reused by a new code object is told apart
+    user_code = frame.f_code
+    via_code = via.f_code if via is not None else None
+    issuer_code = issuer.f_code if issuer is not None else None
     key = (
-        frame.f_code,
+        id(user_code),
         frame.f_lineno,
-        via.f_code if via is not None else None,
-        via.f_lineno if via is not None else None,
-        issuer.f_code if issuer is not None else None,
-        issuer.f_lineno if issuer is not None else None,
+        id(via_code),
+        via.f_lineno if via is not None else 0,
+        id(issuer_code),
+        issuer.f_lineno if issuer is not None else 0,
     )
-    text = _SITES.get(key)
-    if text is None:
-        text = _encode(frame, via, issuer)
+    entry = _SITES.get(key)
+    if (
+        entry is None
+        or entry[0] is not user_code
+        or entry[1] is not via_code
+        or entry[2] is not issuer_code
+    ):
+        entry = (user_code, via_code, issuer_code, _encode(frame, via, issuer))
         if len(_SITES) >= MAX_SITES:
             _SITES.clear()
-        _SITES[key] = text
-    return text
+        _SITES[key] = entry
+    return entry[3]
 
 
 def _frame_fields(frame: FrameType, *, package: bool) -> dict[str, Any]:

@@ -107,6 +107,13 @@ def collective_under_rank_guard(project: Project) -> Iterator[ScriptFinding]:
             )
 
 
+_FRAMEWORK_FIX = "call it on every rank, outside the rank guard"
+_LOG_FIX = (
+    " (a metric logged from rank 0 alone takes self.log(..., rank_zero_only=True), without "
+    "sync_dist)"
+)
+
+
 def _framework_finding(module: ModuleIndex, call: ast.Call, what: str) -> ScriptFinding | None:
     """A framework's collective (`self.log(..., sync_dist=True)`, `accelerator.gather()`, ...)
     under a rank-0 test or in a `@rank_zero_only` function."""
@@ -122,8 +129,7 @@ def _framework_finding(module: ModuleIndex, call: ast.Call, what: str) -> Script
         f"{what} runs only {where}",
         why="it is a collective (the framework synchronizes it across ranks): the other ranks "
         "never reach it, so the job hangs here or pairs it with another collective",
-        fix="call it on every rank, outside the rank guard (for a metric logged from rank 0 "
-        "alone, use self.log(..., rank_zero_only=True) without sync_dist)",
+        fix=_FRAMEWORK_FIX + (_LOG_FIX if ".log" in what else ""),
         block=block,
     )
 

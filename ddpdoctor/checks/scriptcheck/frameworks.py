@@ -80,7 +80,7 @@ def receiver_kind(expr: ast.expr, module: ModuleIndex) -> str | None:
         if _imports(module, "transformers") and not uses_framework(module):
             return "hf_trainer"
         return "lightning"
-    if name is not None:
+    if isinstance(expr, ast.Name):
         return _assigned_kind(expr, module)
     return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import (
@@ -107,13 +108,20 @@ def _outcome(
     )
     summary += ": " + "; ".join(parts)
     starts = [c.since_t for c in by_rank.values() if c.since_t is not None]
-    onset = max(starts) if starts else snap.taken_t
+    return _mismatch(summary, culprits, evidence, max(starts) if starts else snap.taken_t)
+
+
+def _mismatch(
+    summary: str, culprits: Iterable[int], evidence: Iterable[Evidence], onset: float | None
+) -> RuleOutcome:
+    """The rule's outcome: a confirmed mismatch of `culprits` that held from `onset`."""
+    ranks = tuple(sorted(culprits))
     finding = Finding(
         id="mismatch",
         severity=Severity.ERROR,
         summary=summary,
         fix=FIX,
-        ranks=tuple(sorted(culprits)),
+        ranks=ranks,
         evidence=tuple(evidence),
     )
     return RuleOutcome(
@@ -121,7 +129,7 @@ def _outcome(
         findings=(finding,),
         verdict=Verdict.MISMATCH,
         confirmed=True,
-        culprits=frozenset(culprits),
+        culprits=frozenset(ranks),
         started_t=onset,
         onset_t=onset,
     )
@@ -134,7 +142,7 @@ def _from_divergence(
     at an earlier (or the same) number, which the transport may have paired with another."""
     evidence = list(divergence.evidence())
     if divergence.seq < key[1]:
-        later = []
+        later: list[str] = []
         for view in snap.ranks:
             coll = next((c for c in _calls(view) if (c.group, c.seq) == key), None)
             if coll is not None and len(later) < 4:
@@ -145,24 +153,12 @@ def _from_divergence(
         for c in (divergence.call, divergence.other_call)
         if c is not None and c.since_t is not None
     ]
-    onset = max(starts) if starts else snap.taken_t
     group = f" of group {divergence.group}" if divergence.group != "default" else ""
-    finding = Finding(
-        id="mismatch",
-        severity=Severity.ERROR,
-        summary=f"collective mismatch at #{divergence.seq}{group}: {divergence.describe()}",
-        fix=FIX,
-        ranks=divergence.culprits,
-        evidence=tuple(evidence),
-    )
-    return RuleOutcome(
-        rule="mismatch",
-        findings=(finding,),
-        verdict=Verdict.MISMATCH,
-        confirmed=True,
-        culprits=frozenset(divergence.culprits),
-        started_t=onset,
-        onset_t=onset,
+    return _mismatch(
+        f"collective mismatch at #{divergence.seq}{group}: {divergence.describe()}",
+        divergence.culprits,
+        evidence,
+        max(starts) if starts else snap.taken_t,
     )
 
 
@@ -226,21 +222,6 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
             for r in culprits
             if (v := snap.rank(r)) and v.fault and v.fault.split(":")[0] in _FAULT_KINDS
         ]
-        finding = Finding(
-            id="mismatch",
-            severity=Severity.ERROR,
-            summary=f"collective mismatch at #{seq}: " + "; ".join(parts),
-            fix=FIX,
-            ranks=tuple(sorted(injected or culprits)),
-            evidence=tuple(evidence),
-        )
-        return RuleOutcome(
-            rule="mismatch",
-            findings=(finding,),
-            verdict=Verdict.MISMATCH,
-            confirmed=True,
-            culprits=frozenset(injected or culprits),
-            started_t=onset,
-            onset_t=onset,
-        )
+        summary = f"collective mismatch at #{seq}: " + "; ".join(parts)
+        return _mismatch(summary, injected or culprits, evidence, onset)
     return None

@@ -124,3 +124,36 @@ def test_open_extra_names_the_side_in_a_call_from_a_line_the_others_never_used()
     assert found is not None and found.culprits == (0,)
     assert "via LightningModule.log; rank 1 never did (it is in all_reduce #16" in found.describe()
     assert call_sites.open_extra(snap([r0, r1]), [1], [0]) is None
+
+
+def test_a_rank_that_failed_in_an_extra_call_after_its_peer_ended_is_named_at_its_line():
+    """`if self.global_rank == 0: strategy.barrier()` in the last epoch: rank 1 finishes, rank 0
+    waits in the barrier until gloo fails it with "Connection closed by peer"."""
+    from ddpdoctor.monitor.verdict_rules import crash
+
+    r1 = view(
+        1,
+        RankState.DONE,
+        recent_collectives=calls(("barrier", FIT), ("broadcast", SYNC)),
+        seq=11,
+        exit_code=0,
+        alive=False,
+    )
+    r0 = view(
+        0,
+        RankState.FAILED,
+        error="RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:41902",
+        collective=coll("barrier", 12, 2.0, site=GUARDED),
+        recent_collectives=calls(("barrier", FIT), ("broadcast", SYNC)),
+        seq=11,
+        failed_t=1.0,
+    )
+    out = crash.detect(snap([r0, r1]))
+    assert out is not None and out.culprits == {0}
+    summary = out.findings[0].summary
+    assert summary.startswith(
+        "rank 0 called barrier #12 from lit_job.py:27 Model.on_train_epoch_end via "
+        "DDPStrategy.barrier; rank 1 never did (it finished after #11); rank 0 then failed: "
+        "RuntimeError: [pair.cc:561] Connection closed by peer"
+    ), summary
+    assert out.findings[0].evidence[0].line == 27

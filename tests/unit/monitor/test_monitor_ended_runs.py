@@ -175,7 +175,7 @@ def test_ranks_that_raised_before_joining_a_process_group_crashed(tmp_path):
     The headline is that exception at the user's line, never "not started"."""
     from tests.procs import REPO
 
-    recorded = REPO / "tests" / "fixtures" / "logs" / "90-torchrun-no-gpu-before-init.log"
+    recorded = REPO / "tests" / "fixtures" / "logs" / "local" / "torchrun-no-gpu-before-init.log"
     run = new_run(tmp_path)  # a user's command: the world size is not known before the ranks'
     run.run_json.write_text(json.dumps({"world_size": None, "hosts": ["vm"]}))
     host_logs = run.logs_dir / "vm"

@@ -4,8 +4,10 @@ A user's own command (`ddpdoctor run -- torchrun ... train.py`) records a rank f
 `init_process_group` on, so a script that fails before it (GPU code on a machine without a GPU:
 `torch.cuda.set_device` raises "Found no NVIDIA driver on your system") leaves no rank's events.
 The job's logs still hold the tracebacks (explained as `python.exception`, with the user's
-line) and torchrun's failure table (`torchrun.failed`, with the rank it saw fail first); the
-headline is then that exception at its line. The launch has ended: this explains, it never
+line) and torchrun's failure table (`torchrun.failed`, with the rank it saw fail first); when
+both are there, the headline is that exception at its line. A traceback without torchrun's
+word that a rank failed proves nothing (a process may print one and go on): that launch stays
+for the ended-run verdicts. The launch has ended: this explains, it never
 stops anything.
 """
 
@@ -34,10 +36,10 @@ _GPU_FIX = (
 def crash_before_init(snap: Snapshot) -> Snapshot | None:
     """CRASH with the ranks' exception at its line first, when the logs hold one; else None."""
     exception = next((f for f in snap.findings if f.id == "python.exception"), None)
-    if exception is None:
-        return None
     failed = next((f for f in snap.findings if f.id == "torchrun.failed"), None)
-    culprits = exception.ranks or (failed.ranks if failed is not None else ())
+    if exception is None or failed is None:
+        return None  # a traceback alone may have been printed by a process that went on
+    culprits = exception.ranks or failed.ranks
     summary = exception.summary.removesuffix(".") + ", before joining a process group"
     fix = _GPU_FIX if _NO_GPU.search(exception.summary) else exception.fix
     first = Finding(

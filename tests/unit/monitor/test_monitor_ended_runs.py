@@ -189,3 +189,13 @@ def test_ranks_that_raised_before_joining_a_process_group_crashed(tmp_path):
     assert "gpu_published.py:17 in main, before joining a process group" in first.summary
     assert "torch.cuda.is_available()" in first.fix
     assert "run.not_started" not in {f.id for f in snap.findings}
+
+
+def test_a_traceback_without_a_failed_rank_is_no_crash():
+    """A printed traceback alone (torchrun never said a rank failed) proves no crash."""
+    from ddpdoctor.findings import Finding, Severity
+    from ddpdoctor.monitor.crash_before_init import crash_before_init
+    from tests.unit.monitor.test_monitor_builders import snap
+
+    printed = Finding("python.exception", Severity.ERROR, "A process raised ValueError: x", "fix")
+    assert crash_before_init(snap([], findings=(printed,))) is None

@@ -128,5 +128,15 @@ def run_checks(
     if ctx.options.scripts:  # `--script`: the static checkup of the user's training scripts
         from ddpdoctor.checks.scriptcheck import script_results
 
-        results = [*results, *script_results(ctx.options.scripts)]
+        results = [*results, *script_results(ctx.options.scripts, no_gpu=_no_gpu(ctx))]
     return DoctorReport.build(results, strict=strict, elapsed_s=time.monotonic() - start)
+
+
+def _no_gpu(ctx: CheckContext) -> str | None:
+    """Why the job will see no GPU, for the checkup's GPU rule; None when unsure."""
+    from ddpdoctor.checks.gpu_plan import no_gpu_reason
+
+    try:
+        return no_gpu_reason(ctx)
+    except Exception:  # noqa: BLE001 - a failed probe is the GPU checks' to report
+        return None

@@ -12,7 +12,13 @@ from collections import deque
 from typing import Any
 
 from ddpdoctor.monitor.progress import ProgressSample, ProgressTrack
-from ddpdoctor.monitor.snapshot import CALL_WINDOW, POINT_TO_POINT_OPS, CollectiveView, LogLine
+from ddpdoctor.monitor.snapshot import (
+    CALL_WINDOW,
+    POINT_TO_POINT_OPS,
+    CallSite,
+    CollectiveView,
+    LogLine,
+)
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.torchrun_logs import signal_name
 
@@ -77,6 +83,42 @@ def _strs(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value if v is not None)
 
 
+def _frame_text(value: Any, *, base: bool) -> str:
+    """ "ddp.py:303 DDPStrategy.barrier" from a site's {"file", "line", "function"} ("" if odd)."""
+    if not isinstance(value, dict):
+        return ""
+    file, line, function = value.get("file"), value.get("line"), value.get("function")
+    if not isinstance(file, str) or not isinstance(function, str):
+        return ""
+    if base:
+        file = file.replace("\\", "/").rpartition("/")[2]
+    return f"{file}:{line if isinstance(line, int) else '?'} {function}"
+
+
+def _location(value: Any) -> str | None:
+    """ "train.py:17 in main" from an error event's location (None when absent or odd)."""
+    frame = _frame_text(value, base=True)
+    if not frame:
+        return None
+    place, _, function = frame.partition(" ")
+    return f"{place} in {function}"
+
+
+def _site(value: Any) -> CallSite | None:
+    """A collective_start's site (the user's frame, via, issuer); None when absent or odd."""
+    user = _frame_text(value, base=True)
+    if not user:
+        return None
+    line = value.get("line")
+    return CallSite(
+        user,
+        _frame_text(value.get("via"), base=False),
+        _frame_text(value.get("issuer"), base=False),
+        file=value["file"],
+        line=line if isinstance(line, int) and not isinstance(line, bool) else None,
+    )
+
+
 def _ints(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, list):
         return None
@@ -137,6 +179,7 @@ class RankTracker:
         self.traceback: str | None = None
         self.error_t: float | None = None
         self.error_at: tuple[str, int] | None = None
+        self.error_line: str | None = None  # "train.py:17 in main": the user's line (location)
         self.exit_code: int | None = None
         self.exit_reason: str | None = None
         self.exit_t: float | None = None
@@ -260,6 +303,7 @@ class RankTracker:
             dtypes=_strs(e.get("dtypes")),
             since_t=t,
             group_ranks=_ints(e.get("group_ranks")),
+            site=_site(e.get("site")),
         )
         self.opens[(view.group, seq)] = view
         if not p2p:
@@ -289,6 +333,7 @@ class RankTracker:
                 dtypes=opened.dtypes,
                 since_t=opened.since_t,
                 group_ranks=opened.group_ranks,
+                site=opened.site,
             )
         self.collectives_done += 1
         duration = num(e.get("duration_s"))
@@ -305,6 +350,7 @@ class RankTracker:
                     since_t=view.since_t,
                     group_ranks=view.group_ranks,
                     done=True,
+                    site=view.site,
                 )
                 break
         self.last_event = f"collective_end {op} #{seq}"
@@ -380,6 +426,7 @@ class RankTracker:
         self.traceback = text(e.get("traceback"))
         self.error_t = t
         self.error_at = where
+        self.error_line = _location(e.get("location"))
         self.last_event = f"error {exc_type}"
 
     def _exit(self, e: dict[str, Any], t: float | None, where) -> None:

@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.crash_before_init import crash_before_init
 from ddpdoctor.monitor.liveness import is_local, pid_alive
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
 from ddpdoctor.protocol.rundir import RunDir
@@ -40,7 +41,12 @@ def interrupted_snapshot(snap: Snapshot) -> Snapshot:
 
 def not_started_snapshot(snap: Snapshot, run: RunDir, events_dir_error: str | None) -> Snapshot:
     """An ended run in which no rank ever reported: NOT_STARTED, with the reason first (nodes
-    that never joined are the reason already: finding run.nodes_missing)."""
+    that never joined are the reason already: finding run.nodes_missing). Ranks whose logs
+    show an exception raised before they joined a process group crashed (crash_before_init)."""
+    if not snap.nodes_missing and doctor_failures(run) is None:
+        crashed = crash_before_init(snap)
+        if crashed is not None:
+            return crashed
     reason = () if snap.nodes_missing else (not_started_reason(run, events_dir_error),)
     return replace(
         snap,

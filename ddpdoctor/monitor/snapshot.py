@@ -39,6 +39,38 @@ POINT_TO_POINT_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_i
 
 
 @dataclass(frozen=True)
+class CallSite:
+    """Where a rank called a collective (the event's `site`, ddpdoctor/runtime/call_sites.py):
+    the user's frame, the framework function it called (`via`) and the framework frame that
+    called torch.distributed (`issuer`), each "file:line function" ("" when absent)."""
+
+    user: str
+    via: str = ""
+    issuer: str = ""
+    file: str = ""  # the user's file, as the rank named it (for evidence)
+    line: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What tells two calls' sites apart."""
+        return (self.user, self.via, self.issuer)
+
+    def describe(self) -> str:
+        """ "lit_job.py:24 Model.on_train_epoch_end via DDPStrategy.barrier", as diagnoses say."""
+        text = self.user
+        via = self.via.rpartition(" ")[2]
+        issuer = self.issuer.rpartition(" ")[2]
+        if via:
+            text += f" via {via}"
+            if issuer and issuer != via:
+                text += f" > {issuer}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "via": self.via or None, "issuer": self.issuer or None}
+
+
+@dataclass(frozen=True)
 class CollectiveView:
     op: str
     seq: int
@@ -49,6 +81,7 @@ class CollectiveView:
     since_t: float | None = None  # unix time the collective started on this rank
     group_ranks: tuple[int, ...] | None = None  # members of `group` (None: the whole world)
     done: bool = False  # completed on this rank (recent_collectives keep finished ones too)
+    site: CallSite | None = None  # where the rank called it (explicit collectives, not buckets)
 
     def same_call(self, other: CollectiveView) -> bool:
         """Whether two ranks' calls at one sequence number agree (op, and shapes/dtypes where known)."""
@@ -87,6 +120,7 @@ class CollectiveView:
             "group": self.group,
             "shapes": [list(s) for s in self.shapes],
             "dtypes": list(self.dtypes),
+            "site": self.site.to_json() if self.site is not None else None,
         }
 
 
@@ -181,6 +215,7 @@ class RankView:
     avg_comm_wait_s: float | None = None
     avg_steps: int = 0  # how many recent steps those means cover
     error_at: tuple[str, int] | None = None  # (file, line) of its error event
+    error_line: str | None = None  # "train.py:17 in main": where in the user's code it raised
     error_lines: tuple[LogLine, ...] = ()  # its latest warn/error log lines (stderr, NCCL)
     # Equal for two ranks whose latest calls (recent_collectives' tail and the open one) are the
     # same sequence; lets the mismatch rule compare one rank per class at 1000s of ranks (0: unset)

@@ -288,6 +288,7 @@ class RunState:
                 collective.dtypes,
                 collective.since_t,
                 collective.group_ranks,
+                site=collective.site,
             )
         hb_age = None
         if tracker.last_heartbeat_t is not None:
@@ -348,6 +349,7 @@ class RunState:
                 avg_comm_wait_s=comm,
                 avg_steps=n,
                 error_at=tracker.error_at,
+                error_line=tracker.error_line,
                 error_lines=tuple(tracker.error_lines),
                 calls_key=tracker.calls_key(),
                 activity=doing,

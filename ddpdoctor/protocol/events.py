@@ -63,6 +63,14 @@ collective_start   p2p (true) and peer (the other rank; null for batch_isend_ire
                    compare collective seqs across ranks on events without p2p. Only the outermost
                    call counts (all_gather_object is one collective, not its inner all_gathers).
                    DDP gradient buckets are op "all_reduce" with bucket (index) in DDP's group.
+                   site (explicit collectives, not gradient buckets; absent when no frame of
+                   the user's code is on the stack): where the call was made, {"file" (the
+                   user's file, as Python names it), "line", "function" (qualified name), "via":
+                   {"file" (its path inside site-packages), "line", "function"} | null (the
+                   framework function the user's frame called: "DDPStrategy.barrier",
+                   "LightningModule.log", "Accelerator.gather"), "issuer": {...} (the framework
+                   frame that called torch.distributed, when not via itself)}. User code is
+                   what is not in the standard library, site-packages, torch or ddpdoctor.
 collective_end     via: how the end was seen, "return" (a blocking call returned), "future" (its
                    future completed), "work" (Work.is_completed() polled) or "cuda_event" (a CUDA
                    event recorded after a blocking GPU op passed); p2p and peer as at the start.

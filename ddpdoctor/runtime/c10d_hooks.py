@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdoctor.protocol.events import DEFAULT_GROUP, WARNING
-from ddpdoctor.runtime import completion, core
+from ddpdoctor.runtime import call_sites, completion, core
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
 from ddpdoctor.runtime.records import CollectiveDesc
 
@@ -189,7 +189,7 @@ def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
         tracker = runtime.collectives
         # written before the call is entered: a rank that dies in it (gloo aborts the process on
         # a size mismatch) has said what it was calling, with which shapes
-        rec = tracker.begin(desc)
+        rec = tracker.begin(desc, call_sites.caller_site(1))
         NESTING.depth += 1
         t0 = runtime.mono_clock()
         try:

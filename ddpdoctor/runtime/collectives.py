@@ -144,8 +144,9 @@ class CollectiveTracker:
         )
         return self.begin(desc)
 
-    def begin(self, desc: CollectiveDesc) -> OpenCollective:
-        """Number a call of `desc` and record its start (the hot path of every collective)."""
+    def begin(self, desc: CollectiveDesc, site: str | None = None) -> OpenCollective:
+        """Number a call of `desc` and record its start (the hot path of every collective);
+        `site` is where it was called from, as call_sites.site_of encodes it."""
         now, wall_t = self._mono(), self._wall()
         key = desc.seq_key
         with self._lock:
@@ -154,7 +155,7 @@ class CollectiveTracker:
             rec = OpenCollective(desc, seq, wall_t, now)
             self._open[rec] = None
             self.started += 1
-        self._record((records.collective_start, wall_t, now, desc, seq), desc.immediate)
+        self._record((records.collective_start, wall_t, now, desc, seq, site), desc.immediate)
         return rec
 
     def end(

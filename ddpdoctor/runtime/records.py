@@ -126,8 +126,11 @@ class CollectiveDesc:
 
 
 def collective_start(record: Record, rank: int) -> str:
-    _, t, mono, desc, seq = record
-    return f'{_START % (t, mono, rank)},"op":{desc.op_text},"seq":{seq},{desc.start_tail}}}'
+    """`site` (call_sites.py: the user's line and the framework frames that issued the call) is
+    JSON text made once per distinct site, or None (a gradient bucket, no user frame)."""
+    _, t, mono, desc, seq, site = record
+    line = f'{_START % (t, mono, rank)},"op":{desc.op_text},"seq":{seq},{desc.start_tail}'
+    return f"{line},{site}}}" if site else line + "}"
 
 
 def collective_end(record: Record, rank: int) -> str:

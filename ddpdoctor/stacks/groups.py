@@ -4,8 +4,10 @@ Ranks whose main-thread stacks are identical after folding form one class; the b
 first, so the odd class out — usually the culprit — stands apart. Frames read `file:line function`,
 innermost last. Runs of library frames (torch, site-packages, the standard library, ddpdoctor's own
 wrappers, native code) fold into one marker line, except the torch.distributed frame that names the
-collective: it says where in torch a rank waits (`distributed_c10d.py:4812 barrier`), and the
-innermost native c10d frame when native frames were captured (`c10d::Reducer::finalize_backward`).
+collective: it says where in torch a rank waits (`distributed_c10d.py:4812 barrier`), the
+innermost native c10d frame when native frames were captured (`c10d::Reducer::finalize_backward`),
+and, in framework code (Lightning, accelerate, transformers), the framework function the user's
+frame called and the framework frame that issued the collective (`ddp.py:303 DDPStrategy.barrier`).
 """
 
 from __future__ import annotations
@@ -200,13 +202,51 @@ def library_label(frame: Frame) -> str:
     return PurePath(path).stem
 
 
+def is_framework_frame(frame: Frame) -> bool:
+    """A frame of a training framework or other package in site-packages (Lightning,
+    accelerate, transformers, ...), not of torch, the standard library or native code."""
+    if frame.native or _TORCH.search(frame.file) or _OWN_WRAPPERS.search(frame.file):
+        return False
+    return bool(_PACKAGE.search(frame.file))
+
+
+def explaining_frames(frames: Sequence[Frame]) -> set[int]:
+    """The library frames that explain a stack, kept visible when their run folds: the
+    framework function a user frame called (`Trainer.fit`, `LightningModule.log`,
+    `Accelerator.gather`) and the framework frame that called into torch.distributed
+    (`DDPStrategy.barrier`): what the user wrote, and what issued the collective."""
+    keep: set[int] = set()
+    previous_user = False
+    issuer: int | None = None
+    for index, frame in enumerate(frames):
+        library = is_library_frame(frame)
+        if is_framework_frame(frame):
+            if previous_user:
+                keep.add(index)
+            issuer = index
+        elif names_collective(frame) and issuer is not None:
+            keep.add(issuer)
+            issuer = None
+        elif not library:
+            issuer = None
+        previous_user = not library
+    return keep
+
+
 def fold_frames(frames: Sequence[Frame]) -> tuple[str, ...]:
-    """Frames as lines, innermost last, with runs of library frames folded into one marker."""
+    """Frames as lines, innermost last, with runs of library frames folded into one marker;
+    the user's frames, the collective's and the framework frames that explain stay visible."""
     out: list[str] = []
     run: list[Frame] = []
     c10d_wait = innermost_c10d_frame(frames)
+    keep = explaining_frames(frames)
     for index, frame in enumerate(frames):
-        if is_library_frame(frame) and not names_collective(frame) and index != c10d_wait:
+        if (
+            is_library_frame(frame)
+            and not names_collective(frame)
+            and index != c10d_wait
+            and index not in keep
+        ):
             run.append(frame)
             continue
         out.extend(_fold(run))

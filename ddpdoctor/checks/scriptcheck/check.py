@@ -11,6 +11,7 @@ from ddpdoctor.checks.scriptcheck import (  # noqa: F401
     rules_collectives,
     rules_data,
     rules_devices,
+    rules_gpu,
     rules_io,
     rules_setup,
 )
@@ -25,29 +26,33 @@ UNREADABLE = "script.unreadable"
 MAX_MODULES = 64  # a script's own helpers, not a whole package tree
 
 
-def check_scripts(paths: Iterable[str]) -> list[ScriptFinding]:
+def check_scripts(paths: Iterable[str], *, no_gpu: bool = False) -> list[ScriptFinding]:
     """Check each script (and the local modules it imports) without running it.
 
     A file that cannot be read or parsed gives one error finding (`script.unreadable`,
-    `script.syntax_error`), never an exception.
+    `script.syntax_error`), never an exception. `no_gpu`: the machine the job will run on has no
+    GPU visible (the doctor's GPU facts), so hard-coded NCCL and CUDA are errors (rules_gpu).
     """
     found: dict[tuple[str, str, int], ScriptFinding] = {}
     for path in paths:
-        for item in _check_one(str(path)):
+        for item in _check_one(str(path), no_gpu=no_gpu):
             found.setdefault((item.rule, item.path, item.line), item)
     return sorted(found.values(), key=lambda f: (f.path, f.line, f.rule))
 
 
-def _check_one(path: str) -> list[ScriptFinding]:
+def _check_one(path: str, *, no_gpu: bool = False) -> list[ScriptFinding]:
     sources, problems = _load_project(path)
     if not sources:
         return problems
     project = Project([ModuleIndex.build(s) for s in sources])
     by_path = {s.path: s for s in sources}
     findings = list(problems)
-    for spec in RULES:
+    rules = [spec.func for spec in RULES]
+    if no_gpu:
+        rules.append(rules_gpu.gpu_code_without_gpu)
+    for func in rules:
         try:
-            produced = list(spec.func(project))
+            produced = list(func(project))
         except (RecursionError, ValueError, TypeError, AttributeError, KeyError):
             # A rule that cannot follow odd code reports nothing there: doubt means silence.
             continue

@@ -8,20 +8,25 @@ every finding of the checkup.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.checks.model import CheckResult, Status
 from ddpdoctor.checks.scriptcheck.check import check_scripts
 from ddpdoctor.checks.scriptcheck.finding import ScriptFinding
+from ddpdoctor.checks.scriptcheck.rules_gpu import GPU_WITHOUT_GPU
 from ddpdoctor.findings import Severity
 
 GROUP = "script"
 _STATUS = {Severity.ERROR: Status.FAIL, Severity.WARNING: Status.WARN, Severity.INFO: Status.PASS}
 
 
-def script_results(paths: Iterable[str]) -> list[CheckResult]:
+def script_results(paths: Iterable[str], *, no_gpu: str | None = None) -> list[CheckResult]:
+    """`no_gpu`: why the job will see no GPU (the doctor's GPU facts), when it will see none."""
     paths = [str(p) for p in paths]
-    findings = check_scripts(paths)
+    findings = check_scripts(paths, no_gpu=no_gpu is not None)
+    if no_gpu is not None:
+        findings = [_with_machine(f, no_gpu) for f in findings]
     results: list[CheckResult] = []
     for path in paths:
         mine = [f for f in findings if f.path == path or _imported_by(f, path, paths)]
@@ -31,6 +36,13 @@ def script_results(paths: Iterable[str]) -> list[CheckResult]:
         if not problems:
             results.append(_passed(path, notes))
     return results
+
+
+def _with_machine(finding: ScriptFinding, no_gpu: str) -> ScriptFinding:
+    """A GPU finding says what the machine lacks (the probe's reason)."""
+    if finding.rule != GPU_WITHOUT_GPU:
+        return finding
+    return replace(finding, why=f"{finding.why}; this machine: {no_gpu}")
 
 
 def _imported_by(finding: ScriptFinding, path: str, paths: list[str]) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ddpdoctor.checks.scriptcheck.frameworks import framework_rank, zero_decorator, zero_flag
 from ddpdoctor.checks.scriptcheck.scopes import (
     FUNCTIONS,
     ModuleIndex,
@@ -28,7 +29,11 @@ RANK_ENV = frozenset(
     {"RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK"}
 )
 LOCAL_RANK_ENV = frozenset({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"})
-_RANKISH = re.compile(r"rank|main|master|primary|leader|gpu_id|chief|is_zero|local_zero", re.I)
+_RANKISH = re.compile(
+    r"rank|main|master|primary|leader|gpu_id|chief|is_zero|local_zero|global_zero|process_zero|"
+    r"process_index",
+    re.I,
+)
 
 
 def env_key(expr: ast.expr, module: ModuleIndex) -> str | None:
@@ -87,6 +92,8 @@ def _name_is_rank(expr: ast.Name, module: ModuleIndex, local_only: bool, depth: 
 def _attribute_is_rank(
     expr: ast.Attribute, module: ModuleIndex, local_only: bool, depth: int
 ) -> bool:
+    if not local_only and framework_rank(expr, module):  # self.global_rank, trainer.global_rank
+        return True
     key = target_key(expr)
     if key is None:
         return False
@@ -111,11 +118,15 @@ def _params(function: ast.AST) -> set[str]:
 
 
 def rank_zero_test(test: ast.expr, module: ModuleIndex) -> bool:
-    """`rank == 0`, `0 == rank`, `rank == 3`, `not rank`, or an `and` with one of those."""
+    """`rank == 0`, `0 == rank`, `rank == 3`, `not rank`, a framework's rank-0 flag
+    (`self.trainer.is_global_zero`, `accelerator.is_main_process`) or its negation, or an `and`
+    with one of those."""
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
         return any(rank_zero_test(value, module) for value in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return rank_source(test.operand, module)
+        return rank_source(test.operand, module) or zero_flag(test.operand, module)
+    if zero_flag(test, module):
+        return True
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
         left, right = test.left, test.comparators[0]
         for a, b in ((left, right), (right, left)):
@@ -168,6 +179,8 @@ def maybe_rank_guarded(
         ):
             return True
         if isinstance(parent, FUNCTIONS):
+            if zero_decorator(parent, module) is not None:  # @rank_zero_only
+                return True
             if _early_return_for_ranks(parent, node, module):
                 return True
             return _only_called_guarded(parent, module, project, depth)

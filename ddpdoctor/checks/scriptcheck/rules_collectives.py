@@ -6,6 +6,7 @@ import ast
 from collections.abc import Iterator
 
 from ddpdoctor.checks.scriptcheck.finding import ScriptFinding
+from ddpdoctor.checks.scriptcheck.frameworks import framework_collective, zero_only_function
 from ddpdoctor.checks.scriptcheck.guards import rank_zero_guard
 from ddpdoctor.checks.scriptcheck.rulebase import finding, rule
 from ddpdoctor.checks.scriptcheck.scopes import (
@@ -66,22 +67,29 @@ def body_lines(guard: ast.If) -> tuple[int, int]:
 )
 def collective_under_rank_guard(project: Project) -> Iterator[ScriptFinding]:
     for module, call, name in project.all_calls():
+        what = framework_collective(call, name, module)
+        if what is not None:
+            found = _framework_finding(module, call, what)
+            if found is not None:
+                yield found
+            continue
         if is_dist(name, *COLLECTIVES):
             if kwarg(call, "group") is not None:  # a subgroup may hold rank 0 alone
                 continue
-            guard = rank_zero_guard(call, module)
-            if guard is None:
+            guarded = _guard_of(call, module)
+            if guarded is None:
                 continue
+            where, block = guarded
             yield finding(
                 RANK_GUARD,
                 Severity.ERROR,
                 module,
                 call,
-                f"{name.rsplit('.', 1)[-1]}() runs only under the rank guard of line {guard.lineno}",
+                f"{name.rsplit('.', 1)[-1]}() runs only {where}",
                 why="a collective needs every rank; the others never reach it, so the job hangs "
                 "at this line until the NCCL/gloo timeout",
                 fix=_FIX,
-                block=body_lines(guard),
+                block=block,
             )
             continue
         key = target_key(call.func)
@@ -101,3 +109,42 @@ def collective_under_rank_guard(project: Project) -> Iterator[ScriptFinding]:
                 "the guard",
                 block=body_lines(guard),
             )
+
+
+_FRAMEWORK_FIX = "call it on every rank, outside the rank guard"
+_LOG_FIX = (
+    " (a metric logged from rank 0 alone takes self.log(..., rank_zero_only=True), without "
+    "sync_dist)"
+)
+
+
+def _framework_finding(module: ModuleIndex, call: ast.Call, what: str) -> ScriptFinding | None:
+    """A framework's collective (`self.log(..., sync_dist=True)`, `accelerator.gather()`, ...)
+    under a rank-0 test or in a `@rank_zero_only` function."""
+    guarded = _guard_of(call, module)
+    if guarded is None:
+        return None
+    where, block = guarded
+    return finding(
+        RANK_GUARD,
+        Severity.ERROR,
+        module,
+        call,
+        f"{what} runs only {where}",
+        why="it is a collective (the framework synchronizes it across ranks): the other ranks "
+        "never reach it, so the job hangs here or pairs it with another collective",
+        fix=_FRAMEWORK_FIX + (_LOG_FIX if ".log" in what else ""),
+        block=block,
+    )
+
+
+def _guard_of(call: ast.Call, module: ModuleIndex) -> tuple[str, tuple[int, int] | None] | None:
+    """("under the rank guard of line N", its body) or ("in a rank-zero-only function (line
+    N)", None) for a call that runs on some ranks only; None when every rank runs it."""
+    guard = rank_zero_guard(call, module)
+    if guard is not None:
+        return f"under the rank guard of line {guard.lineno}", body_lines(guard)
+    function = zero_only_function(call, module)
+    if function is not None:
+        return f"in a rank-zero-only function (line {getattr(function, 'lineno', 0)})", None
+    return None

@@ -9,10 +9,11 @@ win over a real error.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot, Verdict
-from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.verdict_rules import died as died_rule
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -63,7 +64,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     ]
     culprits = [root.rank] + [v.rank for v in same]
     others = [v for v in failures(snap) if v.rank not in culprits]
-    findings = [root_finding(root, same)]
+    findings = [_with_extra_call(root_finding(root, same), root, snap)]
     if others:
         findings.append(consequences(others, root))
     return RuleOutcome(
@@ -77,6 +78,20 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     )
 
 
+def _with_extra_call(finding: Finding, root: RankView, snap: Snapshot) -> Finding:
+    """A root cause that failed only because its peers went away (`Connection closed by peer`)
+    while it waited in a collective that those peers, which ended cleanly, never made from its
+    call site (`if rank == 0: strategy.barrier()` at the end): that extra call is the cause."""
+    if root.collective is None or not looks_like_consequence(root):
+        return finding
+    ended = [v for v in snap.ranks if v.rank != root.rank and v.state is RankState.DONE]
+    divergence = call_sites.ended_divergence([root], root.collective, ended)
+    if divergence is None:
+        return finding
+    summary = f"{divergence.describe()}; rank {root.rank} then failed: {root.error}"
+    return replace(finding, summary=summary, evidence=divergence.evidence() + finding.evidence)
+
+
 def root_finding(root: RankView, same: list[RankView]) -> Finding:
     if root.state is RankState.GONE:
         return died_rule.finding(root)
@@ -88,6 +103,8 @@ def root_finding(root: RankView, same: list[RankView]) -> Finding:
     place = f" (in {', '.join(where)})" if where else ""
     if root.error:
         summary = f"rank {root.rank} failed first{place}: {root.error}"
+        if root.error_line:  # the user's line it raised at (the error event's location)
+            summary += f" at {root.error_line}"
     elif root.exit_signal:
         summary = f"rank {root.rank} failed first{place}: ended by {root.exit_signal}"
     else:

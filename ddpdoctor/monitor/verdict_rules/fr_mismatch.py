@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.fr_evidence import TAG
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
-from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites
 from ddpdoctor.monitor.verdict_rules.mismatch import FIX, _culprits
 from ddpdoctor.protocol.fr_reading import calls_at_first_difference
 from ddpdoctor.rank_ranges import named_ranks
@@ -39,6 +39,21 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     ordered = sorted(sides.items(), key=lambda kv: (-len(kv[1]), frequency[kv[0]]))
     parts = [f"{named_ranks(ranks)}: {calls[ranks[0]].describe()}" for _, ranks in ordered]
     evidence = [Evidence(f"{TAG}: torch's analyzer at #{seq}: {why}")]
+    # The call sites of the ranks' explicit collectives tell which side made the extra call
+    # (the others are in a call every rank makes, such as DDP's gradient all-reduce).
+    divergence = None
+    if len(sides) == 2:
+        small, big = sorted(sides.values(), key=len)
+        for side, rest in ((small, big), (big, small)):
+            doing = calls[rest[0]].describe()
+            divergence = call_sites.open_extra(snap, side, rest, doing)
+            if divergence is not None:
+                break
+    summary = f"collective mismatch at #{seq} ({TAG}): " + "; ".join(parts)
+    if divergence is not None:
+        culprits = list(divergence.culprits)
+        summary = f"collective mismatch ({TAG} #{seq}): {divergence.describe()}"
+        evidence[:0] = divergence.evidence()
     for rank, entry in sorted(calls.items())[:8]:
         rank_dump = snap.fr_of(rank)
         state = rank_dump.state_of(entry) if rank_dump is not None else entry.state
@@ -48,7 +63,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     finding = Finding(
         id="mismatch",
         severity=Severity.ERROR,
-        summary=f"collective mismatch at #{seq} ({TAG}): " + "; ".join(parts),
+        summary=summary,
         fix=FIX,
         ranks=tuple(sorted(culprits)),
         evidence=tuple(evidence),

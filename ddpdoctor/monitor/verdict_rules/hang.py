@@ -18,7 +18,7 @@ from collections import defaultdict
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import CollectiveView, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import waiting_collective
-from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.verdict_rules.describe import stack_of, where_is
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.rank_ranges import named_ranks
@@ -106,14 +106,34 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         stuck = [v for v in behind if not progressing(v) and not undecided(v, snap)]
         if not stuck:
             continue  # every rank behind is busy (a wait: verdict_rules.wait) or not judged yet
-        outcome = _outcome(snap, coll, [v for v, _ in waiters], stuck)
+        waiting = [v for v, _ in waiters]
+        outcome = _outcome(snap, coll, waiting, stuck, _divergence(snap, coll, waiting, stuck))
         if best is None or (outcome.onset_t or 0) < (best.onset_t or 0):
             best = outcome
     return best
 
 
+def _divergence(
+    snap: Snapshot, coll: CollectiveView, waiters: list[RankView], stuck: list[RankView]
+) -> call_sites.Divergence | None:
+    """Where the call sites say the hang began: an extra call of the waiting side that the
+    others, which then ended cleanly, never made; or an earlier extra call that the transport
+    paired with another (gloo pairs any two barriers), after which the ranks were out of step."""
+    ended = call_sites.ended_divergence(waiters, coll, stuck)
+    if ended is not None:
+        return ended
+    earlier = call_sites.first_divergence(snap)
+    if earlier is not None and earlier.group == coll.group and earlier.seq <= coll.seq:
+        return earlier
+    return None
+
+
 def _outcome(
-    snap: Snapshot, coll: CollectiveView, waiters: list[RankView], culprits: list[RankView]
+    snap: Snapshot,
+    coll: CollectiveView,
+    waiters: list[RankView],
+    culprits: list[RankView],
+    divergence: call_sites.Divergence | None = None,
 ) -> RuleOutcome:
     th = snap.thresholds
     assert th is not None
@@ -162,6 +182,18 @@ def _outcome(
                 f" (threshold {fmt_s(th.hang_after_s)}; heartbeat alive)"
             )
         )
+    waiting_on = tuple((w.rank, tuple(sorted(culprit_ranks))[:16]) for w in waiters)
+    if divergence is not None:
+        # the call sites name the rank that made the extra call, and its line
+        if divergence.others_ended:
+            summary = (
+                f"{divergence.describe()} ({named_ranks(waiter_ranks)} {verb} in it,"
+                f" {fmt_s(longest)})"
+            )
+        else:
+            summary = f"{divergence.describe()}; then {summary}"
+        evidence[:0] = divergence.evidence()
+        culprit_ranks = list(divergence.culprits)
     finding = Finding(
         id="hang",
         severity=Severity.ERROR,
@@ -173,7 +205,6 @@ def _outcome(
     stalled = frozenset(
         c.rank for c in culprits if not c.state.finished and c.state is not RankState.WAITING
     )
-    waiting_on = tuple((w.rank, tuple(sorted(culprit_ranks))[:16]) for w in waiters)
     return RuleOutcome(
         rule="hang",
         findings=(finding,),

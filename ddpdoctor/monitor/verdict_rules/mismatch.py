@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import (
@@ -20,7 +21,7 @@ from ddpdoctor.monitor.snapshot import (
     Snapshot,
     Verdict,
 )
-from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites
 from ddpdoctor.rank_ranges import named_ranks
 
 FIX = (
@@ -69,6 +70,9 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if not differing:
         return _from_abort_message(snap)
     key = min(differing, key=lambda k: (k[1], k[0]))
+    divergence = call_sites.first_divergence(snap)
+    if divergence is not None and divergence.seq <= key[1]:
+        return _from_divergence(snap, divergence, key)
     by_rank: dict[int, CollectiveView] = {}
     frequency: Counter = Counter()
     for view in snap.ranks:
@@ -105,13 +109,20 @@ def _outcome(
     )
     summary += ": " + "; ".join(parts)
     starts = [c.since_t for c in by_rank.values() if c.since_t is not None]
-    onset = max(starts) if starts else snap.taken_t
+    return _mismatch(summary, culprits, evidence, max(starts) if starts else snap.taken_t)
+
+
+def _mismatch(
+    summary: str, culprits: Iterable[int], evidence: Iterable[Evidence], onset: float | None
+) -> RuleOutcome:
+    """The rule's outcome: a confirmed mismatch of `culprits` that held from `onset`."""
+    ranks = tuple(sorted(culprits))
     finding = Finding(
         id="mismatch",
         severity=Severity.ERROR,
         summary=summary,
         fix=FIX,
-        ranks=tuple(sorted(culprits)),
+        ranks=ranks,
         evidence=tuple(evidence),
     )
     return RuleOutcome(
@@ -119,9 +130,36 @@ def _outcome(
         findings=(finding,),
         verdict=Verdict.MISMATCH,
         confirmed=True,
-        culprits=frozenset(culprits),
+        culprits=frozenset(ranks),
         started_t=onset,
         onset_t=onset,
+    )
+
+
+def _from_divergence(
+    snap: Snapshot, divergence: call_sites.Divergence, key: tuple[str, int]
+) -> RuleOutcome:
+    """The ranks disagree at `key`; their call sites show where it began: one side's extra call
+    at an earlier (or the same) number, which the transport may have paired with another."""
+    evidence = list(divergence.evidence())
+    if divergence.seq < key[1]:
+        later: list[str] = []
+        for view in snap.ranks:
+            coll = next((c for c in _calls(view) if (c.group, c.seq) == key), None)
+            if coll is not None and len(later) < 4:
+                later.append(f"rank {view.rank}: {coll.describe()}")
+        evidence.append(Evidence(f"then at #{key[1]}: " + "; ".join(later)))
+    starts = [
+        c.since_t
+        for c in (divergence.call, divergence.other_call)
+        if c is not None and c.since_t is not None
+    ]
+    group = f" of group {divergence.group}" if divergence.group != "default" else ""
+    return _mismatch(
+        f"collective mismatch at #{divergence.seq}{group}: {divergence.describe()}",
+        divergence.culprits,
+        evidence,
+        max(starts) if starts else snap.taken_t,
     )
 
 
@@ -185,21 +223,6 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
             for r in culprits
             if (v := snap.rank(r)) and v.fault and v.fault.split(":")[0] in _FAULT_KINDS
         ]
-        finding = Finding(
-            id="mismatch",
-            severity=Severity.ERROR,
-            summary=f"collective mismatch at #{seq}: " + "; ".join(parts),
-            fix=FIX,
-            ranks=tuple(sorted(injected or culprits)),
-            evidence=tuple(evidence),
-        )
-        return RuleOutcome(
-            rule="mismatch",
-            findings=(finding,),
-            verdict=Verdict.MISMATCH,
-            confirmed=True,
-            culprits=frozenset(injected or culprits),
-            started_t=onset,
-            onset_t=onset,
-        )
+        summary = f"collective mismatch at #{seq}: " + "; ".join(parts)
+        return _mismatch(summary, injected or culprits, evidence, onset)
     return None

@@ -209,6 +209,11 @@ EXPECTED: dict[str, list[tuple[str, str, tuple[int, ...], list[int]]]] = {
         ("torchrun.signal", "error", (1,), [3, 33, 35]),
         ("gloo.peer_closed", "warning", (0,), [24]),
     ],
+    # GPU code as published, under a user's own torchrun on a machine without a GPU
+    "local/torchrun-no-gpu-before-init.log": [
+        ("python.exception", "error", (), [9, 15, 19, 25]),
+        ("torchrun.failed", "error", (0,), [26, 52, 61]),
+    ],
     "local/run-gloo-size-mismatch": [
         ("gloo.size_mismatch", "error", (0,), [2, 3]),
         ("torchrun.signal", "error", (0,), [3, 29, 38, 40]),

@@ -167,3 +167,35 @@ def test_a_diagnosis_that_cannot_be_written_is_reported(tmp_path):
     monitor.close(job_ended=True)
     assert monitor.write_error is not None
     assert monitor.write_error.startswith(f"cannot write {run.diagnosis_json}: ")
+
+
+def test_ranks_that_raised_before_joining_a_process_group_crashed(tmp_path):
+    """GPU code on a machine without a GPU, launched by the user's own torchrun: no rank ever
+    recorded itself (they raise before init_process_group), but the logs hold the traceback.
+    The headline is that exception at the user's line, never "not started"."""
+    from tests.procs import REPO
+
+    recorded = REPO / "tests" / "fixtures" / "logs" / "local" / "torchrun-no-gpu-before-init.log"
+    run = new_run(tmp_path)  # a user's command: the world size is not known before the ranks'
+    run.run_json.write_text(json.dumps({"world_size": None, "hosts": ["vm"]}))
+    host_logs = run.logs_dir / "vm"
+    host_logs.mkdir(parents=True)
+    shutil.copy(recorded, host_logs / "torchrun.log")
+    snap = Monitor(run, clock=Clock(), capture_stacks=False).close(job_ended=True)
+    assert snap.verdict is Verdict.CRASH and snap.culprits == {0}
+    first = snap.findings[0]
+    assert first.id == "crash.before_init"
+    assert "RuntimeError: Found no NVIDIA driver on your system" in first.summary
+    assert "gpu_published.py:17 in main, before joining a process group" in first.summary
+    assert "torch.cuda.is_available()" in first.fix
+    assert "run.not_started" not in {f.id for f in snap.findings}
+
+
+def test_a_traceback_without_a_failed_rank_is_no_crash():
+    """A printed traceback alone (torchrun never said a rank failed) proves no crash."""
+    from ddpdoctor.findings import Finding, Severity
+    from ddpdoctor.monitor.crash_before_init import crash_before_init
+    from tests.unit.monitor.test_monitor_builders import snap
+
+    printed = Finding("python.exception", Severity.ERROR, "A process raised ValueError: x", "fix")
+    assert crash_before_init(snap([], findings=(printed,))) is None

@@ -113,3 +113,38 @@ def test_external_stop_is_a_crash_with_the_signal_named():
 
 def test_no_failure_no_crash():
     assert crash.detect(snap([view(0), view(1, RankState.DONE, exit_code=0)])) is None
+
+
+def test_the_root_cause_names_the_users_line_it_raised_at():
+    root = failed(
+        0,
+        NOW - 1.0,
+        "RuntimeError: Found no NVIDIA driver on your system",
+        error_line="gpu_published.py:17 in main",
+        phase="init",
+        step=0,
+    )
+    out = crash.detect(snap([root, failed(1, NOW - 0.5, "RuntimeError: boom")]))
+    assert out.findings[0].summary == (
+        "rank 0 failed first (in phase init, step 0): RuntimeError: Found no NVIDIA driver on "
+        "your system at gpu_published.py:17 in main"
+    )
+
+
+def test_the_error_events_location_reaches_the_rank_view():
+    from ddpdoctor.monitor.rank_tracker import RankTracker
+
+    tracker = RankTracker(0)
+    tracker._error(
+        {
+            "exc_type": "RuntimeError",
+            "message": "boom",
+            "fatal": True,
+            "location": {"file": "/home/u/train.py", "line": 17, "function": "main"},
+        },
+        NOW,
+        ("events/rank-0.jsonl", 3),
+    )
+    assert tracker.error_line == "train.py:17 in main"
+    tracker._error({"exc_type": "RuntimeError", "fatal": True, "location": "odd"}, NOW, None)
+    assert tracker.error_line is None

@@ -195,3 +195,41 @@ def test_a_ddp_all_reduce_under_backward_shows_where_c10d_waits():
         "… 2 native frames (libstdc++.so.6, libc.so.6)",
     )
     assert innermost_frame(folded) == "c10d::Reducer::finalize_backward (libtorch_cpu.so)"
+
+
+LIGHTNING = STACKS / "lightning-barrier"
+
+
+def test_a_lightning_stack_keeps_the_frames_that_explain_it():
+    """Recorded: rank 0 of a Lightning job in a barrier that `_sync_ddp` issued under
+    `Trainer.fit`; the 17 Lightning frames between fold, the two that explain stay."""
+    (thread,) = (
+        t
+        for t in parse_pyspy_dump(json.loads((LIGHTNING / "rank-0.json").read_text()), 1)
+        if t.is_main
+    )
+    assert fold_frames(thread.frames) == (
+        "… 1 native frame (libc.so.6)",
+        "lit_barrier_rank0.py:50 <module>",
+        "lit_barrier_rank0.py:46 main",
+        "trainer.py:584 Trainer.fit",
+        "… 15 library frames (lightning)",
+        "distributed.py:213 _sync_ddp",
+        "… 2 library frames (ddpdoctor, torch/distributed)",
+        "distributed_c10d.py:6371 barrier",
+        "… 6 native frames (libtorch_python.so, libtorch_cpu.so, libstdc++.so.6.0.30, …)",
+    )
+
+
+def test_a_framework_frame_called_by_the_user_stays_visible():
+    site = "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py"
+    hook = Frame("Model.on_train_epoch_end", "/home/u/lit_job.py", 27)
+    strategy = Frame("DDPStrategy.barrier", site, 303)
+    frames = (USER, hook, strategy, WRAPPER, Frame("barrier", C10D, 6371))
+    assert fold_frames(frames) == (
+        "train.py:10 <module>",
+        "lit_job.py:27 Model.on_train_epoch_end",
+        "ddp.py:303 DDPStrategy.barrier",
+        "… 1 library frame (torch/distributed)",
+        "distributed_c10d.py:6371 barrier",
+    )

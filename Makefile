@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint format clean bench cluster cluster-stop
+.PHONY: demo test lint format clean bench cluster cluster-stop lab lab-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ cluster:
 
 cluster-stop:
 	bash scripts/cluster.sh stop
+
+# A multi-host lab from network namespaces (hosts h1..hN, default 2; needs root) for the tests
+# marked `lab`, skipped with the reason while it is down. Idempotent. See docs/lab.md.
+lab:
+	bash scripts/lab.sh up $(LAB_HOSTS)
+
+lab-stop:
+	bash scripts/lab.sh down
 
 clean:
 	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache

@@ -37,6 +37,7 @@ class Verdict:
     reason: str = ""
     participants: tuple[int, ...] = ()  # ranks in the pairwise link matrix (one per node)
     backend: str = "gloo"  # for the collective check: nccl only when every rank has a GPU
+    leaders: tuple[int, ...] = ()  # one rank per node, on several nodes: they probe each other
 
 
 def wait_for_port(host: str, port: int, deadline: float) -> float:
@@ -148,23 +149,19 @@ def publish_verdict(store: Any, verdict: Verdict) -> None:
     store.set("start", json.dumps(asdict(verdict)))
 
 
-def read_verdict(store: Any) -> Verdict:
-    data = json.loads(store.get("start"))
+def verdict_from_json(data: dict[str, Any]) -> Verdict:
     return Verdict(
         go=bool(data["go"]),
         missing=tuple(data.get("missing") or ()),
         reason=data.get("reason") or "",
         participants=tuple(data.get("participants") or ()),
         backend=data.get("backend") or "gloo",
+        leaders=tuple(data.get("leaders") or ()),
     )
 
 
 def publish_exit_code(store: Any, code: int) -> None:
     store.set("exit_code", str(code))
-
-
-def read_exit_code(store: Any) -> int:
-    return int(store.get("exit_code"))
 
 
 def acknowledge(store: Any) -> None:

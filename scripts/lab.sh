@@ -13,6 +13,7 @@
 #                                  --hosts, CMD alone sees FILE as /etc/hosts
 #   scripts/lab.sh fw HOST RULE…   an iptables rule on HOST, e.g. fw h1 -A INPUT -p tcp --dport 29500 -j DROP
 #   scripts/lab.sh fw-clear HOST   remove every rule added on HOST
+#   scripts/lab.sh mtu HOST DEV MTU  set an interface's MTU (the bridge side stays at 1500)
 #
 # Needs root and iptables (Debian's package: apt-get install -y iptables). The kernel here has no
 # netem, so delay and loss cannot be produced; refusals, silence (DROP), wrong names, wrong
@@ -202,6 +203,13 @@ cmd_fw_clear() {
   ip netns exec "$PREFIX-$host" "$ipt" -w -P OUTPUT ACCEPT
 }
 
+cmd_mtu() {  # the MTU of HOST's DEV; the switch side keeps 1500, as a switch without jumbo frames
+  need_root
+  [ $# -eq 3 ] || die "usage: lab.sh mtu HOST DEV MTU"
+  ns_up "$PREFIX-$1" || die "no host '$1' in the lab"
+  ip -n "$PREFIX-$1" link set "$2" mtu "$3"
+}
+
 cmd_status() {
   local names
   names=$(hosts)
@@ -251,8 +259,9 @@ main() {
     status) cmd_status ;;
     exec) cmd_exec "$@" ;;
     fw) cmd_fw "$@" ;;
+    mtu) cmd_mtu "$@" ;;
     fw-clear) [ $# -eq 1 ] || die "usage: lab.sh fw-clear HOST"; cmd_fw_clear "$1" ;;
-    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST" ;;
+    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST | mtu HOST DEV MTU" ;;
   esac
 }
 

@@ -76,3 +76,8 @@ def iptables(host: str, *rule: str) -> None:
 
 def clear_firewall(host: str) -> None:
     subprocess.run(["bash", str(LAB_SCRIPT), "fw-clear", host], check=True, timeout=30)
+
+
+def set_mtu(host: str, mtu: int, dev: str = "eth0") -> None:
+    """`dev`'s MTU on `host`; the bridge side stays at 1500 (scripts/lab.sh mtu)."""
+    subprocess.run(["bash", str(LAB_SCRIPT), "mtu", host, dev, str(mtu)], check=True, timeout=30)

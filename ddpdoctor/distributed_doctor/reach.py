@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ddpdoctor.checks.probes.bounded import bounded_call
@@ -30,6 +30,10 @@ from ddpdoctor.checks.probes.bounded import bounded_call
 CONNECT_TIMEOUT_S = 2.0  # a peer on the same network answers a connect in milliseconds
 MAX_PROBES_IN_FLIGHT = 32
 TOKEN_BYTES = 96
+# After its token a listener sends this much: a path that passes a connect but loses large
+# packets (an MTU larger than the network carries, no ICMP back) stalls here, as gloo would.
+BULK_BYTES = 64 * 1024
+BULK_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Probe:
     ok: bool
     ms: float | None = None
     error: str | None = None
+    bulk: bool | None = None  # the BULK_BYTES after the token arrived (None: not reached)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Probe:
@@ -145,12 +150,20 @@ class Listener:
                 conn, _ = self._sock.accept()
             except (TimeoutError, OSError):
                 continue
-            with conn:
-                try:
-                    conn.settimeout(1.0)
-                    conn.sendall(self._token)
-                except OSError:
-                    pass
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.settimeout(CONNECT_TIMEOUT_S + 1)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.sendall(self._token)
+                # In messages of a few KiB, as gloo sends them: each leaves as one packet larger
+                # than a 1500-byte MTU, where one large buffer may leave as a segmented burst.
+                for _ in range(BULK_BYTES // BULK_CHUNK):
+                    conn.sendall(bytes(BULK_CHUNK))
+            except OSError:
+                pass
 
     def close(self) -> None:
         self._stop.set()
@@ -162,28 +175,36 @@ def token(run_id: str, rank: int) -> str:
     return f"ddpdoctor-reach {run_id} {rank}\n"[:TOKEN_BYTES]
 
 
-def connect_once(
-    addr: str, port: int, expected: str, timeout_s: float
-) -> tuple[float | None, str | None]:
-    """(milliseconds, None) when addr:port answered with `expected`; else (None, why)."""
+def connect_once(addr: str, port: int, expected: str, timeout_s: float) -> Probe:
+    """One probe (src and dst left 0): ok when addr:port answered with `expected`; bulk when
+    the BULK_BYTES behind it arrived too, within the same timeout."""
+    want = expected.encode()
     start = time.perf_counter()
+    got = b""
     try:
         with socket.create_connection((addr, port), timeout=timeout_s) as sock:
             ms = (time.perf_counter() - start) * 1e3
             sock.settimeout(max(0.2, timeout_s - ms / 1e3))
-            got = b""
-            while len(got) < len(expected.encode()):
-                chunk = sock.recv(TOKEN_BYTES)
-                if not chunk:
-                    break
-                got += chunk
+            try:
+                while len(got) < len(want) + BULK_BYTES:
+                    chunk = sock.recv(BULK_BYTES)
+                    if not chunk:
+                        break
+                    got += chunk
+            except TimeoutError:
+                pass  # judged below: no token at all, or a token and a stalled bulk
     except TimeoutError:
-        return None, f"no answer within {timeout_s:g} s"
+        return Probe(0, 0, "", addr, False, error=f"no answer within {timeout_s:g} s")
     except OSError as exc:
-        return None, _why(exc)
-    if got.decode(errors="replace") != expected:
-        return None, "reached another host (it answers for someone else)"
-    return ms, None
+        return Probe(0, 0, "", addr, False, error=_why(exc))
+    if len(got) < len(want):
+        return Probe(0, 0, "", addr, False, error=f"no answer within {timeout_s:g} s")
+    if got[: len(want)] != want:
+        return Probe(
+            0, 0, "", addr, False, error="reached another host (it answers for someone else)"
+        )
+    bulk = len(got) >= len(want) + BULK_BYTES
+    return Probe(0, 0, "", addr, True, ms, None, bulk)
 
 
 def _why(exc: OSError) -> str:
@@ -213,8 +234,9 @@ def probe_peers(
 
     def one(target: tuple[int, str, str, int]) -> Probe:
         rank, iface, addr, port = target
-        ms, error = connect_once(addr, port, token(run_id, rank), timeout)
-        return Probe(me, rank, iface, addr, error is None, ms, error)
+        return replace(
+            connect_once(addr, port, token(run_id, rank), timeout), src=me, dst=rank, iface=iface
+        )
 
     if not targets:
         return []
@@ -243,8 +265,18 @@ def describe_self(port: int, addresses: Sequence[Address], gloo: GlooChoice) -> 
         "host": socket.gethostname(),
         "port": port,
         "addresses": [asdict(a) for a in addresses],
+        "mtu": interface_mtus(),
         "gloo": asdict(gloo),
     }
+
+
+def interface_mtus() -> dict[str, int]:
+    try:
+        import psutil
+
+        return {name: int(st.mtu) for name, st in psutil.net_if_stats().items()}
+    except Exception:  # noqa: BLE001 - psutil missing or broken: no MTU facts
+        return {}
 
 
 def read_keys(store: Any, keys: Sequence[str], deadline: float) -> dict[str, Any]:

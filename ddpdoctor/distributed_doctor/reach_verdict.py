@@ -14,7 +14,7 @@ from typing import Any
 
 from ddpdoctor.checks.model import CheckResult, Status
 from ddpdoctor.distributed_doctor.nodes import NodeMap
-from ddpdoctor.distributed_doctor.reach import Probe
+from ddpdoctor.distributed_doctor.reach import BULK_BYTES, Probe
 from ddpdoctor.distributed_doctor.results import cluster_result
 
 TITLE = "Interface that reaches every node"
@@ -45,6 +45,24 @@ class Reach:
                 out[src] = mine[0].error or "no answer"
         return out
 
+    def stalls(self, dst: int, iface: str, *, addr: str | None = None) -> dict[int, str]:
+        """Leaders that reached `dst` on `iface` but whose bulk transfer from it stalled."""
+        out: dict[int, str] = {}
+        for src in sorted(self.infos):
+            if src == dst or src in self.missing:
+                continue
+            mine = [
+                p
+                for p in self.probes
+                if p.src == src and p.dst == dst and (p.addr == addr if addr else p.iface == iface)
+            ]
+            if any(p.ok for p in mine) and not any(p.ok and p.bulk is not False for p in mine):
+                out[src] = (
+                    f"connects, but {BULK_BYTES // 1024} KiB sent back in 4 KiB messages never "
+                    "arrived: large packets are lost on the way"
+                )
+        return out
+
     def ifaces(self, rank: int) -> list[str]:
         names: list[str] = []
         for a in self.infos[rank].get("addresses") or ():
@@ -54,7 +72,14 @@ class Reach:
 
     def reaching(self, rank: int) -> list[str]:
         """Interfaces of `rank`'s node that every other node reaches (loopback never does)."""
-        return [i for i in self.ifaces(rank) if not _loopback(i) and not self.misses(rank, i)]
+        return [
+            i
+            for i in self.ifaces(rank)
+            if not _loopback(i) and not self.misses(rank, i) and not self.stalls(rank, i)
+        ]
+
+    def any_stall(self) -> bool:
+        return any(self.stalls(r, i) for r in self.infos for i in self.ifaces(r))
 
     def common(self) -> list[str]:
         """Interface names that reach every node on every node: the value for *_SOCKET_IFNAME."""
@@ -79,12 +104,16 @@ def group_blocker(reach: Reach, nodes: NodeMap) -> str | None:
         addr = gloo.get("addr")
         if not addr:
             continue
-        misses = reach.misses(rank, gloo.get("iface") or "", addr=addr)
+        iface = gloo.get("iface") or ""
+        misses = reach.misses(rank, iface, addr=addr)
+        verb = "cannot reach"
+        if not misses:
+            misses, verb = reach.stalls(rank, iface, addr=addr), "cannot use"
         if misses:
             src, why = next(iter(misses.items()))
             return (
                 f"gloo on {where} listens on {addr} ({_source(gloo)}), which "
-                f"{nodes.short_of(src)} cannot reach: {why}"
+                f"{nodes.short_of(src)} {verb}: {why}"
             )
     return None
 
@@ -103,7 +132,7 @@ def judge_reach(reach: Reach, nodes: NodeMap) -> CheckResult:
     per_node = {r: reach.reaching(r) for r in sorted(reach.infos)}
     details = [
         f"{nodes.short_of(r)}: {', '.join(names) or 'no interface'} reach"
-        f"{'es' if len(names) == 1 else ''} every other node"
+        f"{'es' if len(names) <= 1 else ''} every other node"
         for r, names in per_node.items()
     ]
     facts = {
@@ -137,7 +166,9 @@ def judge_reach(reach: Reach, nodes: NodeMap) -> CheckResult:
             facts=facts,
         )
     summary = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-    if common:
+    if reach.any_stall():
+        fix = _mtu_fix(reach)
+    elif common:
         name = common[0]
         fix = (
             f"Set GLOO_SOCKET_IFNAME={name} and NCCL_SOCKET_IFNAME={name} on every node: "
@@ -183,12 +214,13 @@ def _configured_problems(reach: Reach, nodes: NodeMap) -> list[str]:
                 )
                 continue
             for iface in named:
-                misses = reach.misses(rank, iface)
+                misses, verb = reach.misses(rank, iface), "is not reached from"
+                if not misses:
+                    misses, verb = reach.stalls(rank, iface), "does not work from"
                 if misses:
                     src, why = next(iter(misses.items()))
                     problems.append(
-                        f"{var}={value}: {iface} of {where} is not reached from "
-                        f"{nodes.short_of(src)}: {why}"
+                        f"{var}={value}: {iface} of {where} {verb} {nodes.short_of(src)}: {why}"
                     )
     return problems
 
@@ -200,9 +232,27 @@ def _pair_failures(reach: Reach, nodes: NodeMap) -> list[str]:
         for iface in reach.ifaces(dst):
             if _loopback(iface):
                 continue
-            for src, why in reach.misses(dst, iface).items():
+            failed = {**reach.stalls(dst, iface), **reach.misses(dst, iface)}
+            for src, why in failed.items():
                 lines.append(f"{nodes.short_of(src)} -> {iface} of {nodes.short_of(dst)}: {why}")
     return lines
+
+
+def _mtu_fix(reach: Reach) -> str:
+    mtus = []
+    for rank in sorted(reach.infos):
+        info = reach.infos[rank]
+        for iface in reach.ifaces(rank):
+            mtu = (info.get("mtu") or {}).get(iface)
+            if mtu and reach.stalls(rank, iface):
+                mtus.append(f"{info.get('host', '?')} {iface} {mtu}")
+    shown = f" ({', '.join(mtus)})" if mtus else ""
+    return (
+        "Connections open but large packets never arrive: an interface MTU is larger than what "
+        f"the network between the nodes carries{shown}, and no 'fragmentation needed' comes "
+        "back. Set every node's MTU to what the switches carry (ip link set DEV mtu 1500), or "
+        "enable jumbo frames on the whole path; NCCL and gloo stall on the first large message."
+    )
 
 
 def _no_common_fix(reach: Reach, nodes: NodeMap) -> str:

@@ -132,6 +132,7 @@ def faults(tmp_path_factory) -> dict[str, Scenario]:
     finally:
         lab.iptables("h1", "-D", *rule)
     scenarios["data-ports-firewalled"] = data_ports_firewalled()
+    scenarios["jumbo-mtu"] = jumbo_mtu()
     return scenarios
 
 
@@ -152,10 +153,23 @@ def data_ports_firewalled() -> Scenario:
     return scenario
 
 
+def jumbo_mtu() -> Scenario:
+    """Both hosts at MTU 9000 on a switch that carries 1500: connects work, gloo stalls."""
+    scenario = Scenario([Rank("h1"), Rank("h2")], port=free_port())
+    for host in ("h1", "h2"):
+        lab.set_mtu(host, 9000)
+    try:
+        run_scenario(scenario)
+    finally:
+        for host in ("h1", "h2"):
+            lab.set_mtu(host, 1500)
+    return scenario
+
+
 ALL = [
     "healthy", "right-interface", "unresolvable", "loopback-name", "localhost-master",
     "master-port-firewalled", "interface-reaches-no-peer", "interface-missing-on-one-host",
-    "host-never-joins", "data-ports-firewalled",
+    "host-never-joins", "data-ports-firewalled", "jumbo-mtu",
 ]  # fmt: skip
 
 
@@ -253,3 +267,10 @@ def test_a_firewalled_master_port_is_named_on_the_host_that_cannot_reach_it(faul
     scenario = faults["master-port-firewalled"]
     said = scenario.results[1].stderr
     assert f"nothing answered at MASTER_ADDR:MASTER_PORT 198.18.0.11:{scenario.port}" in said
+
+
+def test_an_mtu_black_hole_is_named_with_the_mtus(faults):
+    scenario = faults["jumbo-mtu"]
+    assert_group_fails_with(scenario, "which node 1 (h2) cannot use: connects, but 64 KiB sent back",
+                            "an interface MTU is larger than what the network between the nodes "
+                            "carries (h1 eth0 9000, h2 eth0 9000)")  # fmt: skip

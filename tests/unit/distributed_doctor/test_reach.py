@@ -54,16 +54,17 @@ def test_gloo_uses_the_host_name_or_falls_back_to_loopback():
 def test_a_connect_counts_only_when_the_expected_listener_answers():
     listener = Listener(token("run", 1))
     try:
-        ms, error = connect_once("127.0.0.1", listener.port, token("run", 1), 2.0)
-        assert error is None and ms is not None and ms >= 0
-        _, error = connect_once("127.0.0.1", listener.port, token("run", 2), 2.0)
-        assert error == "reached another host (it answers for someone else)"
+        probe = connect_once("127.0.0.1", listener.port, token("run", 1), 2.0)
+        assert probe.ok and probe.bulk and probe.error is None and probe.ms is not None
+        other = connect_once("127.0.0.1", listener.port, token("run", 2), 2.0)
+        assert not other.ok and other.error == "reached another host (it answers for someone else)"
     finally:
         listener.close()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    assert connect_once("127.0.0.1", closed, token("run", 1), 2.0) == (None, "refused")
+    refused = connect_once("127.0.0.1", closed, token("run", 1), 2.0)
+    assert (refused.ok, refused.error) == (False, "refused")
 
 
 def test_probe_peers_tries_every_address_of_every_other_peer():

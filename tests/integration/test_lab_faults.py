@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import lab
-from tests.procs import Finished, background, clean_env, ddpdoctor_cmd, free_port
+from tests.procs import Finished, background, clean_env, ddpdoctor_cmd, free_port, run
 
 pytestmark = [
     pytest.mark.integration,
@@ -274,3 +274,21 @@ def test_an_mtu_black_hole_is_named_with_the_mtus(faults):
     assert_group_fails_with(scenario, "which node 1 (h2) cannot use: connects, but 64 KiB sent back",
                             "an interface MTU is larger than what the network between the nodes "
                             "carries (h1 eth0 9000, h2 eth0 9000)")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        ([], "this host's name 'h2' does not resolve"),
+        (["127.0.1.1 h1", "127.0.1.1 h2"], "h2 resolves to 127.0.1.1 (loopback)"),
+    ],
+)
+def test_doctor_on_one_host_fails_a_host_name_other_hosts_cannot_use(tmp_path, lines, needle):
+    """No peer needed: MASTER_ADDR on another machine says the job spans hosts."""
+    env = clean_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": lab.address("h1")})
+    cmd = ddpdoctor_cmd("doctor", "--json", "--no-smoke", "network.hostname")
+    hosts = hosts_file(tmp_path, "hosts", lines)
+    result = run(lab.on_host("h2", cmd, hosts_file=hosts), env=env, timeout=120)
+    (check,) = json.loads(result.stdout)["results"]
+    assert check["status"] == "fail" and needle in check["summary"], check
+    assert "GLOO_SOCKET_IFNAME=eth0" in check["fix"]

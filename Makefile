@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint format clean bench cluster cluster-stop lab lab-stop
+.PHONY: demo test lint format clean bench cluster cluster-stop lab lab-stop lab-cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ lab:
 
 lab-stop:
 	bash scripts/lab.sh down
+
+# A Slurm of the lab's own, one slurmd per lab host (after `make cluster` installed Slurm and munge).
+lab-cluster: lab
+	bash scripts/lab.sh slurm
 
 clean:
 	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache

@@ -14,6 +14,8 @@
 #   scripts/lab.sh fw HOST RULE…   an iptables rule on HOST, e.g. fw h1 -A INPUT -p tcp --dport 29500 -j DROP
 #   scripts/lab.sh fw-clear HOST   remove every rule added on HOST
 #   scripts/lab.sh mtu HOST DEV MTU  set an interface's MTU (the bridge side stays at 1500)
+#   scripts/lab.sh slurm           a Slurm of the lab's own on its hosts (`make lab-cluster`);
+#                                  `down` stops it with the hosts
 #
 # Needs root and iptables (Debian's package: apt-get install -y iptables). The kernel here has no
 # netem, so delay and loss cannot be produced; refusals, silence (DROP), wrong names, wrong
@@ -210,6 +212,106 @@ cmd_mtu() {  # the MTU of HOST's DEV; the switch side keeps 1500, as a switch wi
   ip -n "$PREFIX-$1" link set "$2" mtu "$3"
 }
 
+# -- a Slurm cluster on the lab's hosts (`make lab-cluster`) -----------------------------------
+# Its own slurmctld (on h1) and one slurmd per host, with their own config, ports and state
+# under $STATE/slurm: the machine's own Slurm (scripts/cluster.sh) is left alone. Use it with
+#   SLURM_CONF=/run/ddplab/slurm/slurm.conf scripts/lab.sh exec h1 srun -N 2 CMD...
+SLURM_DIR=$STATE/slurm
+
+slurm_conf() {
+  local n=$1 cpus j
+  cpus=$(nproc)
+  cat <<CONF
+# written by scripts/lab.sh: the lab's hosts, root daemons (a test cluster only)
+ClusterName=ddplab
+SlurmctldHost=h1($NET0.11)
+SlurmctldPort=6917
+SlurmdPort=6918
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SchedulerType=sched/backfill
+StateSaveLocation=$SLURM_DIR/state
+SlurmdSpoolDir=$SLURM_DIR/spool-%n
+SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
+SlurmdPidFile=$SLURM_DIR/slurmd-%n.pid
+SlurmctldLogFile=$SLURM_DIR/log/slurmctld.log
+SlurmdLogFile=$SLURM_DIR/log/slurmd-%n.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+KillWait=5
+InactiveLimit=0
+MinJobAge=60
+CONF
+  for j in $(seq 1 "$n"); do echo "NodeName=h$j NodeAddr=$NET0.$((10 + j)) CPUs=$cpus State=UNKNOWN"; done
+  echo "PartitionName=lab Nodes=h[1-$n] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
+}
+
+slurm_idle() {  # every lab host is an idle (or busy) Slurm node
+  local want states
+  want=$(hosts | wc -l)
+  states=$(SLURM_CONF=$SLURM_DIR/slurm.conf run_on h1 sinfo -h -N -o '%T' 2>/dev/null \
+    | grep -cE '^(idle|mixed|allocated)' || true)
+  [ "$states" = "$want" ]
+}
+
+cgroups_here() {  # the machine's cgroup mounts, for slurmd inside a host (ip netns remounts /sys)
+  awk '$3 == "cgroup" { n = split($4, o, ","); k = "";
+         for (i = 1; i <= n; i++) if (o[i] != "rw" && o[i] != "relatime") k = k (k ? "," : "") o[i];
+         print $2, k }
+       $3 == "cgroup2" { print $2, "cgroup2" }' /proc/mounts
+}
+
+mount_cgroups() {  # mount_cgroups HOST: the same cgroup hierarchies in HOST's mount namespace
+  local list
+  list=$(cgroups_here)
+  # shellcheck disable=SC2016
+  run_on "$1" sh -c 'mountpoint -q /sys/fs/cgroup && exit 0
+    mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup
+    printf "%s\n" "$0" | while read -r dir opts; do
+      [ -n "$dir" ] || continue
+      mkdir -p "$dir"
+      if [ "$opts" = cgroup2 ]; then mount -t cgroup2 none "$dir"
+      else mount -t cgroup -o "$opts" cgroup "$dir"; fi
+    done' "$list"
+}
+
+cmd_slurm() {
+  need_root
+  local names n host k
+  names=$(hosts)
+  [ -n "$names" ] || die "the lab is not up (make lab)"
+  command -v slurmd >/dev/null && command -v slurmctld >/dev/null \
+    || die "Slurm is not installed (make cluster installs slurm-wlm and munge)"
+  [ -S /run/munge/munge.socket.2 ] || die "munged is not running (make cluster starts it)"
+  if [ -f "$SLURM_DIR/slurm.conf" ] && slurm_idle; then
+    log "Slurm is up on the lab: SLURM_CONF=$SLURM_DIR/slurm.conf"
+    return
+  fi
+  n=$(echo "$names" | wc -l)
+  mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/log"
+  slurm_conf "$n" > "$SLURM_DIR/slurm.conf"
+  for host in $names; do mount_cgroups "$host"; done
+  pgrep -F "$SLURM_DIR/slurmctld.pid" >/dev/null 2>&1 \
+    || run_on h1 slurmctld -f "$SLURM_DIR/slurm.conf"
+  for host in $names; do
+    pgrep -F "$SLURM_DIR/slurmd-$host.pid" >/dev/null 2>&1 \
+      || run_on "$host" slurmd -f "$SLURM_DIR/slurm.conf" -N "$host"
+  done
+  for k in $(seq 1 60); do
+    slurm_idle && { log "Slurm is up on the lab: SLURM_CONF=$SLURM_DIR/slurm.conf"; return; }
+    sleep 0.5
+  done
+  die "the lab's Slurm nodes did not become idle (see $SLURM_DIR/log)"
+}
+
 cmd_status() {
   local names
   names=$(hosts)
@@ -260,8 +362,9 @@ main() {
     exec) cmd_exec "$@" ;;
     fw) cmd_fw "$@" ;;
     mtu) cmd_mtu "$@" ;;
+    slurm) cmd_slurm ;;
     fw-clear) [ $# -eq 1 ] || die "usage: lab.sh fw-clear HOST"; cmd_fw_clear "$1" ;;
-    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST | mtu HOST DEV MTU" ;;
+    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST | mtu HOST DEV MTU | slurm" ;;
   esac
 }
 

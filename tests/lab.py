@@ -81,3 +81,28 @@ def clear_firewall(host: str) -> None:
 def set_mtu(host: str, mtu: int, dev: str = "eth0") -> None:
     """`dev`'s MTU on `host`; the bridge side stays at 1500 (scripts/lab.sh mtu)."""
     subprocess.run(["bash", str(LAB_SCRIPT), "mtu", host, dev, str(mtu)], check=True, timeout=30)
+
+
+SLURM_CONF = STATE / "slurm" / "slurm.conf"
+
+
+def slurm_down_reason() -> str | None:
+    """None when the lab's own Slurm (make lab-cluster) has every lab host idle; else why not."""
+    reason = down_reason()
+    if reason is not None:
+        return reason
+    if not SLURM_CONF.exists():
+        return "the lab's Slurm is not up (make lab-cluster)"
+    env = {**os.environ, "SLURM_CONF": str(SLURM_CONF)}
+    try:
+        out = subprocess.run(
+            on_host("h1", ["sinfo", "-h", "-N", "-o", "%T"]),
+            capture_output=True, text=True, timeout=20, env=env,
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the lab's Slurm does not answer: {exc}"
+    if len([s for s in out if s in ("idle", "mixed", "allocated")]) < len(hosts()):
+        return (
+            f"the lab's Slurm nodes are not all up ({', '.join(out) or 'none'}; make lab-cluster)"
+        )
+    return None

@@ -1,0 +1,66 @@
+"""`srun -N 2` on the lab's own Slurm (make lab-cluster): ranks on two hosts for real, started by
+Slurm, with `doctor --distributed` reading Slurm's variables. A healthy run and one with
+GLOO_SOCKET_IFNAME naming the interface that reaches no peer, at once."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+
+import pytest
+
+from tests import lab
+from tests.procs import PYTHON, background, clean_env, free_port
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.lab,
+    pytest.mark.slurm,
+    pytest.mark.skipif(lab.slurm_down_reason() is not None, reason=lab.slurm_down_reason() or ""),
+    pytest.mark.timeout(300),
+]
+
+T = 8
+
+
+@pytest.fixture(scope="module")
+def srun_reports() -> dict[str, tuple[int, dict, str]]:
+    ports = {"healthy": free_port(), "eth1": free_port()}
+    extra = {"healthy": {}, "eth1": {"GLOO_SOCKET_IFNAME": "eth1"}}
+    results = {}
+    with contextlib.ExitStack() as stack:
+        procs = {}
+        for name, port in ports.items():
+            env = clean_env({"SLURM_CONF": str(lab.SLURM_CONF), "MASTER_ADDR": lab.address("h1"),
+                             "MASTER_PORT": str(port), **extra[name]})  # fmt: skip
+            cmd = ["srun", "-N", "2", "--ntasks-per-node", "1", "--time", "3",
+                   PYTHON, "-m", "ddpdoctor", "doctor", "--distributed", "--json",
+                   "--timeout", str(T)]  # fmt: skip
+            procs[name] = stack.enter_context(background(lab.on_host("h1", cmd), env=env))
+        for name, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=200)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"srun ({name}) did not end within 200 s")
+            results[name] = (proc.returncode, json.loads(out) if out.strip() else {}, err)
+    return results
+
+
+def test_srun_places_one_rank_on_each_lab_host_and_the_network_passes(srun_reports):
+    code, report, err = srun_reports["healthy"]
+    assert code == 0 == report.get("exit_code"), err[-3000:]
+    cluster = report["cluster"]
+    assert cluster["launcher"] == "slurm"
+    assert sorted(n["host"] for n in cluster["nodes"]) == ["h1", "h2"]
+    reached = next(r for r in report["results"] if r["id"] == "cluster.ifname")
+    assert reached["status"] == "pass" and reached["facts"]["common"] == ["eth0"]
+
+
+def test_srun_with_the_interface_that_reaches_no_peer_is_named(srun_reports):
+    code, report, err = srun_reports["eth1"]
+    assert code == 1 == report.get("exit_code"), err[-3000:]
+    group = next(r for r in report["results"] if r["id"] == "cluster.group")
+    assert "(GLOO_SOCKET_IFNAME=eth1), which node 1 (h2) cannot reach" in group["summary"]
+    assert "Set GLOO_SOCKET_IFNAME=eth0" in group["fix"]
+    assert report["elapsed_s"] <= T + 5

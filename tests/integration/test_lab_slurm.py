@@ -1,6 +1,6 @@
 """`srun -N 2` on the lab's own Slurm (make lab-cluster): ranks on two hosts for real, started by
-Slurm, with `doctor --distributed` reading Slurm's variables. A healthy run and one with
-GLOO_SOCKET_IFNAME naming the interface that reaches no peer, at once."""
+Slurm. `doctor --distributed` healthy and with GLOO_SOCKET_IFNAME naming the interface that
+reaches no peer (the two at once), then `ddpdoctor run -- srun -N 2` with a rank on h2 that hangs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests import lab
-from tests.procs import PYTHON, background, clean_env, free_port
+from tests.procs import PYTHON, REPO, background, clean_env, free_port, job_processes
 
 pytestmark = [
     pytest.mark.integration,
@@ -22,6 +22,25 @@ pytestmark = [
 ]
 
 T = 8
+HANG_JOB = REPO / "tests" / "launch_jobs" / "env_hang.py"
+
+
+@pytest.fixture(scope="module")
+def srun_hang(tmp_path_factory) -> tuple[int, dict, str, object]:
+    """`ddpdoctor run` on h1 around `srun -N 2`: rank 1 (on h2) hangs at step 3. Only h1 has a
+    launcher, so rank 1's stack cannot be taken (another host's pid namespace)."""
+    run_dir = tmp_path_factory.mktemp("lab-srun") / "run"
+    env = clean_env({"SLURM_CONF": str(lab.SLURM_CONF)})
+    srun = ["srun", "-N", "2", "--ntasks-per-node", "1", "--time", "3", PYTHON, str(HANG_JOB),
+            "--steps", "30", "--hang-rank", "1", "--hang-step", "3"]  # fmt: skip
+    cmd = [PYTHON, "-m", "ddpdoctor", "run", "--no-doctor", "--no-tui", "--json",
+           "--hang-after", "2", "--run-dir", str(run_dir), "--", *srun]  # fmt: skip
+    with background(lab.on_host("h1", cmd), env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=200)
+        except subprocess.TimeoutExpired:
+            pytest.fail("ddpdoctor run -- srun did not end within 200 s")
+    return proc.returncode, json.loads(out) if out.strip() else {}, err, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +83,12 @@ def test_srun_with_the_interface_that_reaches_no_peer_is_named(srun_reports):
     assert "(GLOO_SOCKET_IFNAME=eth1), which node 1 (h2) cannot reach" in group["summary"]
     assert "Set GLOO_SOCKET_IFNAME=eth0" in group["fix"]
     assert report["elapsed_s"] <= T + 5
+
+
+def test_run_around_srun_names_the_hung_rank_on_the_other_host(srun_hang):
+    code, doc, err, run_dir = srun_hang
+    assert code == 1 and doc.get("verdict") == "hang", err[-3000:]
+    assert doc["culprits"] == [1]
+    hosts = {r["rank"]: r["host"] for r in doc["ranks"]}
+    assert hosts == {0: "h1", 1: "h2"}
+    assert job_processes(run_dir) == []

@@ -140,6 +140,10 @@ cmd_up() {
     log "the lab has $current hosts; rebuilding it with $n"
     cmd_down
   fi
+  local tool
+  for tool in ip nsenter unshare python3; do
+    command -v "$tool" >/dev/null || die "$tool is missing (Debian: iproute2, util-linux, python3)"
+  done
   iptables_cmd >/dev/null
   mkdir -p "$STATE"
   build_switch

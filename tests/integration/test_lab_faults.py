@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import lab
-from tests.procs import Finished, background, clean_env, ddpdoctor_cmd, free_port, run
+from tests.procs import PYTHON, Finished, background, clean_env, ddpdoctor_cmd, free_port, run
 
 pytestmark = [
     pytest.mark.integration,
@@ -47,13 +47,15 @@ class Scenario:
     ranks: list[Rank]
     world: int = 2
     port: int = 0
+    torchrun: bool = False  # one torchrun agent per host (c10d rendezvous at h1) instead of RANK=
     results: list[Finished] = field(default_factory=list)
 
     @property
     def report(self) -> dict:
-        rank0 = self.results[0]
-        assert rank0.stdout.strip(), rank0.stderr[-3000:]
-        return json.loads(rank0.stdout)
+        """Rank 0's report (under torchrun: from whichever agent started rank 0)."""
+        printed = [r for r in self.results if r.stdout.strip()]
+        assert len(printed) == 1, self.explain()
+        return json.loads(printed[0].stdout)
 
     def result(self, check_id: str) -> dict:
         return next(r for r in self.report["results"] if r["id"] == check_id)
@@ -78,6 +80,13 @@ def run_scenario(scenario: Scenario) -> None:
             }
         )
         cmd = ddpdoctor_cmd("doctor", "--distributed", "--json", "--timeout", str(T))
+        if scenario.torchrun:
+            for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(name)
+            cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(scenario.world),
+                   "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"{master}:{scenario.port}", "--rdzv-id", "lab", "--max-restarts", "0",
+                   *cmd[1:]]  # fmt: skip
         commands.append((lab.on_host(spec.host, cmd, hosts_file=spec.hosts_file), env))
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
@@ -117,6 +126,10 @@ def faults(tmp_path_factory) -> dict[str, Scenario]:
             [Rank("h1", {"GLOO_SOCKET_IFNAME": "eth0"}), Rank("h2", {"GLOO_SOCKET_IFNAME": "ens5"})]
         ),
         "host-never-joins": Scenario([Rank("h1")]),
+        "torchrun-interface-reaches-no-peer": Scenario(
+            [Rank("h1", {"GLOO_SOCKET_IFNAME": "eth1"}), Rank("h2", {"GLOO_SOCKET_IFNAME": "eth1"})],
+            torchrun=True,
+        ),
     }  # fmt: skip
     for scenario in scenarios.values():
         scenario.port = free_port()
@@ -169,7 +182,7 @@ def jumbo_mtu() -> Scenario:
 ALL = [
     "healthy", "right-interface", "unresolvable", "loopback-name", "localhost-master",
     "master-port-firewalled", "interface-reaches-no-peer", "interface-missing-on-one-host",
-    "host-never-joins", "data-ports-firewalled", "jumbo-mtu",
+    "host-never-joins", "data-ports-firewalled", "jumbo-mtu", "torchrun-interface-reaches-no-peer",
 ]  # fmt: skip
 
 
@@ -181,7 +194,8 @@ def test_every_rank_ends_and_the_report_comes_within_the_timeout(faults, name):
             scenario.explain()
         )
     assert scenario.report["elapsed_s"] <= BOUND_S, scenario.explain()
-    assert scenario.results[0].returncode == scenario.report["exit_code"]
+    codes = {r.returncode for r in scenario.results}
+    assert codes == {scenario.report["exit_code"]}, scenario.explain()
 
 
 @pytest.mark.parametrize("name", ["healthy", "right-interface"])
@@ -225,12 +239,19 @@ def test_host_names_on_127_0_1_1_are_named(faults):
     )
 
 
-def test_an_interface_that_reaches_no_peer_is_named_with_the_one_that_does(faults):
-    scenario = faults["interface-reaches-no-peer"]
-    assert_group_fails_with(scenario, "(GLOO_SOCKET_IFNAME=eth1), which node 1 (h2) cannot reach",
-                            "Set GLOO_SOCKET_IFNAME=eth0")  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["interface-reaches-no-peer", "torchrun-interface-reaches-no-peer"]
+)
+def test_an_interface_that_reaches_no_peer_is_named_with_the_one_that_does(faults, name):
+    scenario = faults[name]
+    # torchrun's c10d rendezvous may give node 0 to either host
+    first, second = [n["host"] for n in sorted(scenario.report["cluster"]["nodes"],
+                                               key=lambda n: n["node"])]  # fmt: skip
+    assert_group_fails_with(scenario, f"(GLOO_SOCKET_IFNAME=eth1), which node 1 ({second}) "
+                            "cannot reach", "Set GLOO_SOCKET_IFNAME=eth0")  # fmt: skip
     summary = scenario.result("cluster.ifname")["summary"]
-    assert "GLOO_SOCKET_IFNAME=eth1: eth1 of node 0 (h1) is not reached from node 1 (h2)" in summary
+    assert (f"GLOO_SOCKET_IFNAME=eth1: eth1 of node 0 ({first}) is not reached from "
+            f"node 1 ({second})") in summary  # fmt: skip
 
 
 def test_an_interface_missing_on_one_host_is_named(faults):

@@ -267,7 +267,7 @@ def _lead(
     benches = _bench(setup, dist, torch, store, verdict, group_error)
     outcome = joined_ok(
         info,
-        payloads,
+        payloads or [],
         benches,
         join_s=join_s,
         group_error=group_error,

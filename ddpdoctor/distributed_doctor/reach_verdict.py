@@ -284,8 +284,7 @@ def _addresses_on(reach: Reach, iface: str, nodes: NodeMap) -> str:
 def _set_values(reach: Reach) -> str:
     seen = []
     for var in IFNAME_VARS:
-        values = {(reach.infos[r].get("env") or {}).get(var) for r in reach.infos}
-        values.discard(None)
+        values = {str(v) for r in reach.infos if (v := (reach.infos[r].get("env") or {}).get(var))}
         if values:
             seen.append(f"{var}={'/'.join(sorted(values))} as set")
     return "; ".join(seen)

@@ -287,6 +287,16 @@ mount_cgroups() {  # mount_cgroups HOST: the same cgroup hierarchies in HOST's m
     done' "$list"
 }
 
+daemon_up() {  # daemon_up HOST NAME: NAME's pid file names a live process on HOST (its own pids)
+  [ -s "$SLURM_DIR/$2.pid" ] && run_on "$1" sh -c 'kill -0 "$(cat "$0")"' "$SLURM_DIR/$2.pid" 2>/dev/null
+}
+
+daemons_up() {  # daemons_up HOST...: slurmctld on h1 and a slurmd on each HOST are running
+  daemon_up h1 slurmctld || return 1
+  local host
+  for host in "$@"; do daemon_up "$host" "slurmd-$host" || return 1; done
+}
+
 cmd_slurm() {
   need_root
   local names n host k
@@ -295,7 +305,7 @@ cmd_slurm() {
   command -v slurmd >/dev/null && command -v slurmctld >/dev/null \
     || die "Slurm is not installed (make cluster installs slurm-wlm and munge)"
   [ -S /run/munge/munge.socket.2 ] || die "munged is not running (make cluster starts it)"
-  if [ -f "$SLURM_DIR/slurm.conf" ] && slurm_idle; then
+  if [ -f "$SLURM_DIR/slurm.conf" ] && daemons_up $names && slurm_idle; then
     log "Slurm is up on the lab: SLURM_CONF=$SLURM_DIR/slurm.conf"
     return
   fi
@@ -303,11 +313,9 @@ cmd_slurm() {
   mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/log"
   slurm_conf "$n" > "$SLURM_DIR/slurm.conf"
   for host in $names; do mount_cgroups "$host"; done
-  pgrep -F "$SLURM_DIR/slurmctld.pid" >/dev/null 2>&1 \
-    || run_on h1 slurmctld -f "$SLURM_DIR/slurm.conf"
+  daemon_up h1 slurmctld || run_on h1 slurmctld -f "$SLURM_DIR/slurm.conf"
   for host in $names; do
-    pgrep -F "$SLURM_DIR/slurmd-$host.pid" >/dev/null 2>&1 \
-      || run_on "$host" slurmd -f "$SLURM_DIR/slurm.conf" -N "$host"
+    daemon_up "$host" "slurmd-$host" || run_on "$host" slurmd -f "$SLURM_DIR/slurm.conf" -N "$host"
   done
   for k in $(seq 1 60); do
     slurm_idle && { log "Slurm is up on the lab: SLURM_CONF=$SLURM_DIR/slurm.conf"; return; }

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs docs-serve format clean bench cluster cluster-stop
+.PHONY: demo test lint docs docs-serve format clean bench cluster cluster-stop lab lab-stop lab-cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,18 @@ cluster:
 
 cluster-stop:
 	bash scripts/cluster.sh stop
+
+# A multi-host lab from network namespaces (hosts h1..hN, default 2; needs root) for the tests
+# marked `lab`, skipped with the reason while it is down. Idempotent. See docs/lab.md.
+lab:
+	bash scripts/lab.sh up $(LAB_HOSTS)
+
+lab-stop:
+	bash scripts/lab.sh down
+
+# A Slurm of the lab's own, one slurmd per lab host (after `make cluster` installed Slurm and munge).
+lab-cluster: lab
+	bash scripts/lab.sh slurm
 
 clean:
 	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache .mypy_cache

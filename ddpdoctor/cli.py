@@ -130,7 +130,8 @@ def _add_doctor(sub) -> None:
         type=_positive_float,
         default=60.0,
         metavar="SECONDS",
-        help="with --distributed: how long to wait for every rank to join (default 60)",
+        help="with --distributed: the report comes within SECONDS (+5), whatever the network "
+        "does: joining, probing and forming the process group all share it (default 60)",
     )
     p.add_argument("--junit-xml", metavar="FILE", help="also write the report as JUnit XML")
     p.add_argument(

@@ -128,6 +128,21 @@ def master_is_here(ctx: CheckContext, resolution: Resolution | None) -> bool:
     return addr in mine or (resolution is not None and bool(set(resolution.addresses) & mine))
 
 
+def spans_hosts(ctx: CheckContext) -> bool:
+    """The job runs on several machines: the launcher says so (nnodes), or MASTER_ADDR is an
+    address of another machine (RANK=1 MASTER_ADDR=10.0.0.5 without NNODES still spans two)."""
+    if ctx.plan.multi_node:
+        return True
+    addr = (ctx.plan.master_addr or "").lower()
+    if not addr or addr in LOOPBACK_NAMES or is_loopback(addr):
+        return False
+    if addr == ctx.probes.net.hostname().lower():
+        return False
+    found = resolve(ctx, addr).addresses if _ip(addr) is None else (addr,)
+    mine = local_addresses(ctx)
+    return bool(found) and not (set(found) & mine) and not any(is_loopback(a) for a in found)
+
+
 def routable_interfaces(interfaces: list[NetInterface]) -> list[NetInterface]:
     """Interfaces that are up with an address another node could reach (not loopback, not
     link-local)."""

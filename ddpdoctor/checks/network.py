@@ -20,6 +20,7 @@ from ddpdoctor.checks.net_facts import (
     port_problem,
     resolve,
     routable_interfaces,
+    spans_hosts,
 )
 from ddpdoctor.checks.plan import DEFAULT_MASTER_PORT
 from ddpdoctor.checks.probes.bounded import bounded_call
@@ -238,7 +239,7 @@ def hostname(ctx: CheckContext) -> CheckOutcome:
     name = ctx.probes.net.hostname()
     resolution = resolve(ctx, name)
     gloo_ifname = ctx.env.get("GLOO_SOCKET_IFNAME")
-    multi = ctx.plan.multi_node
+    multi = spans_hosts(ctx)
     nic = _suggested_nic(ctx)
     facts = {"hostname": name, "addresses": resolution.addresses, "multi_node": multi}
     if not resolution.ok:

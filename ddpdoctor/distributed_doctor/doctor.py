@@ -5,11 +5,17 @@ Started by the launcher people already use (torchrun, srun, mpirun), every rank:
 1. runs its local checks (without the smoke group: the collective check below replaces it, and
    local smoke tests on every rank would fight over ports and GPUs);
 2. joins the others through a TCPStore (join.py) with a deadline, so rank 0 names missing ranks;
-3. sends its report and facts to rank 0 over a gloo process group (gather_object);
-4. runs the collective check: all_reduce correctness and busbw, and the pairwise link matrix.
+3. on several nodes, finds which addresses of each node the others reach (reach_phase.py), so a
+   gloo group that cannot form is named, with its cause, instead of waited for;
+4. sends its report and facts to rank 0 over a gloo process group (gather_object);
+5. runs the collective check: all_reduce correctness and busbw, and the pairwise link matrix.
 
 Rank 0 then prints ONE report (text, or --json with a "cluster" section); the other ranks print
 nothing and exit with rank 0's exit code.
+
+`--timeout T` bounds the whole run, not one wait: every phase gets what is left of T, and a
+call into gloo that overruns it is abandoned (the process then ends with os._exit, since the
+stuck C++ thread would hold the interpreter's exit), so the report comes by T plus a few seconds.
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from datetime import timedelta
 from typing import Any
 
 from ddpdoctor.checks.context import CheckContext, DoctorOptions
+from ddpdoctor.checks.probes.bounded import bounded_call
 from ddpdoctor.checks.registry import Check, select_checks
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.checks.runner import run_check_list
 from ddpdoctor.console import error_line
-from ddpdoctor.distributed_doctor import join
+from ddpdoctor.distributed_doctor import join, reach_phase
 from ddpdoctor.distributed_doctor.bench_model import AllReduceResult, RankBench
 from ddpdoctor.distributed_doctor.collective_bench import LinkFault, default_config, run_bench
 from ddpdoctor.distributed_doctor.facts import (
@@ -40,6 +47,7 @@ from ddpdoctor.distributed_doctor.facts import (
     collect_rank_facts,
 )
 from ddpdoctor.distributed_doctor.nodes import Member, NodeMap
+from ddpdoctor.distributed_doctor.reach_verdict import Reach, group_blocker
 from ddpdoctor.distributed_doctor.verdict import (
     ClusterOutcome,
     emit_outcome,
@@ -50,6 +58,8 @@ from ddpdoctor.launchers.identity import LaunchInfo, detect_launch
 from ddpdoctor.rank_ranges import fold_ranks
 
 SLACK_S = 30.0  # extra wait for steps whose length depends on other ranks' work
+GROUP_MIN_S = 2.0  # the least time the process group gets, even past the deadline
+FOLLOW_GRACE_S = 3.0  # a rank other than 0 waits this much past its deadline for rank 0's word
 Store = Any  # a torch.distributed Store (TCPStore or PrefixStore); torch is imported lazily
 
 
@@ -60,6 +70,10 @@ class Setup:
     context: CheckContext
     timeout_s: float
     strict: bool
+    deadline: float = 0.0  # time.monotonic() by which rank 0 reports, whatever happened
+
+    def left(self, *, grace: float = 0.0) -> float:
+        return max(0.0, self.deadline + grace - time.monotonic())
 
 
 def main(args: argparse.Namespace, options: DoctorOptions) -> int:
@@ -78,18 +92,28 @@ def main(args: argparse.Namespace, options: DoctorOptions) -> int:
 
         check_junit_path(args.junit_xml)  # a bad path is a usage error before anyone waits
     context = CheckContext(env={**os.environ, **info.torch_env}, options=options)
-    setup = Setup(info, checks, context, float(args.timeout), bool(args.strict))
     # c10d logs every failed connect with a C++ stack; the report says it in one line instead.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     import torch
     import torch.distributed as dist
+
+    # The clock starts once torch is loaded (seconds on a busy machine): T bounds the waits.
+    deadline = time.monotonic() + float(args.timeout)
+    setup = Setup(info, checks, context, float(args.timeout), bool(args.strict), deadline)
 
     outcome = run_rank(setup, dist, torch)
     if outcome.outcome is not None:
         emit_outcome(outcome.outcome, args)
     elif outcome.message:
         print(error_line(f"rank {info.rank}: {outcome.message}"), file=sys.stderr)
+    if _ABANDONED:  # a gloo call is stuck in C++: it would hold the interpreter's exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(outcome.code)
     return outcome.code
+
+
+_ABANDONED: list[str] = []  # the calls left running past the deadline
 
 
 def local_checks(ids: list[str] | None) -> list[Check]:
@@ -124,7 +148,7 @@ def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
     connect_ms: float | None = None
     master_error: str | None = None
     try:
-        deadline = time.monotonic() + 3 if hosting else start + setup.timeout_s
+        deadline = time.monotonic() + 3 if hosting else setup.deadline
         connect_ms = join.wait_for_port(info.master_addr, info.master_port, deadline)
     except join.JoinError as exc:
         if hosting:  # our own store does not answer at MASTER_ADDR: it names another host
@@ -206,13 +230,14 @@ def _lead(
 ) -> RankResult:
     info = setup.info
     join_started = time.monotonic()
-    missing = join.await_joins(store, info.world_size, join_started + setup.timeout_s)
+    missing = join.await_joins(store, info.world_size, setup.deadline)
     records = join.joined_records(store, info.world_size, missing)
     verdict = _verdict(info, missing, records, setup.context.options.backend)
     if verdict.go:
         # Every rank is here; each runs its checks before it is ready (bounded per check).
         checking = max((c.timeout_s for c in setup.checks), default=0) + RESOLVE_TIMEOUT_S
-        unready = join.await_ready(store, info.world_size, time.monotonic() + checking + SLACK_S)
+        ready_by = min(time.monotonic() + checking + SLACK_S, setup.deadline)
+        unready = join.await_ready(store, info.world_size, ready_by)
         if unready:
             verdict = join.Verdict(
                 False,
@@ -233,23 +258,28 @@ def _lead(
             elapsed_s=time.monotonic() - start,
             master_error=facts.master_error,
         )
-        _close(store, info, outcome.report.exit_code, expected=len(records) - 1)
+        _close(setup, store, outcome.report.exit_code, expected=len(records) - 1)
         return RankResult(int(outcome.report.exit_code), outcome)
     join_s = time.monotonic() - join_started
-    payloads, group_error, group_s = _gather(setup, dist, base, store, local, facts)
+    nodes = _nodes(records)
+    reach, form, blocker = _reach(setup, store, verdict, lambda r: group_blocker(r, nodes))
+    payloads, group_error, group_s = _gather(setup, dist, base, store, local, facts, form, blocker)
     assert payloads is not None  # rank 0 (the lead) always has them, from the group or the store
     benches = _bench(setup, dist, torch, store, verdict, group_error)
     outcome = joined_ok(
         info,
-        payloads,
+        payloads or [],
         benches,
         join_s=join_s,
         group_error=group_error,
         group_s=group_s,
         strict=setup.strict,
         elapsed_s=time.monotonic() - start,
+        reach=reach,
+        group_blocked=not form,
+        timeout_s=setup.timeout_s,
     )
-    _close(store, info, outcome.report.exit_code, expected=info.world_size - 1)
+    _close(setup, store, outcome.report.exit_code, expected=info.world_size - 1)
     _teardown(dist)
     return RankResult(int(outcome.report.exit_code), outcome)
 
@@ -263,16 +293,48 @@ def _follow(
     local: DoctorReport,
     facts: RankFacts,
 ) -> RankResult:
-    verdict = join.read_verdict(store)
+    grace = FOLLOW_GRACE_S
+    said = reach_phase.read_keys(store, ["start"], setup.deadline + grace).get("start")
+    if not isinstance(said, dict):
+        return RankResult(1, message="rank 0 gave no verdict in time (rank 0 has the report)")
+    verdict = join.verdict_from_json(said)
     if verdict.go:
-        _, group_error, _ = _gather(setup, dist, base, store, local, facts)
+        _, form, blocker = _reach(setup, store, verdict, None)
+        _, group_error, _ = _gather(setup, dist, base, store, local, facts, form, blocker)
         _bench(setup, dist, torch, store, verdict, group_error)
-    code = join.read_exit_code(store)
+    code = reach_phase.read_keys(store, ["exit_code"], setup.deadline + grace + 5).get("exit_code")
     join.acknowledge(store)
     _teardown(dist)
+    if not isinstance(code, int):
+        return RankResult(1, message="rank 0 gave no exit code in time (rank 0 has the report)")
     if not verdict.go:
         return RankResult(code, message=f"stopped: {verdict.reason} (rank 0 has the report)")
     return RankResult(code)
+
+
+def _nodes(records: dict) -> NodeMap:
+    return NodeMap.build(
+        Member(r, rec.get("host", "?"), rec.get("node_rank"), rec.get("boot_id"))
+        for r, rec in records.items()
+    )
+
+
+def _reach(
+    setup: Setup, store: Store, verdict: join.Verdict, decide: Any
+) -> tuple[Reach | None, bool, str | None]:
+    """The reachability phase on several nodes; (None, True, None) on one node."""
+    if not verdict.leaders:
+        return None, True, None
+    grace = 0.0 if decide is not None else FOLLOW_GRACE_S
+    return reach_phase.run_phase(
+        store,
+        setup.info.rank,
+        verdict.leaders,
+        setup.info.run_id,
+        setup.context.env,
+        setup.deadline + grace,
+        decide,
+    )
 
 
 def _verdict(
@@ -292,17 +354,15 @@ def _verdict(
             reason=f"WORLD_SIZE differs: ranks {fold_ranks(odd)} expect "
             f"{worlds[odd[0]]}, rank 0 expects {info.world_size}",
         )
-    nodes = NodeMap.build(
-        Member(r, rec.get("host", "?"), rec.get("node_rank"), rec.get("boot_id"))
-        for r, rec in records.items()
-    )
+    nodes = _nodes(records)
     leaders = [min(n.ranks) for n in nodes.nodes]
     participants = leaders if len(leaders) > 1 else sorted(records)
     # NCCL for the collective check when asked (or on auto) and every rank has a GPU: a group
     # needs the same backend everywhere.
     gpus = all(rec.get("gpu") for rec in records.values())
     backend = "nccl" if gpus and requested in ("auto", "nccl") else "gloo"
-    return join.Verdict(True, participants=tuple(participants), backend=backend)
+    probed = tuple(leaders) if len(leaders) > 1 else ()
+    return join.Verdict(True, participants=tuple(participants), backend=backend, leaders=probed)
 
 
 def _join_record(info: LaunchInfo, torch: Any, dist: Any) -> dict[str, Any]:
@@ -321,38 +381,63 @@ def _join_record(info: LaunchInfo, torch: Any, dist: Any) -> dict[str, Any]:
 
 
 def _gather(
-    setup: Setup, dist: Any, base: Store, store: Store, local: DoctorReport, facts: RankFacts
+    setup: Setup,
+    dist: Any,
+    base: Store,
+    store: Store,
+    local: DoctorReport,
+    facts: RankFacts,
+    form: bool = True,
+    blocker: str | None = None,
 ) -> tuple[list[Any] | None, str | None, float | None]:
     """Every rank's report and facts to rank 0 over gloo; the store keeps a copy in case the
-    process group cannot form (then that failure is itself the main finding)."""
+    process group cannot form (then that failure is itself the main finding). The group is not
+    tried when the probe showed it cannot form, and is abandoned at the deadline."""
     info = setup.info
     payload = {"rank": info.rank, "facts": facts.to_json(), "report": local.to_json()}
     store.set(f"report/{info.rank}", json.dumps(payload))
     started = time.monotonic()
-    try:
-        dist.init_process_group(
-            "gloo",
-            store=join.prefixed(dist, base, info, "pg"),
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=timedelta(seconds=setup.timeout_s),
-        )
-        gathered: list[Any] | None = [None] * info.world_size if info.is_rank0 else None
-        dist.gather_object(payload, gathered, dst=0)
-    except Exception as exc:  # noqa: BLE001 - a group that cannot form is the finding
-        error = join.first_line(exc)
-        if not info.is_rank0:
-            return None, error, None
-        return _payloads_from_store(store, info, setup.timeout_s), error, None
-    return gathered, None, time.monotonic() - started
+    error: str | None = None
+    gathered: list[Any] | None = None
+    if not form:
+        error = blocker or "not tried"
+    else:
+        # A healthy group forms in well under a second; a little past the deadline is allowed
+        # so that slow checks never turn a healthy job into a failed one.
+        left = max(setup.left(), GROUP_MIN_S)
+
+        def form_and_gather() -> list[Any] | None:
+            dist.init_process_group(
+                "gloo",
+                store=join.prefixed(dist, base, info, "pg"),
+                rank=info.rank,
+                world_size=info.world_size,
+                timeout=timedelta(seconds=max(1.0, left)),
+            )
+            out: list[Any] | None = [None] * info.world_size if info.is_rank0 else None
+            dist.gather_object(payload, out, dst=0)
+            return out
+
+        done = bounded_call(form_and_gather, left, name="gloo-group")
+        if done.timed_out:
+            _ABANDONED.append("init_process_group")
+            error = f"it did not form within --timeout {setup.timeout_s:g} s"
+        elif done.error is not None:  # a group that cannot form is the finding
+            error = join.first_line(done.error)
+        else:
+            gathered = done.value
+    if error is None:
+        return gathered, None, time.monotonic() - started
+    if not info.is_rank0:
+        return None, error, None
+    return _payloads_from_store(store, info, setup.deadline + 1), error, None
 
 
-def _payloads_from_store(store: Store, info: LaunchInfo, timeout_s: float) -> list[Any]:
-    payloads = []
-    deadline = time.monotonic() + timeout_s
-    for rank in range(info.world_size):
-        payloads.append(_read_json(store, f"report/{rank}", deadline))
-    return payloads
+def _payloads_from_store(store: Store, info: LaunchInfo, deadline: float) -> list[Any]:
+    found = reach_phase.read_keys(
+        store, [f"report/{rank}" for rank in range(info.world_size)], deadline
+    )
+    return [found.get(f"report/{rank}") for rank in range(info.world_size)]
 
 
 def _bench(
@@ -366,49 +451,59 @@ def _bench(
     info = setup.info
     bench = None
     if group_error is None:
-        device, group = "cpu", None
-        try:
-            if verdict.backend == "nccl":
-                torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-                device = f"cuda:{torch.cuda.current_device()}"
-                group = dist.new_group(backend="nccl")
-            bench = run_bench(
-                dist,
-                torch,
-                rank=info.rank,
-                world=info.world_size,
-                participants=list(verdict.participants),
-                device=device,
-                backend=verdict.backend,
-                group=group,
-                config=default_config(device.split(":")[0], setup.timeout_s),
-                fault=LinkFault.from_env(os.environ),
+        device = "cuda" if verdict.backend == "nccl" else "cpu"
+        left = setup.left(grace=0.0 if info.is_rank0 else FOLLOW_GRACE_S)
+        done = bounded_call(
+            lambda: _run_bench(setup, dist, torch, verdict), max(left, 0.1), name="bench"
+        )
+        if done.ok:
+            bench = done.value
+        else:  # e.g. NCCL cannot start, or a link that stalls (an MTU black hole): the finding
+            if done.timed_out:
+                _ABANDONED.append("collective check")
+            why = (
+                f"did not finish within --timeout {setup.timeout_s:g} s"
+                if done.timed_out
+                else join.first_line(done.error or RuntimeError("failed"))
             )
-        except Exception as exc:  # noqa: BLE001 - e.g. NCCL cannot start: that is the finding
-            failed = AllReduceResult(False, 0, error=join.first_line(exc))
-            bench = RankBench(info.rank, verdict.backend, device, failed)
+            bench = RankBench(
+                info.rank, verdict.backend, device, AllReduceResult(False, 0, error=why)
+            )
     store.set(f"bench/{info.rank}", json.dumps(bench.to_json() if bench else None))
     if not info.is_rank0:
         return None
-    deadline = time.monotonic() + setup.timeout_s + SLACK_S
-    return [_read_json(store, f"bench/{rank}", deadline) for rank in range(info.world_size)]
+    found = reach_phase.read_keys(
+        store, [f"bench/{rank}" for rank in range(info.world_size)], setup.deadline + 1
+    )
+    return [found.get(f"bench/{rank}") for rank in range(info.world_size)]
 
 
-def _read_json(store: Store, key: str, deadline: float) -> Any:
-    while time.monotonic() < deadline:
-        if store.check([key]):
-            try:
-                return json.loads(store.get(key))
-            except (ValueError, RuntimeError):
-                return None
-        time.sleep(join.POLL_S)
-    return None
+def _run_bench(setup: Setup, dist: Any, torch: Any, verdict: join.Verdict) -> RankBench:
+    info = setup.info
+    device, group = "cpu", None
+    if verdict.backend == "nccl":
+        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+        device = f"cuda:{torch.cuda.current_device()}"
+        group = dist.new_group(backend="nccl")
+    return run_bench(
+        dist,
+        torch,
+        rank=info.rank,
+        world=info.world_size,
+        participants=list(verdict.participants),
+        device=device,
+        backend=verdict.backend,
+        group=group,
+        config=default_config(device.split(":")[0], min(setup.timeout_s, setup.left() + 1)),
+        fault=LinkFault.from_env(os.environ),
+    )
 
 
-def _close(store: Store, info: LaunchInfo, code: int, *, expected: int) -> None:
+def _close(setup: Setup, store: Store, code: int, *, expected: int) -> None:
     join.publish_exit_code(store, int(code))
-    if not info.agent_store:  # rank 0 serves the store: stay until the others have read it
-        join.await_acknowledgements(store, expected, time.monotonic() + 10)
+    if not setup.info.agent_store:  # rank 0 serves the store: stay until the others read it
+        until = min(time.monotonic() + 10, max(time.monotonic() + 1, setup.deadline + 3))
+        join.await_acknowledgements(store, expected, until)
 
 
 def _teardown(dist: Any) -> None:

@@ -37,6 +37,7 @@ class Verdict:
     reason: str = ""
     participants: tuple[int, ...] = ()  # ranks in the pairwise link matrix (one per node)
     backend: str = "gloo"  # for the collective check: nccl only when every rank has a GPU
+    leaders: tuple[int, ...] = ()  # one rank per node, on several nodes: they probe each other
 
 
 def wait_for_port(host: str, port: int, deadline: float) -> float:
@@ -47,7 +48,7 @@ def wait_for_port(host: str, port: int, deadline: float) -> float:
         if remaining <= 0:
             raise JoinError(
                 f"nothing answered at MASTER_ADDR:MASTER_PORT {host}:{port} ({last_error}): rank 0 "
-                "did not start, or this host cannot reach it"
+                f"did not start, or this host cannot reach it{_loopback_hint(host)}"
             )
         start = time.perf_counter()
         try:
@@ -56,6 +57,20 @@ def wait_for_port(host: str, port: int, deadline: float) -> float:
         except OSError as exc:
             last_error = exc.strerror or str(exc) or type(exc).__name__
         time.sleep(min(POLL_S * 2, max(0.0, deadline - time.monotonic())))
+
+
+def _loopback_hint(host: str) -> str:
+    """MASTER_ADDR=localhost on a node that is not rank 0's names the wrong machine (F10)."""
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return ""
+    if addrs and all(str(a).startswith("127.") or a == "::1" for a in addrs):
+        return (
+            f"; {host} is this host itself: on any node but rank 0's, MASTER_ADDR must be "
+            "rank 0's node address on the network the nodes share"
+        )
+    return ""
 
 
 def host_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
@@ -148,23 +163,19 @@ def publish_verdict(store: Any, verdict: Verdict) -> None:
     store.set("start", json.dumps(asdict(verdict)))
 
 
-def read_verdict(store: Any) -> Verdict:
-    data = json.loads(store.get("start"))
+def verdict_from_json(data: dict[str, Any]) -> Verdict:
     return Verdict(
         go=bool(data["go"]),
         missing=tuple(data.get("missing") or ()),
         reason=data.get("reason") or "",
         participants=tuple(data.get("participants") or ()),
         backend=data.get("backend") or "gloo",
+        leaders=tuple(data.get("leaders") or ()),
     )
 
 
 def publish_exit_code(store: Any, code: int) -> None:
     store.set("exit_code", str(code))
-
-
-def read_exit_code(store: Any) -> int:
-    return int(store.get("exit_code"))
 
 
 def acknowledge(store: Any) -> None:

@@ -81,6 +81,10 @@ class NodeMap:
     def node_of(self, rank: int) -> Node:
         return self._by_rank[rank]
 
+    def short_of(self, rank: int) -> str:
+        """ "node 1 (h2)": the node holding `rank`."""
+        return self.node_of(rank).short
+
     def describe(self, ranks: Iterable[int], *, limit: int = 4) -> str:
         """The nodes holding `ranks`, each with just those ranks: "node 1 (vm, rank 1)"."""
         chosen = sorted(set(ranks))

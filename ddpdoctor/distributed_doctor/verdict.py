@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ddpdoctor.checks.model import CheckResult, Status
@@ -18,6 +18,7 @@ from ddpdoctor.distributed_doctor.facts import RankFacts
 from ddpdoctor.distributed_doctor.links import judge_allreduce, judge_links, links_json, merge_pairs
 from ddpdoctor.distributed_doctor.merge import MatrixRow, matrix_json, merge_reports
 from ddpdoctor.distributed_doctor.nodes import Member, NodeMap
+from ddpdoctor.distributed_doctor.reach_verdict import Reach, judge_reach, reach_json
 from ddpdoctor.distributed_doctor.results import cluster_result
 from ddpdoctor.launchers.identity import LaunchInfo
 from ddpdoctor.launchers.slurm import task_hosts
@@ -97,11 +98,25 @@ def joined_ok(
     group_s: float | None,
     strict: bool,
     elapsed_s: float,
+    reach: Reach | None = None,
+    group_blocked: bool = False,
+    timeout_s: float | None = None,
 ) -> ClusterOutcome:
     present = [p for p in payloads if p]
     facts = [RankFacts.from_json(p["facts"]) for p in present]
     nodes = NodeMap.build(Member(f.rank, f.host, f.node_rank, f.boot_id) for f in facts)
     merged, matrix = merge_reports({p["rank"]: p["report"] for p in present}, nodes)
+    consistency = check_consistency(facts, nodes)
+    reached = judge_reach(reach, nodes) if reach is not None and reach.infos else None
+    if reached is not None:  # what reaches replaces what is merely present
+        consistency = [reached if r.id == "cluster.ifname" else r for r in consistency]
+    group = _group_result(info, present, group_error, group_s, nodes)
+    if group_error and reached is not None and reached.status is Status.FAIL:
+        group = replace(group, fix=reached.fix)  # the probe knows why, better than a guess
+    if group_blocked:
+        group = replace(
+            group, summary=f"the ranks joined, but a gloo process group cannot form: {group_error}"
+        )
     results: list[CheckResult] = [
         cluster_result(
             "cluster.join",
@@ -109,8 +124,8 @@ def joined_ok(
             Status.PASS,
             f"all {info.world_size} ranks joined in {join_s:.1f} s",
         ),
-        _group_result(info, present, group_error, group_s, nodes),
-        *check_consistency(facts, nodes),
+        group,
+        *consistency,
     ]
     rank_benches = [RankBench.from_json(b) for b in benches or () if b]
     pairs = merge_pairs(rank_benches)
@@ -119,6 +134,8 @@ def joined_ok(
         results.append(judge_links(pairs, nodes))
     report = DoctorReport.build([*merged, *results], strict=strict, elapsed_s=elapsed_s)
     section = _section(info, nodes, matrix, facts=facts, links=links_json(pairs, nodes))
+    section["reach"] = reach_json(reach) if reach is not None else None
+    section["timeout_s"] = timeout_s
     allreduce = next((r for r in results if r.id == "cluster.allreduce"), None)
     section["allreduce"] = dict(allreduce.facts) if allreduce else None
     return ClusterOutcome(report, section, nodes, matrix, info.launcher, info.world_size)

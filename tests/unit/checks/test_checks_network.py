@@ -317,6 +317,17 @@ def test_hostname_on_loopback_fails_multi_node_without_gloo_ifname():
     assert "GLOO_SOCKET_IFNAME=eth0" in result.fix and "instead of 127.0.1.1" in result.fix
 
 
+@pytest.mark.parametrize(
+    ("master", "status"),
+    [("10.0.0.9", Status.FAIL), ("10.0.0.5", Status.PASS), ("127.0.0.1", Status.PASS)],
+)
+def test_a_master_on_another_machine_makes_a_loopback_host_name_fail(master, status):
+    """RANK=1 with MASTER_ADDR of another machine spans hosts even without NNODES."""
+    net = FakeNet(resolved={"vm": ("127.0.1.1",)}, name="vm")
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": master}
+    assert network.hostname(ctx(env, net)).status is status
+
+
 def test_hostname_on_loopback_with_gloo_ifname_passes():
     net = FakeNet(resolved={"vm": ("127.0.1.1",)}, name="vm")
     result = network.hostname(ctx({"GLOO_SOCKET_IFNAME": "eth0"}, net, nnodes=2))

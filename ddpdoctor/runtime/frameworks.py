@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor.runtime import core
-from ddpdoctor.runtime.autostart import when_imported
+from ddpdoctor.runtime.import_hooks import when_imported
 
 LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 WRAPPED_MARK = "__ddpdoctor_original__"
@@ -121,12 +121,14 @@ def _restore(owner: Any, name: str, new: Any, old: Any) -> None:
 
 
 def install(runtime: core.Runtime) -> None:
-    """Wrap each framework now if it is imported, else when it is (a post-import hook)."""
+    """Wrap each framework now if it is imported, else when it is (a post-import hook; the
+    wrappers are taken out again with `runtime`)."""
 
     def later(wrap: Callable[[Any, core.Runtime], None]) -> Callable[[Any], None]:
         def apply(module: Any) -> None:
-            if core.active() is runtime:
-                wrap(module, runtime)
+            current = core.active()  # the runtime recording when the framework is imported
+            if current is not None:
+                wrap(module, current)
 
         return apply
 

@@ -92,6 +92,11 @@ class StepTracker:
         self._fetch_epoch: int | None = None
         self.steps_done = 0
         self.epoch: int | None = None
+        self._ddp_forwards = False  # a DDP forward was seen: only forwards open steps
+        self._last_end: float | None = None  # where the last step closed
+        # the script (ddpdoctor.log(epoch=...)) or a framework's hooks gave the epoch: it wins
+        # over the epoch of the loader that fetched last (which may be a validation loader)
+        self._epoch_given = False
         # The gradient all-reduce wait per step as DDP's timers measured it lately (seconds),
         # for steps that no bucket hook timed (set by ddp_hooks.CommProbe).
         self.ddp_comm_s = 0.0
@@ -144,6 +149,7 @@ class StepTracker:
                 if step is not None:
                     step.stale = True
             else:
+                self._ddp_forwards = True
                 if step is None or step.stale:
                     step = self._open = OpenStep(t)
                 step.forwards += 1
@@ -153,7 +159,7 @@ class StepTracker:
                     step.synced = True
                     if train_mode:
                         step.trained = True
-                if self._fetch_epoch is not None:
+                if self._fetch_epoch is not None and not self._epoch_given:
                     self.epoch = self._fetch_epoch
         if closed is not None:
             self.sink(closed)
@@ -166,12 +172,26 @@ class StepTracker:
 
     def on_optimizer_step(self) -> None:
         """An optimizer stepped: the step in progress trained (after its forward: Lightning's
-        forward runs inside `optimizer.step(closure)`, before the step hooks' "post")."""
-        step = self._open
-        if step is not None:
-            if not step.forwards:  # no DDP forward: the fetch-to-fetch iteration is the step
-                step.synced = True
-            step.trained = True
+        forward runs inside `optimizer.step(closure)`, before the step hooks' "post").
+
+        Where no DDP forward was ever seen (a model DDP does not wrap, a framework that chose
+        not to distribute), the optimizer steps are the steps: each one closes the iteration
+        its fetches opened, or, with no fetch since the last step (a loader that fetched ahead
+        and ended), one that began where the last step ended."""
+        with self._lock:
+            step = self._open
+            if step is None and not self._ddp_forwards and self._last_end is not None:
+                step = self._open = OpenStep(self._last_end)
+            if step is not None:
+                if not step.forwards:
+                    step.synced = True
+                step.trained = True
+                if (
+                    not self._ddp_forwards
+                    and not self._epoch_given
+                    and self._fetch_epoch is not None
+                ):
+                    self.epoch = self._fetch_epoch
 
     def on_bucket_launch(self, t: float) -> OpenStep | None:
         """A gradient bucket's all-reduce was launched; returns the step it belongs to (the
@@ -196,6 +216,7 @@ class StepTracker:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self._epoch_given = True
 
     def flush(self) -> None:
         """Close a trained step now (the loop ended, the phase changed, the process is exiting);
@@ -210,6 +231,7 @@ class StepTracker:
 
     def _close(self, step: OpenStep, t: float) -> Record:
         self._open = None
+        self._last_end = t
         step.closed = True
         self.steps_done += 1
         exposed = 0.0

@@ -89,6 +89,31 @@ def test_an_optimizer_step_without_a_ddp_forward_counts_the_fetched_iteration():
     assert [(e["step"], e["data_time_s"]) for e in emitted] == [(1, 0.25), (2, 0.25)]
 
 
+def test_without_ddp_a_loader_that_fetches_ahead_still_counts_every_optimizer_step():
+    # accelerate's DataLoaderShard fetches one batch ahead: its last batch is trained after the
+    # fetch that ended the epoch
+    steps, emitted, _ = tracker()
+    steps.on_fetch(0.0, 0.1, exhausted=False, epoch=0)
+    steps.on_fetch(0.1, 0.2, exhausted=False, epoch=0)  # ahead
+    steps.on_optimizer_step()  # batch 1
+    steps.on_fetch(1.0, 1.1, exhausted=True, epoch=None)  # ahead: the end
+    steps.on_optimizer_step()  # batch 2
+    steps.on_fetch(2.0, 2.1, exhausted=False, epoch=1)
+    assert [(e["step"], e["step_time_s"], e["epoch"]) for e in emitted] == [
+        (1, 1.0, 0),
+        (2, 1.0, 0),
+    ]
+
+
+def test_with_ddp_an_optimizer_step_outside_any_step_opens_none():
+    steps, emitted, _ = tracker()
+    steps.on_forward(0.0, grad=True, synced=True, batch_size=2)
+    steps.flush()  # e.g. a phase change between backward and the optimizer step
+    steps.on_optimizer_step()
+    steps.on_fetch(1.0, 1.0, exhausted=True, epoch=None)
+    assert [e["step"] for e in emitted] == [1]
+
+
 # -- on a real DDP model, with the runtime's hooks ----------------------------------------------
 
 

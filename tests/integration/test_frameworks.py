@@ -4,7 +4,7 @@ Trainer, run for real as `ddpdoctor run --no-tui --json -- COMMAND` (2 gloo rank
 Healthy jobs must end healthy with no warning and their training steps counted on every rank
 (step times included: what straggler detection and the adaptive hang threshold feed on), with
 Lightning's phases and epochs. A rank that stalls in Lightning's `training_step` is named as a
-hang of rank 1. The other planted faults have their expected results written down here too; where
+hang of rank 1, a rank that is slow in it as a straggler. The other planted faults have their expected results written down here too; where
 ddpdoctor does not deliver them yet the test is an expected failure naming what is missing.
 
 All jobs start in one module fixture, a few at a time (Lightning's import is most of their time).
@@ -34,6 +34,7 @@ MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
 HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 UNDISTRIBUTED = {job["name"]: job for job in MANIFEST["undistributed"]}
+SLOW = {job["name"]: job for job in MANIFEST["slow"]}
 PARALLEL = 3
 RUN_TIMEOUT_S = 240
 # a stalled rank is named within this many seconds of the stall (the hang floor once training
@@ -116,7 +117,12 @@ def results(tmp_path_factory) -> dict[str, Result]:
     pytest.importorskip("accelerate")
     pytest.importorskip("transformers")
     base = tmp_path_factory.mktemp("frameworks")
-    jobs = [*MANIFEST["faulty"], *MANIFEST["healthy"], *MANIFEST["undistributed"]]
+    jobs = [
+        *MANIFEST["faulty"],
+        *MANIFEST["slow"],
+        *MANIFEST["healthy"],
+        *MANIFEST["undistributed"],
+    ]
     starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
     ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
     done: dict[str, Result] = {}
@@ -215,6 +221,19 @@ def test_lightning_stalled_rank_is_named_as_a_hang_of_rank_1(results):
     assert float(named.group(1)) <= HANG_BOUND_S
     # training had started (steps recorded before the stall): the trained hang floor applied
     assert [s["step"] for s in r.events(0, "step")] == [1, 2]
+
+
+@pytest.mark.parametrize("name", list(SLOW))
+def test_a_slow_lightning_rank_is_named_a_straggler(results, name):
+    """Straggler detection needs step times: a rank 0.3 s slower per step is named, and the job,
+    slow but not stuck, runs to its healthy end."""
+    r = results[name]
+    doc = r.document()
+    assert r.returncode == 0 and doc["verdict"] == "healthy", r.stderr[-3000:]
+    stragglers = [f for f in doc["findings"] if f["id"] == "straggler"]
+    assert [f["ranks"] for f in stragglers] == [[SLOW[name]["straggler"]]], doc["findings"]
+    steps = SLOW[name]["steps"]
+    assert sorted(rank["step"] for rank in doc["ranks"]) == [steps, steps]
 
 
 @pytest.mark.xfail(strict=False, reason=PENDING_ENDING)

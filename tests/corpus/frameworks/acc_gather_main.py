@@ -1,6 +1,6 @@
 """Planted fault: `accelerator.gather` on the main process only (its all_gather has no partner).
 
-    torchrun --nproc-per-node 2 acc_gather_main.py --cpu
+torchrun --nproc-per-node 2 acc_gather_main.py --cpu
 """
 
 import sys

@@ -1,10 +1,10 @@
 """A training loop with HF accelerate, as its quick tour teaches.
 
-    torchrun --nproc-per-node 2 acc_healthy.py --cpu   2 ranks, DDP on the CPU (gloo)
-    accelerate launch --multi_gpu --num_processes 2 acc_healthy.py
-        on a machine without a GPU: 2 processes that do not distribute (accelerate 1.15 picks
-        DistributedType.NO: each trains alone on the whole data set)
-    accelerate launch --cpu --num_processes 2 acc_healthy.py   accelerate runs ONE process
+torchrun --nproc-per-node 2 acc_healthy.py --cpu   2 ranks, DDP on the CPU (gloo)
+accelerate launch --multi_gpu --num_processes 2 acc_healthy.py
+    on a machine without a GPU: 2 processes that do not distribute (accelerate 1.15 picks
+    DistributedType.NO: each trains alone on the whole data set)
+accelerate launch --cpu --num_processes 2 acc_healthy.py   accelerate runs ONE process
 """
 
 import sys

@@ -1,7 +1,7 @@
 """A LightningModule trained the way Lightning's docs teach, on 2 CPU processes.
 
-    python lit_healthy.py [ddp|ddp_spawn]       Lightning starts the second process itself
-    torchrun --nproc-per-node 2 lit_healthy.py  the Trainer under torchrun
+python lit_healthy.py [ddp|ddp_spawn]       Lightning starts the second process itself
+torchrun --nproc-per-node 2 lit_healthy.py  the Trainer under torchrun
 """
 
 import sys

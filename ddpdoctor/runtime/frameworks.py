@@ -12,8 +12,9 @@ steps.py, optim_hooks.py). What only the framework knows is where the job is:
   Lightning's phases the rank's phases are the framework's (ddpdoctor's own guesses from the
   forwards stop, as when a script names a phase).
 - The HF Trainer: `CallbackHandler.call_event` is wrapped; "on_epoch_begin" sets the epoch from
-  `state.epoch`. Its phases stay ddpdoctor's own: "train" at an optimizer step, "eval" at a forward
-  under no_grad (the Trainer evaluates under `torch.no_grad`).
+  `state.epoch`, "on_step_begin" puts the rank in "train" and "on_prediction_step" (an
+  evaluation batch) in "eval": ddpdoctor's own phase names, as guesses it makes itself (a
+  script's `ddpdoctor.phase` still takes over).
 - accelerate: nothing to add; its DataLoaderShard iterates a torch DataLoader, whose epochs the
   data hooks record, and its AcceleratedOptimizer steps a torch optimizer.
 
@@ -80,12 +81,24 @@ def wrap_lightning(package: Any, runtime: core.Runtime) -> None:
     _patch(runtime, call, "_call_callback_hooks", _call_callback_hooks, original)
 
 
-def on_hf_event(rt: core.Runtime, state: Any) -> None:
-    """The HF Trainer begins an epoch: `state.epoch` is the epoch number (a float that reached
-    it at the last step of the epoch before)."""
-    epoch = getattr(state, "epoch", None)
-    if isinstance(epoch, int | float):
-        rt.steps.set_epoch(int(epoch + 1e-6))
+# The HF Trainer's callback events that say what the rank does. It evaluates the bare model (not
+# its DDP wrapper), so no DDP forward would say "eval"; there is no event before an evaluation,
+# so the phase turns "eval" after its first batch.
+HF_PHASES = {"on_step_begin": "train", "on_prediction_step": "eval"}
+
+
+def on_hf_event(rt: core.Runtime, event: str, state: Any) -> None:
+    """One of the HF Trainer's callback events: on_epoch_begin sets the epoch from
+    `state.epoch` (a float that reached the epoch's number at the last step of the epoch
+    before); the phases are ddpdoctor's own names, set as its guesses are (`auto`)."""
+    if event == "on_epoch_begin":
+        epoch = getattr(state, "epoch", None)
+        if isinstance(epoch, int | float):
+            rt.steps.set_epoch(int(epoch + 1e-6))
+        return
+    phase = HF_PHASES[event]
+    if rt.auto_phase and rt.phase != phase:
+        rt.set_phase(phase, auto=True)
 
 
 def wrap_hf_trainer(module: Any, runtime: core.Runtime) -> None:
@@ -95,13 +108,15 @@ def wrap_hf_trainer(module: Any, runtime: core.Runtime) -> None:
     if original is None or hasattr(original, WRAPPED_MARK):
         return
 
+    watched = {"on_epoch_begin", *HF_PHASES}
+
     @functools.wraps(original)
     def call_event(self: Any, event: str, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-        if event == "on_epoch_begin":
+        if event in watched:
             rt = core._active
             if rt is not None:
                 try:
-                    on_hf_event(rt, state)
+                    on_hf_event(rt, event, state)
                 except Exception:  # noqa: BLE001
                     pass
         return original(self, event, args, state, control, **kw)

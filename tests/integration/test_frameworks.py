@@ -170,10 +170,13 @@ def test_lightning_phases_and_epochs_are_the_trainers(results):
         assert epochs == [0] * 4 + [1] * 4
 
 
-def test_hf_trainer_and_accelerate_steps_carry_their_epochs(results):
+def test_hf_trainer_and_accelerate_steps_carry_their_epochs_and_phases(results):
     for name in ("hf-trainer-torchrun", "accelerate-torchrun-cpu"):
-        epochs = [s["epoch"] for s in results[name].events(0, "step")]
-        assert epochs == [0] * 4 + [1] * 4, name
+        for rank in (0, 1):
+            epochs = [s["epoch"] for s in results[name].events(rank, "step")]
+            assert epochs == [0] * 4 + [1] * 4, name
+            phases = [p["phase"] for p in results[name].events(rank, "phase")]
+            assert phases == ["train", "eval"] * 2, name
 
 
 @pytest.mark.parametrize(

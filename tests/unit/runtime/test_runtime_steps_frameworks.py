@@ -186,10 +186,16 @@ def test_lightning_fit_names_sanity_check_train_validate_and_epochs(recording):
     assert recording.auto_phase is False
 
 
-def test_hf_trainer_epoch_begin_sets_the_epoch(recording):
+def test_hf_trainer_events_set_the_epoch_and_the_phases(recording):
     callbacks = pytest.importorskip("transformers.trainer_callback")
     handler = callbacks.CallbackHandler([], None, None, None, None)
     state, control = callbacks.TrainerState(), callbacks.TrainerControl()
     state.epoch = 2.9999999
     handler.on_epoch_begin(None, state, control)
     assert recording.steps.epoch == 3
+    handler.on_step_begin(None, state, control)
+    handler.on_step_begin(None, state, control)
+    handler.on_prediction_step(None, state, control)
+    handler.on_step_begin(None, state, control)
+    assert [p["phase"] for p in events(recording, "phase")] == ["train", "eval", "train"]
+    assert recording.auto_phase is True  # a script's own phase() still takes over

@@ -161,8 +161,9 @@ def test_healthy_framework_job_is_healthy_with_its_steps_counted(results, name):
         assert all(s["step_time_s"] > 0 for s in steps), context
 
 
-def test_lightning_phases_and_epochs_are_the_trainers(results):
-    r = results["lightning-ddp"]
+@pytest.mark.parametrize("name", [n for n in HEALTHY if n.startswith("lightning-")])
+def test_lightning_phases_and_epochs_are_the_trainers(results, name):
+    r = results[name]
     for rank in (0, 1):
         phases = [p["phase"] for p in r.events(rank, "phase")]
         assert phases == ["sanity_check", "train", "validate", "train", "validate"]

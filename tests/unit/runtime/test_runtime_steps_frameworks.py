@@ -199,3 +199,21 @@ def test_hf_trainer_events_set_the_epoch_and_the_phases(recording):
     handler.on_step_begin(None, state, control)
     assert [p["phase"] for p in events(recording, "phase")] == ["train", "eval", "train"]
     assert recording.auto_phase is True  # a script's own phase() still takes over
+
+
+def test_the_framework_wrappers_come_out_with_the_runtime(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    from lightning.pytorch.trainer import call
+
+    from ddpdoctor.runtime import deactivate
+    from ddpdoctor.runtime.frameworks import WRAPPED_MARK
+    from tests.runtime_helpers import start_recording
+
+    original = call._call_callback_hooks
+    assert not hasattr(original, WRAPPED_MARK)
+    start_recording(tmp_path, monkeypatch)
+    try:
+        assert getattr(call._call_callback_hooks, WRAPPED_MARK) is original
+    finally:
+        deactivate()
+    assert call._call_callback_hooks is original

@@ -5,12 +5,15 @@ adaptive hang threshold) and reads each one's final JSON document:
 
     healthy set: the run corpus's healthy jobs (tests/corpus/run/corpus.json: pytorch/examples' DDP
                  scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
-                 or checkpoints while the others wait). A false alarm is a hang / mismatch / crash
+                 or checkpoints while the others wait) and the framework corpus's
+                 (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
+                 `ddpdoctor run ... -- COMMAND`). A false alarm is a hang / mismatch / crash
                  verdict, a finding of severity warning or error, a stopped job or a non-zero exit.
-    faulty set:  the run corpus's faulty jobs, sample_jobs' broken scripts, and the reference job
-                 with `--inject hang|crash|mismatch|exit` on rank 1. Detection latency is the
-                 monitor's `detected_after_s` (problem start -> verdict); a detection is right when
-                 the verdict and the culprit ranks are the expected ones.
+    faulty set:  the run corpus's faulty jobs, the framework corpus's planted faults, sample_jobs'
+                 broken scripts, and the reference job with `--inject hang|crash|mismatch|exit` on
+                 rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
+                 verdict); a detection is right when the verdict and the culprit ranks are the
+                 expected ones.
 
     python benchmarks/false_alarms.py [--runs 1] [--parallel 2] [--set healthy|faulty] [--only NAME]
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus" / "run"
+FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
@@ -45,6 +49,9 @@ class Job:
     ]  # after `ddpdoctor run ... --json`: a script after `--`, or reference flags
     verdicts: frozenset[str] = frozenset({"healthy"})  # the right verdicts
     culprits: tuple[int, ...] = ()
+    # before `--json`: torchrun's size for a script; a COMMAND (the framework corpus) starts its
+    # own processes
+    flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
 
 
 @dataclass(frozen=True)
@@ -72,11 +79,35 @@ class Outcome:
         return self.verdict in self.job.verdicts and self.culprits == self.job.culprits
 
 
+def framework_command(words: Sequence[str]) -> tuple[str, ...]:
+    """A framework corpus command: its script made absolute, `python` / `torchrun` /
+    `accelerate` taken from this interpreter's environment."""
+    words = [str(FRAMEWORKS / w) if (FRAMEWORKS / w).is_file() else w for w in words]
+    if words[0] == "python":
+        return (sys.executable, *words[1:])
+    tool = Path(sys.executable).parent / words[0]
+    return (str(tool) if tool.exists() else words[0], *words[1:])
+
+
+def framework_jobs(kind: str) -> list[Job]:
+    manifest = json.loads((FRAMEWORKS / "corpus.json").read_text())
+    return [
+        Job(
+            f"fw-{j['name']}",
+            ("--", *framework_command(j["command"])),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=(),
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
     return [
         Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]
-    ]
+    ] + framework_jobs("healthy")
 
 
 def faulty_jobs() -> list[Job]:
@@ -90,6 +121,7 @@ def faulty_jobs() -> list[Job]:
         )
         for j in manifest["faulty"]
     ]
+    jobs += framework_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),
@@ -116,6 +148,7 @@ def faulty_jobs() -> list[Job]:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -124,8 +157,8 @@ def _env() -> dict[str, str]:
 def _start(job: Job, work: Path) -> subprocess.Popen:
     work.mkdir(parents=True)
     cmd = [
-        sys.executable, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor", "--nproc", "2",
-        "--backend", "gloo", "--json", "--run-dir", str(work / "run"), *job.args,
+        sys.executable, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor", *job.flags,
+        "--json", "--run-dir", str(work / "run"), *job.args,
     ]  # fmt: skip
     with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
         return subprocess.Popen(

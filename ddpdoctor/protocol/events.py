@@ -81,7 +81,10 @@ step               forwards (training forwards in the step: more than 1 when no_
                    = data_time_s + compute_time_s + comm_wait_s; comm_wait_s is blocking
                    collectives of the training thread plus the gradient all-reduce time not hidden
                    behind backward. batch_size sums the leading dimension of the training
-                   forwards' first tensor argument (null when unknown).
+                   forwards' first tensor argument (null when unknown). A step is a DDP forward
+                   with grad and gradient sync that trained: confirmed by an optimizer step, a
+                   gradient bucket or train mode (Lightning trains with its DDP wrapper in eval
+                   mode); without any DDP forward, each optimizer step (forwards 0).
 phase              previous (the phase it replaces). Repeating the current phase writes nothing.
 epoch              loader (per-process number of the DataLoader, in order of first use),
                    distributed (its sampler is a DistributedSampler), batch_size, drop_last,
@@ -109,9 +112,11 @@ collective_start   of every op but a DDP gradient bucket is written at once: on 
 (queued events)    while they keep coming (a training loop) the heartbeat thread writes them in
                    bursts every ~0.1 s; the first one after a quiet spell within ~20 ms.
 phase              until the script names a phase itself (ddpdoctor.phase), the runtime names it:
-                   "train" at a training forward of a DDP model (train mode, grad enabled), "eval"
-                   at any other forward (model.eval(), torch.no_grad()). From the script's first
-                   phase() on, only the script's phases are written.
+                   "train" at a DDP forward in train mode with grad enabled or at an optimizer
+                   step, "eval" at a forward under torch.no_grad() / inference_mode. Under
+                   Lightning the trainer's own: "sanity_check", "train", "validate", "test",
+                   "predict". From the script's first phase() (or Lightning's first) on, only
+                   those phases are written.
 """
 
 from __future__ import annotations

@@ -102,12 +102,14 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         import torch  # noqa: F401 - the hooks need it; a rank imports it anyway
     except ImportError:
         return
-    from ddpdoctor.runtime import c10d_hooks, data_hooks, ddp_hooks
+    from ddpdoctor.runtime import c10d_hooks, data_hooks, ddp_hooks, frameworks, optim_hooks
 
     for name, installer in (
         ("collectives", c10d_hooks.install),
         ("ddp", ddp_hooks.install),
         ("data", data_hooks.install),
+        ("optimizer", optim_hooks.install),
+        ("frameworks", frameworks.install),
     ):
         try:
             installer(runtime)

@@ -59,8 +59,9 @@ _NO_SCOPE = PhaseScope(None, None)
 def phase(name: str) -> PhaseScope:
     """Enter phase `name` ("init", "data", "train", "eval", "checkpoint", ... or your own).
 
-    Until a script calls this, ddpdoctor names the phase itself from the DDP forwards ("train",
-    "eval"); from the first call on, the script's phases are the only ones."""
+    Until a script calls this, ddpdoctor names the phase itself from the DDP forwards and the
+    optimizer steps ("train", "eval"), or takes Lightning's; from the first call on, the
+    script's phases are the only ones (Lightning's hooks still name theirs)."""
     runtime = core.active()
     if runtime is None:
         return _NO_SCOPE

@@ -21,18 +21,18 @@ process runs any code of its own. What happens there:
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import os
 import sys
-import threading
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
 from ddpdoctor.protocol.rundir import ENV_RUN_DIR
+from ddpdoctor.runtime.import_hooks import _AfterImport, when_imported
 from ddpdoctor.runtime.info import ENV_FILLED, ENV_FILLED_FROM
+
+__all__ = ["_AfterImport", "on_startup", "when_imported", "wrap_init_process_group"]
 
 # The folder whose sitecustomize.py calls on_startup(); `ddpdoctor run` prepends it to PYTHONPATH.
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -160,73 +160,6 @@ def _start_runtime() -> Any:
 def _script_label() -> str | None:
     argv = list(getattr(sys, "argv", []) or [])
     return argv[0] if argv and argv[0] not in ("-c", "") else None
-
-
-# -- a post-import hook -----------------------------------------------------------------------
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback once the named module has been executed (the first import of it)."""
-
-    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
-        self.name = name
-        self.callback = callback
-        self._busy = threading.local()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name or getattr(self._busy, "on", False):
-            return None
-        self._busy.on = True
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-        finally:
-            self._busy.on = False
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _CallbackLoader(spec.loader, self)
-        return spec
-
-    def fire(self, module: Any) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        try:
-            self.callback(module)
-        except Exception as exc:  # noqa: BLE001 - the import itself must succeed
-            _warn(f"event recording is off: {type(exc).__name__}: {exc}")
-
-
-class _CallbackLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, hook: _AfterImport) -> None:
-        self.loader = loader
-        self.hook = hook
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        # the module keeps its real loader (linecache and inspect read sources through it)
-        module.__loader__ = self.loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        self.hook.fire(module)
-
-
-def when_imported(name: str, callback: Callable[[Any], None]) -> None:
-    """Call `callback(module)` once `name` is imported (now, if it already is)."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-        return
-    if not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _warn(message: str) -> None:

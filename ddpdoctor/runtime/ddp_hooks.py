@@ -1,12 +1,13 @@
 """DistributedDataParallel: training steps from forwards, gradient buckets from a comm hook.
 
-Steps: a forward in training mode with grad enabled is a training forward; with
-`require_backward_grad_sync` (not under `no_sync`) it is the one that syncs gradients and makes
-a step. Eval forwards are not steps.
+Steps: a forward with grad enabled may train; with `require_backward_grad_sync` (not under
+`no_sync`) it is the one that syncs gradients, and it makes a step once something confirms that it
+trained: the module in train mode, an optimizer step (optim_hooks.py) or a gradient bucket
+(steps.py). A forward under `no_grad` / `inference_mode` is evaluation.
 
-Phases: until the script names a phase itself (`ddpdoctor.phase(...)`), a training forward puts
-the rank in phase "train" and an eval forward (`model.eval()` or `torch.no_grad()`) in "eval", so
-a script that never heard of ddpdoctor still shows what it does.
+Phases: until the script (or a framework's hooks: frameworks.py) names a phase, a forward in train
+mode with grad, or an optimizer step, puts the rank in phase "train", and a forward under
+`no_grad` in "eval", so a script that never heard of ddpdoctor still shows what it does.
 
 Buckets, by default: DDP keeps its built-in C++ all-reduce, and the state of every gradient
 bucket's collective (scheduled, started, completed, by sequence number, with sizes and dtypes) is
@@ -316,10 +317,13 @@ def install(runtime: core.Runtime) -> None:
         now = 0.0
         if rt is not None:
             try:
-                if self.training and grad_enabled():
+                if grad_enabled():
+                    # may train: the step counts once trained (steps.py), whatever `.training`
+                    # says (Lightning keeps its DDP wrapper in eval mode while it trains)
+                    training = self.training
                     if record_buckets and self.__dict__.get(SLOT_ATTR) is None:
                         ensure_hook(self, rt)
-                    if rt.auto_phase and rt.phase != core.AUTO_TRAIN:
+                    if training and rt.auto_phase and rt.phase != core.AUTO_TRAIN:
                         rt.set_phase(core.AUTO_TRAIN, auto=True)
                     first = inputs[0] if inputs else None
                     if isinstance(first, tensor_type):
@@ -328,7 +332,7 @@ def install(runtime: core.Runtime) -> None:
                         batch = batch_size_of(inputs, kwargs)
                     synced = self.require_backward_grad_sync
                     now = rt.mono_clock()
-                    rt.steps.on_forward(now, True, synced, batch)
+                    rt.steps.on_forward(now, True, synced, batch, training)
                     if synced and not record_buckets:
                         probe = self.__dict__.get(PROBE_ATTR)
                         if probe is None:

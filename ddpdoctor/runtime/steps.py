@@ -1,10 +1,22 @@
 """Training steps as the hooks see them: DataLoader fetches, DDP forwards, gradient buckets.
 
 A step is everything from the first fetch (or forward) of an iteration to the first fetch (or
-forward) of the next one, and it counts only when it ran a training forward with gradient sync:
-forwards under `no_sync` accumulate into the next synced step, eval forwards are not steps. The
-`step` event is written when the step closes: at the next iteration, at a phase change, at the end
-of the loader or of the process. Its timings split the step's wall time:
+forward) of the next one, and it counts only when it trained: a DDP forward with grad enabled and
+gradient sync, confirmed by one of
+
+- an optimizer step (any `torch.optim.Optimizer`, through torch's global step hook: what
+  Lightning, accelerate, the HF Trainer and a plain loop all call),
+- a gradient bucket's all-reduce (DDP's reducer, seen when the bucket hook records them),
+- the module being in train mode at that forward (a loop that updates its weights by hand).
+
+The module's train mode alone cannot be the test: Lightning leaves the DDP wrapper in eval mode
+after its sanity check while the module inside trains. A forward under `no_grad` /
+`inference_mode` is evaluation; a synced forward with grad that nothing confirms (a validation
+loss computed in eval mode without `no_grad`) is not a step either. Forwards under `no_sync`
+accumulate into the next synced step. A step without any DDP forward (a model DDP does not wrap)
+counts at its optimizer step when a DataLoader fetch opened it. The `step` event is written when
+the step closes: at the next iteration, at a phase change, at the end of the loader or of the
+process. Its timings split the step's wall time:
 
     data_time_s     waiting in DataLoader `__next__`
     comm_wait_s     blocking collectives on the training thread, plus the gradient all-reduce
@@ -45,6 +57,7 @@ class OpenStep:
         "stale",
         "start",
         "synced",
+        "trained",
     )
 
     def __init__(self, start: float) -> None:
@@ -54,6 +67,7 @@ class OpenStep:
         self.samples = 0
         self.forwards = 0
         self.synced = False
+        self.trained = False  # confirmed: an optimizer step, a gradient bucket, train mode
         self.stale = False  # an eval forward ran since: the next fetch starts afresh
         self.loss: float | None = None
         self.bucket_launch: float | None = None
@@ -78,6 +92,11 @@ class StepTracker:
         self._fetch_epoch: int | None = None
         self.steps_done = 0
         self.epoch: int | None = None
+        self._ddp_forwards = False  # a DDP forward was seen: only forwards open steps
+        self._last_end: float | None = None  # where the last step closed
+        # the script (ddpdoctor.log(epoch=...)) or a framework's hooks gave the epoch: it wins
+        # over the epoch of the loader that fetched last (which may be a validation loader)
+        self._epoch_given = False
         # The gradient all-reduce wait per step as DDP's timers measured it lately (seconds),
         # for steps that no bucket hook timed (set by ddp_hooks.CommProbe).
         self.ddp_comm_s = 0.0
@@ -96,8 +115,9 @@ class StepTracker:
         with self._lock:
             step = self._open
             if step is not None and step.synced:
-                closed = self._close(step, t0)
-                step = None
+                if step.trained:
+                    closed = self._close(step, t0)
+                step = None  # untrained: a forward with grad that nothing confirmed
             if not exhausted:
                 if step is None or step.stale:
                     step = self._open = OpenStep(t0)
@@ -106,18 +126,30 @@ class StepTracker:
         if closed is not None:
             self.sink(closed)
 
-    def on_forward(self, t: float, training: bool, synced: bool, batch_size: int | None) -> None:
-        """A DDP forward: training (train mode, grad enabled), synced (not under no_sync)."""
+    def on_forward(
+        self,
+        t: float,
+        grad: bool,
+        synced: bool,
+        batch_size: int | None,
+        train_mode: bool = True,
+    ) -> None:
+        """A DDP forward: grad (enabled: it may train), synced (not under no_sync), train_mode
+        (the DDP module's `.training`: confirms the step at once)."""
         closed = None
         with self._lock:
             step = self._open
             if step is not None and step.synced:
-                closed = self._close(step, t)
-                step = None
-            if not training:
+                if step.trained:
+                    closed = self._close(step, t)
+                    step = None
+                else:  # a synced forward with grad that trained nothing: not a step
+                    step.stale = True
+            if not grad:
                 if step is not None:
                     step.stale = True
             else:
+                self._ddp_forwards = True
                 if step is None or step.stale:
                     step = self._open = OpenStep(t)
                 step.forwards += 1
@@ -125,7 +157,9 @@ class StepTracker:
                     step.samples += batch_size
                 if synced:
                     step.synced = True
-                if self._fetch_epoch is not None:
+                    if train_mode:
+                        step.trained = True
+                if self._fetch_epoch is not None and not self._epoch_given:
                     self.epoch = self._fetch_epoch
         if closed is not None:
             self.sink(closed)
@@ -136,11 +170,35 @@ class StepTracker:
         if step is not None:
             step.comm_s += seconds
 
+    def on_optimizer_step(self) -> None:
+        """An optimizer stepped: the step in progress trained (after its forward: Lightning's
+        forward runs inside `optimizer.step(closure)`, before the step hooks' "post").
+
+        Where no DDP forward was ever seen (a model DDP does not wrap, a framework that chose
+        not to distribute), the optimizer steps are the steps: each one closes the iteration
+        its fetches opened, or, with no fetch since the last step (a loader that fetched ahead
+        and ended), one that began where the last step ended."""
+        with self._lock:
+            step = self._open
+            if step is None and not self._ddp_forwards and self._last_end is not None:
+                step = self._open = OpenStep(self._last_end)
+            if step is not None:
+                if not step.forwards:
+                    step.synced = True
+                step.trained = True
+                if (
+                    not self._ddp_forwards
+                    and not self._epoch_given
+                    and self._fetch_epoch is not None
+                ):
+                    self.epoch = self._fetch_epoch
+
     def on_bucket_launch(self, t: float) -> OpenStep | None:
         """A gradient bucket's all-reduce was launched; returns the step it belongs to (the
         bucket's end sets its bucket_done: see collectives.CollectiveTracker.end)."""
         step = self._open
         if step is not None:
+            step.trained = True  # a gradient-synchronizing backward
             launched = step.bucket_launch
             if launched is None or t > launched:
                 step.bucket_launch = t
@@ -158,19 +216,22 @@ class StepTracker:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self._epoch_given = True
 
     def flush(self) -> None:
-        """Close a synced step now (the loop ended, the phase changed, the process is exiting)."""
+        """Close a trained step now (the loop ended, the phase changed, the process is exiting);
+        one not confirmed yet stays open (its optimizer step may be about to come)."""
         closed = None
         with self._lock:
             step = self._open
-            if step is not None and step.synced:
+            if step is not None and step.synced and step.trained:
                 closed = self._close(step, self._mono())
         if closed is not None:
             self.sink(closed)
 
     def _close(self, step: OpenStep, t: float) -> Record:
         self._open = None
+        self._last_end = t
         step.closed = True
         self.steps_done += 1
         exposed = 0.0

@@ -57,7 +57,7 @@ def test_phase_as_a_context_manager_restores_the_previous_one(recording):
 
 
 def test_log_attaches_the_loss_to_the_current_step(recording):
-    recording.steps.on_forward(1.0, training=True, synced=True, batch_size=2)
+    recording.steps.on_forward(1.0, grad=True, synced=True, batch_size=2)
     ddpdoctor.log(loss=0.25, lr=0.1, kind="odd name", note=object())
     recording.steps.flush()
     (metrics,) = events(recording, "metrics")

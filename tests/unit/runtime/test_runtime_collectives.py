@@ -149,7 +149,7 @@ def test_a_rank_outside_the_group_records_nothing(recording):
 
 
 def test_blocking_time_counts_as_comm_wait_of_the_step(recording):
-    recording.steps.on_forward(time.monotonic(), training=True, synced=True, batch_size=2)
+    recording.steps.on_forward(time.monotonic(), grad=True, synced=True, batch_size=2)
     dist.barrier()
     dist.all_reduce(torch.ones(2))
     recording.steps.flush()

@@ -123,7 +123,7 @@ def test_step_timings_split_the_wall_time():
     # iteration 1: fetch 0.0-0.2, forward at 0.2, bucket launched 0.5, done 0.6, blocking
     # collective 0.05; iteration 2 starts with the next fetch at 1.0
     steps.on_fetch(0.0, 0.2, exhausted=False, epoch=3)
-    steps.on_forward(0.2, training=True, synced=True, batch_size=16)
+    steps.on_forward(0.2, grad=True, synced=True, batch_size=16)
     token = steps.on_bucket_launch(0.5)
     steps.on_bucket_done(token, 0.6)
     steps.on_comm_wait(0.05)
@@ -139,7 +139,7 @@ def test_step_timings_split_the_wall_time():
     clock.now = 2.0
     steps.flush()  # the open iteration has no forward yet: nothing to close
     assert len(emitted) == 1
-    steps.on_forward(1.1, training=True, synced=True, batch_size=16)
+    steps.on_forward(1.1, grad=True, synced=True, batch_size=16)
     steps.flush()
     assert [e["step"] for e in emitted] == [1, 2]
     assert emitted[1]["step_time_s"] == 1.0  # 1.0 -> 2.0 (the flush)
@@ -149,7 +149,7 @@ def test_loader_end_closes_the_last_step_of_an_epoch():
     emitted = []
     steps = StepTracker(lambda record: emitted.append(records.as_event(record)), Clock())
     steps.on_fetch(0.0, 0.1, exhausted=False, epoch=0)
-    steps.on_forward(0.1, training=True, synced=True, batch_size=2)
+    steps.on_forward(0.1, grad=True, synced=True, batch_size=2)
     steps.on_fetch(0.5, 0.5, exhausted=True, epoch=None)
     assert [e["step_time_s"] for e in emitted] == [0.5]
     assert steps.current == 1

@@ -88,7 +88,7 @@ def test_normal_exit_is_code_zero(recording):
 
 
 def test_exit_flushes_the_step_in_progress(recording):
-    recording.steps.on_forward(1.0, training=True, synced=True, batch_size=8)
+    recording.steps.on_forward(1.0, grad=True, synced=True, batch_size=8)
     recording.write_exit_event()
     kinds = [e["kind"] for e in all_events(recording)]
     assert kinds[-2:] == ["step", "exit"]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ddpdoctor.protocol.events import WARNING
-from ddpdoctor.protocol.rundir import ENV_RUN_DIR
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR, make_private_dirs
 from ddpdoctor.runtime import core, exit_hooks, ptrace
 from ddpdoctor.runtime.heartbeat import Heartbeat
 from ddpdoctor.runtime.info import env_int
@@ -68,7 +68,7 @@ def start(
         runtime.script = script
         runtime.join_only = join_only
         try:
-            runtime.run_dir.events_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(runtime.run_dir.events_dir)
         except OSError:
             pass  # the first write fails and says so, once
         core.set_active(runtime)

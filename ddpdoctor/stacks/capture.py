@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.protocol.rundir import RunDir, make_private_dirs, write_json_atomic
 from ddpdoctor.stacks.groups import (
     RankStacks,
     StackCapture,
@@ -280,8 +280,9 @@ def _new_capture_dir(run: RunDir) -> tuple[str, Path]:
     for n in range(1, 1000):
         capture_id = stamp if n == 1 else f"{stamp}-{n}"
         folder = run.stacks_dir / capture_id
+        make_private_dirs(run.stacks_dir)
         try:
-            folder.mkdir(parents=True)
+            folder.mkdir(0o700)
         except FileExistsError:
             continue
         return capture_id, folder

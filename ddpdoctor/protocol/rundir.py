@@ -21,7 +21,6 @@ look the same to a watcher, because everything it knows comes from here:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -182,7 +181,7 @@ class RunDir:
     def read_run_json(self) -> dict[str, Any]:
         """run.json, or {} when it is missing or unreadable (a copied directory may lack it)."""
         try:
-            data = json.loads(self.run_json.read_text())
+            data = jsontext.read(self.run_json)
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}

@@ -26,6 +26,7 @@ from typing import Any
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.disk_space import DiskWatch
 from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.host_probes import (
     MAX_PROBED,
@@ -110,6 +111,7 @@ class Monitor:
             launcher_ended=self._launcher_ended,
         )
         self.logs = LogFindings(self.run) if explain_logs else None
+        self.disk = DiskWatch(self.run.path)
         # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
         self.flight_recorder = FrCollector(self.run, clock=clock)
         # the preflight's script checkup findings (doctor.json), which diagnoses cite
@@ -253,6 +255,10 @@ class Monitor:
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
         extra.extend(skipped_event_findings(self.state))
+        if live or self.job_ended:  # a run read later: today's free space says nothing of it
+            steps = [view.step for view in snap.ranks if view.step is not None]
+            self.disk.check(now, max(steps, default=None), force=final)
+        extra.extend(self.disk.findings())
         diagnosis = diagnose(snap, extra_findings=extra)
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)

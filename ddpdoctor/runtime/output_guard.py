@@ -1,12 +1,13 @@
 """The job's print() never fails because of ddpdoctor's log files.
 
 Under `ddpdoctor run`, torchrun points each rank's stdout and stderr at a file in the run directory
-(--redirects), and ddpdoctor shows those files on the console. On a full file system (or over a
+(--redirects; a user's own command writes to torchrun.log there), and ddpdoctor shows those files
+on the console. On a full file system (or over a
 quota) a write to them fails, and a print() that fails ends a healthy job: ddpdoctor's way of
 capturing output would then be what killed it. So when a rank's sys.stdout / sys.stderr is such a
 file, it is wrapped: a write the file refuses for lack of space goes to the console instead (the
-terminal or pipe of ddpdoctor's launcher, found up the parent chain, prefixed `[defaultN]:` like
-the relayed lines), or is dropped when there is none; the file gets the text again once it has
+terminal, pipe or file of ddpdoctor's launcher, found up the parent chain, shown as the launcher
+shows that file's lines: `[defaultN]:`-prefixed for a rank log), or is dropped when there is none; the file gets the text again once it has
 room. The job's own files, and streams not in the run directory, are left alone.
 """
 
@@ -111,21 +112,30 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _in_run_dir(fd: int, run_dir: Path) -> bool:
-    """Whether `fd` is a regular file below the run directory (torchrun's --redirects)."""
+def _run_dir_file(fd: int, run_dir: Path) -> Path | None:
+    """The file `fd` writes to when it is a regular file below the run directory: a rank log of
+    torchrun's --redirects, or torchrun.log, where a command's own output goes."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
+            return None
         target = Path(os.readlink(f"/proc/self/fd/{fd}"))
     except OSError:
-        return False
-    return run_dir.resolve() in target.parents
+        return None
+    return target if run_dir.resolve() in target.parents else None
+
+
+def _prefix(target: Path, local_rank: int | None) -> str:
+    """Lines of a rank log are shown `[defaultN]:`-prefixed; torchrun.log's as they are."""
+    rank_log = target.parent.name.isdigit() and target.parent.parent.name.startswith("attempt_")
+    if not rank_log:
+        return ""
+    return f"[default{local_rank if local_rank is not None else target.parent.name}]:"
 
 
 def _console_of_launcher(run_dir: Path) -> int:
     """A descriptor on the stdout of the nearest ancestor whose stdout is not a file of the run
-    directory (the launcher's console: the agents between write to torchrun.log), opened through /proc/PID/fd/1
-    and kept as this process's own; -1 when there is none."""
+    directory (the launcher's console: the agents between write to torchrun.log), opened through
+    /proc/PID/fd/1 and kept as this process's own; -1 when there is none."""
     pid = os.getppid()
     for _ in range(_MAX_PARENTS):
         if pid <= 1:
@@ -150,13 +160,15 @@ def install(run_dir: Path, local_rank: int | None) -> bool:
             fd = stream.fileno() if stream is not None else -1
         except (AttributeError, OSError, ValueError):
             continue
-        if fd >= 0 and not isinstance(stream, GuardedStream) and _in_run_dir(fd, run_dir):
-            targets.append((name, stream, fd))
+        if fd < 0 or isinstance(stream, GuardedStream):
+            continue
+        target = _run_dir_file(fd, run_dir)
+        if target is not None:
+            targets.append((name, stream, fd, _prefix(target, local_rank)))
     if not targets:
         return False
     console_fd = _console_of_launcher(run_dir.resolve())
-    prefix = f"[default{local_rank}]:" if local_rank is not None else ""
-    for name, stream, fd in targets:
+    for name, stream, fd, prefix in targets:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
         setattr(sys, name, GuardedStream(stream, fd, prefix, console_fd))

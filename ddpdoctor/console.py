@@ -2,17 +2,31 @@
 
 Rich decides colour: none without a TTY or with NO_COLOR set. Symbols fall back to ASCII when the
 stream cannot encode them, so logs and CI consoles never show mojibake.
+
+Text from jobs, logs, exception messages and environment values ends up inside ddpdoctor's own
+output (evidence lines, error messages, host names). A terminal obeys the control sequences such
+text may carry (OSC 52 writes the clipboard, OSC 0 the title, CSI moves the cursor or clears the
+screen), so every console made here shows them escaped instead (`sanitize`): a render hook passes
+each printed renderable's text through it. Only the job's own output relayed line for line
+(`Verbatim`) is written as the job wrote it.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import copy
+import dataclasses
 import os
+import re
 import sys
-from typing import IO, TextIO
+from collections.abc import Iterator
+from typing import IO, Any, TextIO, TypeVar
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderHook
+from rich.segment import Segment
+
+T = TypeVar("T")
 
 UNICODE_SYMBOLS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-", "error": "?"}
 ASCII_SYMBOLS = {"pass": "+", "warn": "!", "fail": "x", "skip": "-", "error": "?"}
@@ -89,14 +103,102 @@ def safe_stream(stream: TextIO) -> TextIO:
     return SafeStream(stream)  # type: ignore[return-value]
 
 
+# C0 controls but newline and tab, DEL, and the C1 controls (U+0080-U+009F: 0x9B is a one-byte
+# CSI, 0x9D a one-byte OSC to terminals that read them).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def sanitize(text: str) -> str:
+    """`text` with every control character a terminal would act on shown as an escape instead
+    (`\\x1b]52;c;...` stays visible text): safe to print whatever it came from."""
+    if not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def sanitize_tree(value: T) -> T:
+    """`value` with every string inside it sanitized: dataclasses (frozen ones too), tuples, named
+    tuples, lists, sets and dicts are rebuilt where something changed, and returned as they are
+    otherwise (no copy of a clean snapshot). For views that render a whole structure (the TUI)."""
+    return _sanitize_value(value)
+
+
+def _sanitize_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return sanitize(value) if _CONTROL.search(value) else value
+    if isinstance(value, tuple):
+        items = [_sanitize_value(item) for item in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, list | set | frozenset):
+        items = [_sanitize_value(item) for item in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    if isinstance(value, dict):
+        pairs = [(_sanitize_value(k), _sanitize_value(v)) for k, v in value.items()]
+        if all(a is k and b is v for (a, b), (k, v) in zip(pairs, value.items(), strict=True)):
+            return value
+        return type(value)(pairs)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for f in dataclasses.fields(value):
+            old = getattr(value, f.name)
+            new = _sanitize_value(old)
+            if new is not old:
+                changed[f.name] = new
+        if not changed:
+            return value
+        out = copy.copy(value)
+        for name, new in changed.items():
+            object.__setattr__(out, name, new)  # frozen dataclasses too
+        return out
+    return value
+
+
+class Verbatim:
+    """A line of the job's own output, printed as the job wrote it (not ddpdoctor's text)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        yield Segment(self.text)
+        yield Segment.line()
+
+
+class Sanitized:
+    """A renderable whose text is passed through `sanitize` once rich has laid it out; rich's own
+    control segments (a live display moving the cursor) stay as they are."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        for segment in console.render(self.renderable, options):
+            if segment.control or not _CONTROL.search(segment.text):
+                yield segment
+            else:
+                yield Segment(sanitize(segment.text), segment.style)
+
+
+class _SanitizeHook(RenderHook):
+    def process_renderables(self, renderables: list) -> list:
+        return [r if isinstance(r, Verbatim | Sanitized) else Sanitized(r) for r in renderables]
+
+
 def make_console(stream: TextIO | None = None, *, width: int | None = None) -> Console:
     """A Console for `stream`. Off a terminal (pipes, CI logs) lines are not wrapped at 80 columns:
     a wide virtual width keeps each result on one line, which reads and greps better in logs.
-    Writes never raise (SafeStream): a closed pipe or a full disk ends the printing, nothing else."""
+    Writes never raise (SafeStream): a closed pipe or a full disk ends the printing, nothing else.
+    Everything printed is sanitized (control sequences shown escaped) but `Verbatim` lines."""
     stream = safe_stream(stream if stream is not None else sys.stdout)
     if width is None and not _isatty(stream):
         width = 200
-    return Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    console = Console(file=stream, width=width, highlight=False, soft_wrap=False)
+    console.push_render_hook(_SanitizeHook())
+    return console
 
 
 def tui_capable(stdout: TextIO | None = None, stdin: TextIO | None = None) -> bool:
@@ -121,6 +223,6 @@ def symbols_for(stream: IO[str]) -> dict[str, str]:
 
 
 def error_line(message: str) -> str:
-    """The one line every error ends with (stderr)."""
-    first = " ".join(str(message).split())
+    """The one line every error ends with (stderr), control sequences shown escaped."""
+    first = sanitize(" ".join(str(message).split()))
     return f"ddpdoctor: error: {first}"

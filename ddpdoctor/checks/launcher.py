@@ -180,6 +180,10 @@ def _missing_for_env_init(ctx: CheckContext, slurm: bool) -> list[Problem]:
     ]
 
 
+# torch's process group takes ranks and sizes as a C int
+MAX_C10D_INT = 2**31 - 1
+
+
 def _range_problems(values: dict[str, int]) -> list[Problem]:
     problems: list[Problem] = []
     rank, world = values.get("RANK"), values.get("WORLD_SIZE")
@@ -191,6 +195,16 @@ def _range_problems(values: dict[str, int]) -> list[Problem]:
                 fix="set WORLD_SIZE to the total number of ranks",
             )
         )
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        value = values.get(name)
+        if value is not None and value > MAX_C10D_INT:
+            problems.append(
+                Problem(
+                    f"{name}={value} is larger than init_process_group accepts "
+                    f"(at most {MAX_C10D_INT})",
+                    fix=f"set {name} to a real count: WORLD_SIZE = nodes x ranks per node",
+                )
+            )
     if rank is not None and rank < 0:
         problems.append(
             Problem(

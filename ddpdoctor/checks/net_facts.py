@@ -88,7 +88,12 @@ def master_port_text(ctx: CheckContext) -> tuple[str | None, int | None]:
         text = url_port_text(plan.init_method)
     if text is None:
         return None, None
-    return text, int(text) if text.strip().isdigit() else None
+    digits = text.strip()
+    # int() of a 10,000-digit string raises; any port has at most 5 digits, so a longer one is
+    # some number out of range (65536 stands for it)
+    if not digits.isdigit():
+        return text, None
+    return text, int(digits) if len(digits) <= 5 else 65536
 
 
 def port_label(ctx: CheckContext) -> str:

@@ -217,6 +217,19 @@ def rendezvous_file(ctx: CheckContext) -> CheckOutcome:
 
 def _stale_file(ctx: CheckContext, path: str) -> CheckOutcome:
     existing = ctx.probes.fs.file_status(path)
+    if existing.error is not None:
+        return failed(
+            f"{path} cannot be used as the rendezvous file: {existing.error}",
+            fix="Use a short new file name (at most 255 characters per name) in a directory every "
+            "node shares, e.g. file:///shared/dir/ddp-init-$SLURM_JOB_ID.",
+        )
+    if existing.special:
+        return failed(
+            f"{path} is a device or special file, not a rendezvous file: torch's FileStore "
+            "would write the rendezvous into it",
+            fix="Point file:// at a new file name in a directory every node shares, e.g. "
+            "file:///shared/dir/ddp-init-$SLURM_JOB_ID (never delete the existing one).",
+        )
     if not existing.exists:
         return passed(f"{path} does not exist yet (as it must)")
     age = ""

@@ -18,6 +18,7 @@ from ddpdoctor.protocol import jsontext
 
 
 def options_from_args(args: argparse.Namespace) -> DoctorOptions:
+    _check_init_method(args.init_method)
     return DoctorOptions(
         nproc=args.nproc,
         nnodes=args.nnodes,
@@ -29,6 +30,18 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         workers=args.workers,
         scripts=tuple(_existing_scripts(getattr(args, "script", None) or ())),
     )
+
+
+def _check_init_method(method: str | None) -> None:
+    """An --init-method that is not even a URL is a usage error, not a check that crashes."""
+    if method is None:
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        urlsplit(method)  # a port out of range is the Init method check's to explain
+    except ValueError as exc:
+        raise UsageError(f"--init-method {method}: not a valid URL ({exc})") from None
 
 
 def _existing_scripts(paths) -> list[str]:

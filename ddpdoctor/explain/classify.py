@@ -17,9 +17,11 @@ Level = Literal["error", "warn", "info"]
 
 _PLAIN = FileContext(label=None)
 # glog / c10 prefixes ("[E1122 04:12:08.38 ...]", "E1122 04:11:38.07 ...", "[W socket.cpp:401]"),
-# Python logging and exception lines.
+# Python logging and exception lines. The launcher tags ("[default0]:[rank0]:") are taken once
+# and never given back: `(?=(...))\1` is an atomic group, so a line of a million tags costs one
+# pass, not one retry of the alternatives per tag.
 _FALLBACK = re.compile(
-    r"^(?:\[[\w]+\]:)*\s*(?:"
+    r"^(?=(?P<tags>(?:\[\w+\]:)*\s*))(?P=tags)(?:"
     r"(?P<error>\[?[EF]\d{4} |\[[EF] |ERROR[:\s]|CRITICAL[:\s]|Traceback \(most recent|"
     r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception):)"
     r"|(?P<warn>\[?W\d{4} |\[W |WARNING[:\s]|Warning: |\w*Warning: |\S+:\d+: \w*Warning: )"

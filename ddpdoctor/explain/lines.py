@@ -17,6 +17,10 @@ from typing import BinaryIO, NamedTuple
 
 # A line longer than this is cut (the rest of it is skipped): no single line can exhaust memory.
 MAX_LINE_BYTES = 64 * 1024
+# Lines are matched on their first this many characters (the head, where the launcher prefix,
+# the logger's level and the message start): every explainer's cost per line is then bounded
+# whatever a job prints, on top of the patterns themselves being linear.
+MAX_MATCH_CHARS = 4096
 # Evidence text is shortened to this many characters.
 MAX_EVIDENCE_CHARS = 2000
 
@@ -60,6 +64,8 @@ class FileContext:
     local_to_global: LocalRankMap | None = None
 
     def make_line(self, text: str, line_no: int | None) -> SourceLine:
+        if len(text) > MAX_MATCH_CHARS:
+            text = text[:MAX_MATCH_CHARS]
         if text[:1] not in _PREFIX_STARTS:  # the common case: no launcher prefix at all
             return SourceLine(text, text, self.label, line_no, self.rank)
         match = _PREFIX.match(text)

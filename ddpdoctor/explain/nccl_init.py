@@ -19,9 +19,13 @@ IFNAME_FIX = (
     "(`ip -br addr`; e.g. NCCL_SOCKET_IFNAME=eth0), and allow all TCP between the nodes on it."
 )
 
-_HEADER = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL (?:INFO|WARN)")
+# A host name starts where a run of name characters starts (the lookbehind), so a search does not
+# retry from every character of a long run: linear on any line.
+_HEADER = re.compile(
+    r"(?<![\w.-])(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<dev>\d+)\] NCCL (?:INFO|WARN)"
+)
 _VERSION = re.compile(r"NCCL version (?P<version>\d[\w.+-]*)")
-_RELEASE = re.compile(r"(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?")
+_RELEASE = re.compile(r"(?<!\d)(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?")
 _NETWORK = re.compile(r"Using network (?P<net>\w+)")
 _INIT = re.compile(r"rank (?P<rank>\d+) n[Rr]anks (?P<n>\d+).*Init (?P<what>START|COMPLETE)")
 _IFACE_LIST = re.compile(r"(?P<kind>Bootstrap|NET/Socket) : Using (?P<list>\[.*)")

@@ -94,7 +94,12 @@ RULES = (
     rule(
         "python.argparse_error",
         ERROR,
-        r"^\S+: error: (?!unrecognized arguments:.*--local[-_]rank)(?P<msg>.+)",
+        # argparse's `PROG: error: MSG`, PROG being the script. Launchers and Slurm print the same
+        # shape about tasks and steps ("srun: error: vm: task 1: Killed", "slurmstepd-vm: error:
+        # *** STEP 7.0 ON vm CANCELLED ...") and are no command line rejected.
+        r"^(?!(?:srun|salloc|sbatch|sattach|slurmstepd(?:-[^:\s]*)?|mpirun|mpiexec|prterun"
+        r"|orterun|torchrun): )\S+: error: (?!unrecognized arguments:.*--local[-_]rank)"
+        r"(?P<msg>.+)",
         [": error: "],
         "The script rejected its command line: {msg}",
         "Fix the arguments given to the script (after the script name in the torchrun command).",

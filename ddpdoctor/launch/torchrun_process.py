@@ -33,7 +33,7 @@ import psutil
 from ddpdoctor.launch.output_tail import OutputTail
 from ddpdoctor.launch.stop_protocol import is_srun
 from ddpdoctor.launchers.proc_tree import descendants
-from ddpdoctor.protocol.rundir import open_private
+from ddpdoctor.protocol.rundir import make_private_dirs, open_private
 
 STOP_GRACE_S = 3.0  # SIGTERM first; whatever still runs after this long gets SIGKILL
 # torchrun's prefix on the ranks' tee'd output: "[default0]:" (role "default", local rank).
@@ -84,7 +84,7 @@ class TorchrunProcess:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._agent_log.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self._agent_log.parent)
         fd = open_private(self._agent_log)
         try:
             start_offset = os.fstat(fd).st_size

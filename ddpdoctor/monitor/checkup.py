@@ -13,12 +13,12 @@ A report is written whole (atomically) and never rewritten, so each file is read
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.monitor.snapshot import CheckupNote
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 SCRIPT_GROUP = "script"  # ddpdoctor.checks.scriptcheck.doctor.GROUP
@@ -94,7 +94,7 @@ class CheckupReader:
             if path in self._read:
                 continue
             try:
-                report = json.loads(path.read_text(encoding="utf-8"))
+                report = jsontext.read(path)
             except FileNotFoundError:
                 continue  # gone between the listing and the read: look again next time
             except (OSError, ValueError):

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.text import Text
 
-from ddpdoctor.console import symbols_for
+from ddpdoctor.console import Sanitized, Verbatim, symbols_for
 from ddpdoctor.findings import Severity
 from ddpdoctor.monitor.diagnosis_text import (
     diagnosis_lines,
@@ -65,9 +65,7 @@ class HeadlessView:
     def job_output(self, line: str) -> None:
         """A line of the job's own output, passed through unchanged."""
         if self.live:  # above the bars: only the console knows where they are
-            self.console.print(
-                line.rstrip("\n"), markup=False, highlight=False, emoji=False, soft_wrap=True
-            )
+            self.console.print(Verbatim(line.rstrip("\n")), soft_wrap=True)
             return
         # Straight to the stream: a job that prints every step of a millisecond would otherwise
         # spend ~80 µs of this process's CPU per line in rich's rendering, on the ranks' cores.
@@ -132,7 +130,8 @@ class HeadlessView:
                 self._shown_launchers.add(key)
                 self._print(f"launcher: {launcher.describe()}", markup=False)
 
-    def _print(self, line: Text | str, *, markup: bool = True) -> None:
+    def _print(self, line: Text | str, *, markup: bool = False) -> None:
+        # markup off: the lines carry text from the job (a `[link=...]` of theirs stays text).
         # soft_wrap: long lines stay whole (a terminal wraps them; a CI log keeps them greppable)
         self.console.print(line, soft_wrap=True, highlight=False, markup=markup)
 
@@ -165,15 +164,16 @@ class HeadlessView:
     def _update_bars(self, snap: Snapshot) -> None:
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("{task.description}", justify="right"),
+                # markup off: labels hold host names the ranks reported
+                TextColumn("{task.description}", justify="right", markup=False),
                 BarColumn(bar_width=30),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
+                TextColumn("{task.fields[info]}", markup=False),
                 console=self.console,
                 auto_refresh=False,
             )
             self._live = Live(
-                Group(self._progress, self._status),
+                Sanitized(Group(self._progress, self._status)),
                 console=self.console,
                 refresh_per_second=4,
                 transient=False,

@@ -15,7 +15,6 @@ asks for the rest (ddpdoctor.protocol.stack_requests).
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.disk_space import DiskWatch
 from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.host_probes import (
     MAX_PROBED,
@@ -42,6 +42,7 @@ from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
@@ -110,6 +111,7 @@ class Monitor:
             launcher_ended=self._launcher_ended,
         )
         self.logs = LogFindings(self.run) if explain_logs else None
+        self.disk = DiskWatch(self.run.path)
         # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
         self.flight_recorder = FrCollector(self.run, clock=clock)
         # the preflight's script checkup findings (doctor.json), which diagnoses cite
@@ -252,6 +254,11 @@ class Monitor:
         if self.logs is not None:
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
+        extra.extend(skipped_event_findings(self.state))
+        if live or self.job_ended:  # a run read later: today's free space says nothing of it
+            steps = [view.step for view in snap.ranks if view.step is not None]
+            self.disk.check(now, max(steps, default=None), force=final)
+        extra.extend(self.disk.findings())
         diagnosis = diagnose(snap, extra_findings=extra)
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)
@@ -451,7 +458,7 @@ class Monitor:
 
     def _read_previous_diagnosis(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.run.diagnosis_json.read_text())
+            data = jsontext.read(self.run.diagnosis_json)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -493,6 +500,25 @@ class Monitor:
         except OSError as exc:
             self.write_error = f"cannot write {self.run.diagnosis_json}: {exc.strerror or exc}"
             self._written_key = key
+
+
+def skipped_event_findings(state: RunState) -> list[Finding]:
+    """Event lines whose rank lies outside the job's world: not folded in (no view is made per
+    rank up to a number a file states), and said here so the verdict is read knowing it."""
+    if not state.skipped_events or state.first_skipped is None:
+        return []
+    rel, line, rank = state.first_skipped
+    world = state.world_size
+    return [
+        Finding(
+            "run.bad_events",
+            Severity.WARNING,
+            f"{state.skipped_events} event line(s) skipped: rank {rank} is outside the world "
+            f"of {world} ranks ({rel}:{line})",
+            "The run directory holds events no rank of this job can have written (a file edited "
+            "or copied in, or a corrupted one); the verdict is from the other events.",
+        )
+    ]
 
 
 def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:

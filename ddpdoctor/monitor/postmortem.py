@@ -3,7 +3,6 @@ findings told in the light of what ddpdoctor itself did to the job (its own stop
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,6 +12,7 @@ from ddpdoctor.findings import Evidence, Finding, Severity, sort_findings
 from ddpdoctor.monitor.diagnose import reports_the_stop
 from ddpdoctor.monitor.live import Monitor
 from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 
@@ -79,7 +79,7 @@ def _stop_in_run_dir(path: str) -> tuple[str, Finding, Path] | None:
     ddpdoctor stopped after a hang or mismatch."""
     diagnosis = RunDir(Path(path)).diagnosis_json
     try:
-        doc = json.loads(diagnosis.read_text())
+        doc = jsontext.read(diagnosis)
         found = [Finding.from_json(f) for f in doc.get("findings") or ()]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None

@@ -6,13 +6,13 @@ last snapshot.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.crash_before_init import crash_before_init
 from ddpdoctor.monitor.liveness import is_local, pid_alive
 from ddpdoctor.monitor.snapshot import Snapshot, Verdict
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 # Findings that say how the ranks ended: after the user stopped the run, that was the stop.
@@ -88,7 +88,7 @@ def doctor_failures(run: RunDir) -> str | None:
     paths = [run.doctor_json, *sorted(run.nodes_dir.glob("node-*/doctor.json"))]
     for path in paths:
         try:
-            counts = json.loads(path.read_text()).get("counts", {})
+            counts = jsontext.read(path).get("counts", {})
             failed, errors = int(counts.get("fail", 0)), int(counts.get("error", 0))
         except (OSError, ValueError, AttributeError, TypeError):
             continue

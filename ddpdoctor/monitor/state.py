@@ -70,6 +70,10 @@ class RunState:
         self.nodes: dict[int, NodeRecord] = {}  # the launchers of a job that spans nodes
         self._by_node_local: dict[tuple[str, int, int], int] | None = None
         self.events_applied = 0
+        self.hello_world = 0  # the largest world size a hello event stated (bounded)
+        # events whose rank lies outside the world: how many, and the first (file, line, rank)
+        self.skipped_events = 0
+        self.first_skipped: tuple[str, int, int] | None = None
 
     # -- input -----------------------------------------------------------------------------
 
@@ -83,6 +87,11 @@ class RunState:
         """Fold one event in (events of one rank must come in file order)."""
         rank = event["rank"]
         if rank < 0:
+            return
+        if rank >= self._rank_bound(event):
+            self.skipped_events += 1
+            if self.first_skipped is None:
+                self.first_skipped = (*(where or ("events", 0)), rank)
             return
         tracker = self.tracker(rank)
         tracker.apply(event, where)
@@ -107,6 +116,16 @@ class RunState:
                 self.by_local[(tracker.host, tracker.local_rank)] = rank
             if tracker.host is not None and tracker.pid is not None:
                 self.by_pid[(tracker.host, tracker.pid)] = rank
+
+    def _rank_bound(self, event: dict[str, Any]) -> int:
+        """Ranks below this are believed: the world size run.json or a rank's hello states (a
+        hello may state a larger one than known so far), never above ev.MAX_RANKS."""
+        if event["kind"] == ev.HELLO:
+            stated = event.get("world_size")
+            if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+                self.hello_world = max(self.hello_world, min(stated, ev.MAX_RANKS))
+        known = max(self.info.world_size or 0, self.hello_world)
+        return min(known, ev.MAX_RANKS) if known > 0 else ev.MAX_RANKS
 
     def _training_started(self, t: float | None) -> None:
         if t is not None and (self.training_start_t is None or t < self.training_start_t):
@@ -190,7 +209,8 @@ class RunState:
     def world_size(self) -> int:
         sizes = [t.world_size for t in self.ranks.values() if t.world_size]
         known = max(sizes, default=0)
-        return max(known, self.info.world_size or 0, max(self.ranks, default=-1) + 1)
+        world = max(known, self.info.world_size or 0, max(self.ranks, default=-1) + 1)
+        return min(world, ev.MAX_RANKS)  # a made-up world size allocates no views
 
     @property
     def training_started(self) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir, make_private
 from ddpdoctor.protocol.torchrun_logs import LogSource, classify_log_path
 
 # A poll reads at most this much of one file; the rest waits for the next poll, so one huge
@@ -153,6 +153,7 @@ class RunTailer:
                 source = classify_log_path(rel.parts)
                 if source is not None:
                     self._logs[key] = (FileTail(path), source)
+                    _make_private_up_to(path, base)
 
     def poll(self, now: float, *, drain: bool = False) -> TailBatch:
         """Everything new since the last poll (discovering new files at most every second).
@@ -179,6 +180,16 @@ class RunTailer:
     @property
     def event_files(self) -> int:
         return len(self._events)
+
+
+def _make_private_up_to(path: Path, base: Path) -> None:
+    """torchrun makes its per-rank log folders and files with the umask's modes (0755, 0644): a
+    log, once found, is made private like the rest of the run directory, with its folders."""
+    make_private(path)
+    for folder in path.parents:
+        if folder == base or base not in folder.parents:
+            break
+        make_private(folder)
 
 
 def _read(tail: FileTail, drain: bool) -> list[tuple[int, bytes]]:

@@ -121,7 +121,6 @@ phase              until the script names a phase itself (ddpdoctor.phase), the 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ddpdoctor.protocol import jsontext
@@ -162,6 +161,11 @@ KINDS = frozenset(
 DEFAULT_GROUP = "default"
 
 
+# The most ranks a run directory is read for: a rank number or world size beyond it (a crafted or
+# corrupted file) is not believed, so no reader allocates per rank up to a number a file made up.
+MAX_RANKS = 1 << 16
+
+
 def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
     """One event from one line, or None for a blank, torn or foreign line (never raises)."""
     if isinstance(line, bytes):
@@ -173,7 +177,7 @@ def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
     if not line or line[0] != "{":
         return None
     try:
-        event = json.loads(line)
+        event = jsontext.loads(line)
     except ValueError:
         return None
     if not isinstance(event, dict) or not isinstance(event.get("kind"), str):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import re
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.jsontext import is_number
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
@@ -174,7 +174,7 @@ def prune(run: RunDir, *, now: float, keep: int = KEEP_REQUESTS) -> int:
 
 def _read_json(path: Path) -> Any:
     with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_text())
+        return jsontext.read(path)
     return None
 
 

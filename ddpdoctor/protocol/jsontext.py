@@ -41,3 +41,27 @@ def is_int(value: Any) -> TypeGuard[int]:
 def is_number(value: Any) -> TypeGuard[int | float]:
     """A JSON number, integer or not (never a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# A run directory may come from anywhere (a copy mailed in a bug report, a shared folder): JSON
+# read from it is bounded in size, and in nesting by the parser's recursion limit, which is
+# turned into the ValueError every reader already handles as "not JSON".
+MAX_FILE_BYTES = 64 << 20
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads, with a document nested too deep for the parser (`[[[[...`) a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def read(path: Any, max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """The JSON document in a file of a run directory: OSError if it cannot be read, ValueError
+    if it is not JSON, nested too deep, or larger than `max_bytes`."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path}: larger than {max_bytes >> 20} MiB")
+    return loads(data)

@@ -15,13 +15,13 @@ where it equals --node-rank).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.jsontext import is_int
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
@@ -104,9 +104,7 @@ def read_node_records(run: RunDir) -> dict[int, NodeRecord]:
         if match is None:
             continue
         with contextlib.suppress(OSError, ValueError):
-            record = NodeRecord.from_json(
-                json.loads(run.node_json(int(match.group(1))).read_text())
-            )
+            record = NodeRecord.from_json(jsontext.read(run.node_json(int(match.group(1)))))
             if record.node_rank == int(match.group(1)):
                 records[record.node_rank] = record
     return records

@@ -21,7 +21,6 @@ look the same to a watcher, because everything it knows comes from here:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -182,7 +181,7 @@ class RunDir:
     def read_run_json(self) -> dict[str, Any]:
         """run.json, or {} when it is missing or unreadable (a copied directory may lack it)."""
         try:
-            data = json.loads(self.run_json.read_text())
+            data = jsontext.read(self.run_json)
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -215,6 +214,36 @@ def make_private_dir(path: Path, *, top: bool = False) -> None:
     _check_owner(path, st)
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
+
+
+def make_private_dirs(path: Path) -> None:
+    """`path` and whichever of its parents are missing, each made 0700 (Path.mkdir(parents=True)
+    would make the parents 0777 less the umask: 0755). Folders that exist are left as they are."""
+    missing = []
+    current = Path(path)
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass  # made by another process meanwhile
+
+
+def make_private(path: str | os.PathLike[str]) -> None:
+    """Take group and other permissions off a file or folder of this user's that has them: for
+    what a tool ddpdoctor starts writes into the run directory with its own modes (torchrun's
+    per-rank log folders and files). Another user's file, or one gone, is left alone."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_IMODE(st.st_mode) & 0o077:
+            return
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            return
+        os.chmod(path, 0o700 if stat.S_ISDIR(st.st_mode) else 0o600)
+    except OSError:
+        return
 
 
 def open_private(path: Path, flags: int = os.O_WRONLY | os.O_APPEND | os.O_CREAT) -> int:
@@ -261,7 +290,7 @@ def write_json_atomic(path: Path, data: Any, *, replace: bool = True) -> bool:
     atomically when the name is taken, even between hosts on a shared file system); the return
     value says whether this call wrote the file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:

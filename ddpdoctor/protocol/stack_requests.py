@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import re
 import socket
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.jsontext import is_int, is_number
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
@@ -215,7 +215,7 @@ def _entries(run: RunDir) -> list[str]:
 
 def _read_json(path: Path) -> Any:
     with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_text())
+        return jsontext.read(path)
     return None
 
 

@@ -8,6 +8,7 @@ end every rank must hold bit-identical parameters, or DDP's gradient averaging w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddpdoctor.protocol.rundir import make_private_dirs, open_private
 
 CHECKPOINT_NAME = "reference-model.pt"
 
@@ -66,10 +69,13 @@ def save_checkpoint(
         prefixed = [k for k in state if k.startswith("module.")]
         if prefixed:
             raise RuntimeError(f"checkpoint keys carry the DDP prefix: {prefixed[:3]}")
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(directory)
         path = directory / CHECKPOINT_NAME
         tmp = path.with_name(f".{path.name}.tmp")
-        torch.save(state, tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover of an earlier try: open_private creates, never truncates
+        with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+            torch.save(state, fh)  # 0600, like every file of the run directory
         os.replace(tmp, path)
         # The round trip a later load would do: strict, into a model without the DDP wrapper.
         fresh_model().load_state_dict(torch.load(path, weights_only=True), strict=True)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from ddpdoctor.protocol.events import WARNING
-from ddpdoctor.protocol.rundir import ENV_RUN_DIR
-from ddpdoctor.runtime import core, exit_hooks, ptrace
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR, make_private_dirs
+from ddpdoctor.runtime import core, exit_hooks, output_guard, ptrace
 from ddpdoctor.runtime.heartbeat import Heartbeat
 from ddpdoctor.runtime.info import env_int
 from ddpdoctor.runtime.signals import SigtermGuard
@@ -68,10 +68,11 @@ def start(
         runtime.script = script
         runtime.join_only = join_only
         try:
-            runtime.run_dir.events_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(runtime.run_dir.events_dir)
         except OSError:
             pass  # the first write fails and says so, once
         core.set_active(runtime)
+        _guard_output(runtime.run_dir.path)
         exit_hooks.install(runtime)
         _install_torch_hooks(runtime)
         _install_process_guards(runtime)
@@ -86,6 +87,14 @@ def start(
         deactivate()
         _stderr_warning(f"event recording is off: {type(exc).__name__}: {exc}")
         return None
+
+
+def _guard_output(run_dir: Path) -> None:
+    """A print() of the job must not fail because ddpdoctor's log file has no room left."""
+    try:
+        output_guard.install(run_dir, env_int("LOCAL_RANK"))
+    except Exception:  # noqa: BLE001 - the job's output as it was is better than no job
+        pass
 
 
 def deactivate() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +114,21 @@ def on_startup(
     if not env.get(ENV_RUN_DIR) or env.get(ENV_AUTOSTART) == "0" or is_launcher(argv):
         return False
     fill_from_slurm(env)
+    _guard_output(env)
     when_imported(WATCHED_MODULE, wrap_init_process_group)
     return True
+
+
+def _guard_output(env: Mapping[str, str]) -> None:
+    """From the first line on, before the process may become a rank: a print() of the job must
+    not fail because its output file in the run directory has no room (runtime/output_guard)."""
+    try:
+        from ddpdoctor.runtime import output_guard
+
+        local = env.get("LOCAL_RANK", "")
+        output_guard.install(Path(env[ENV_RUN_DIR]), int(local) if local.isdigit() else None)
+    except Exception:  # noqa: BLE001 - the job's output as it was is better than no job
+        pass
 
 
 # -- the rank joins -------------------------------------------------------------------------

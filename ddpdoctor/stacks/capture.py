@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.protocol import jsontext
+from ddpdoctor.protocol.rundir import RunDir, make_private_dirs, write_json_atomic
 from ddpdoctor.stacks.groups import (
     RankStacks,
     StackCapture,
@@ -280,8 +281,9 @@ def _new_capture_dir(run: RunDir) -> tuple[str, Path]:
     for n in range(1, 1000):
         capture_id = stamp if n == 1 else f"{stamp}-{n}"
         folder = run.stacks_dir / capture_id
+        make_private_dirs(run.stacks_dir)
         try:
-            folder.mkdir(parents=True)
+            folder.mkdir(0o700)
         except FileExistsError:
             continue
         return capture_id, folder
@@ -373,7 +375,7 @@ def _write_summary(
 def read_summary(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """A capture's capture.json ({} when missing or unreadable)."""
     try:
-        data = json.loads((Path(folder) / SUMMARY_FILE).read_text())
+        data = jsontext.read(Path(folder) / SUMMARY_FILE)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -383,7 +385,7 @@ def load_capture(folder: str | os.PathLike[str]) -> StackCapture:
     """A stored capture (RUN_DIR/stacks/<id>), for post-mortems and copied run directories."""
     path = Path(folder)
     try:
-        summary = json.loads((path / SUMMARY_FILE).read_text())
+        summary = jsontext.read(path / SUMMARY_FILE)
     except (OSError, ValueError):
         summary = {}
     entries = summary.get("ranks") if isinstance(summary, dict) else None
@@ -399,7 +401,7 @@ def load_capture(folder: str | os.PathLike[str]) -> StackCapture:
         dump = path / f"rank-{rank}.json"
         if dump.is_file():
             try:
-                data = json.loads(dump.read_text())
+                data = jsontext.read(dump)
                 pid = pid or _pid_in_dump(data)
                 threads = parse_pyspy_dump(data, pid)
             except (OSError, ValueError) as exc:

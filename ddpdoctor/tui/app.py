@@ -23,6 +23,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Footer
 from textual.worker import Worker, WorkerState
 
+from ddpdoctor.console import sanitize
 from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.tui.dialogs import LogFilterScreen, QuitRunScreen
 from ddpdoctor.tui.graphs import StepGraphs
@@ -92,7 +93,7 @@ class DdpDoctorApp(App[Snapshot | None]):
         self.source = source
         self.mode: Mode = mode
         self.job = job
-        self.run_title = title
+        self.run_title = sanitize(title) if title is not None else None
         self.refresh_s = refresh_s
         self.stacks_timeout_s = STACKS_TIMEOUT_S
         self.stop_timeout_s = STOP_TIMEOUT_S
@@ -173,6 +174,7 @@ class DdpDoctorApp(App[Snapshot | None]):
         self._report_error(f"reading the run failed: {message.error}")
 
     def _report_error(self, error: str) -> None:
+        error = sanitize(error)
         self.poll_error = error
         if error != self._last_error_notified:
             self._last_error_notified = error

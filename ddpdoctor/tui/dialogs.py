@@ -63,7 +63,7 @@ class LogFilterScreen(ModalScreen[LogFilter | None]):
             box.border_title = "filter logs"
             yield Label("ranks (3, 0-7, 1,4) and/or a level (all, warn, error); empty shows all")
             yield Input(value=self.current.text(), id="filter-input")
-            yield Label("", id="filter-error")
+            yield Label("", id="filter-error", markup=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

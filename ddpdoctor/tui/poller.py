@@ -16,13 +16,14 @@ from collections.abc import Callable
 
 from textual.message import Message
 
+from ddpdoctor.console import sanitize, sanitize_tree
 from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.tui.messages import PollFailed, SnapshotReady
 from ddpdoctor.tui.protocols import JobHandle, SnapshotSource
 
 
 def describe_error(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    text = sanitize(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -89,7 +90,9 @@ class SnapshotPoller:
         self._serial += 1
         started = time.perf_counter()
         try:
-            snapshot = self._source.poll()
+            # Every string the views show comes from here: job text reaches the terminal with
+            # its control sequences escaped (ddpdoctor.console.sanitize).
+            snapshot = sanitize_tree(self._source.poll())
             returncode = self._job.returncode() if self._job is not None else None
             stopped_for = _stopped_for(self._source)
         except Exception as exc:  # noqa: BLE001 - any source failure is shown, never fatal

@@ -5,6 +5,7 @@ trail each injected fault leaves in the run directory. The runs are the session'
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,18 @@ def test_healthy_run_directory(healthy):
     assert len(rank_logs) == 2 and "step 12/12" in rank_logs[0].read_text()
     agent_log = (host_dirs[0] / "torchrun.log").read_text()
     assert "[default" not in agent_log  # torchrun's own lines only: the ranks have their files
+
+
+def test_healthy_run_directory_is_private(healthy):
+    """Every folder 0700 and every file 0600, torchrun's rank logs and the checkpoint included."""
+    _, run_dir = healthy
+    assert (run_dir / "checkpoint" / "reference-model.pt").is_file()
+    opened = [
+        f"{oct(stat.S_IMODE(p.lstat().st_mode))} {p.relative_to(run_dir)}"
+        for p in (run_dir, *run_dir.rglob("*"))
+        if stat.S_IMODE(p.lstat().st_mode) & 0o077
+    ]
+    assert not opened
 
 
 def test_healthy_run_leaves_no_process(healthy):

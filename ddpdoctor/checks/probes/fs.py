@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 
@@ -28,6 +29,8 @@ class FileStatus:
     size: int = 0
     uid: int | None = None
     mtime: float | None = None
+    special: bool = False  # a device, FIFO or socket (/dev/null): neither file nor directory
+    error: str | None = None  # why it could not be looked at (a name too long), other than absence
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,13 @@ class RealFsProbe:
     def file_status(self, path: str) -> FileStatus:
         try:
             st = os.stat(path)
-        except OSError:
+        except FileNotFoundError:
             return FileStatus(path, exists=False)
-        is_file = not os.path.isdir(path)
-        return FileStatus(path, True, is_file, st.st_size, st.st_uid, st.st_mtime)
+        except OSError as exc:
+            return FileStatus(path, exists=False, error=exc.strerror or str(exc))
+        is_file = not stat.S_ISDIR(st.st_mode)
+        special = is_file and not stat.S_ISREG(st.st_mode)
+        return FileStatus(path, True, is_file, st.st_size, st.st_uid, st.st_mtime, special)
 
     def mount_for(self, path: str) -> Mount | None:
         """The mount that holds `path` (its deepest existing ancestor, symlinks resolved)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ddpdoctor.explain import explain_files
+import pytest
+
+from ddpdoctor.explain import explain_files, explain_lines
 from ddpdoctor.findings import Severity
 from tests.conftest import FIXTURES
 
@@ -220,3 +222,19 @@ def test_spawn_without_main_guard_outranks_the_parents_exception():
     found = by_id([LOCAL / "mp-spawn-bootstrap.log"])
     assert found["python.mp_bootstrap"].severity is Severity.ERROR
     assert found["python.exception"].severity is Severity.WARNING  # ProcessExitedException
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "srun: error: vm: task 1: Killed",
+        "srun: error: vm: task 0: Exited with exit code 3",
+        "srun: error: vm: task 0: Terminated",
+        "slurmstepd-vm: error: *** STEP 10.0 ON vm CANCELLED AT 2026-11-26T15:30:08 ***",
+        "slurmstepd: error: *** JOB 11 ON vm CANCELLED AT 2026-11-26T15:31:00 DUE TO TIME LIMIT ***",
+    ],
+)
+def test_slurm_task_and_step_lines_are_no_argparse_error(line):
+    """Recorded from srun 23 (a task killed with SIGKILL, one exiting 3, a step scancel'led)."""
+    assert "python.argparse_error" not in {f.id for f in explain_lines([line])}
+    assert "python.argparse_error" in {f.id for f in explain_lines(["train.py: error: bad"])}

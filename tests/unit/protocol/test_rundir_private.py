@@ -127,3 +127,38 @@ def test_events_with_a_nan_are_valid_json(tmp_path):
     writer.close()
     line = run.events_file(0).read_text().strip()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"invalid JSON {c}"))
+
+
+def test_ddpdoctors_folders_made_on_the_way_are_0700_whatever_the_umask(tmp_path):
+    from ddpdoctor.protocol.fr_requests import answers_dir
+    from ddpdoctor.protocol.rundir import make_private_dirs
+
+    old = os.umask(0o022)
+    try:
+        run = RunDir.create(tmp_path / "run")
+        write_json_atomic(run.requests_dir / "r.json", {})
+        write_json_atomic(answers_dir(run) / "rank-0.json", {})
+        make_private_dirs(run.path / "checkpoint" / "deeper")
+    finally:
+        os.umask(old)
+    for folder in (run.requests_dir, answers_dir(run), run.path / "checkpoint"):
+        assert mode(folder) == 0o700, folder
+    assert mode(run.path / "checkpoint" / "deeper") == 0o700
+
+
+def test_torchruns_log_folders_and_files_are_made_private_once_found(tmp_path):
+    from ddpdoctor.monitor.tail import RunTailer
+
+    run = RunDir.create(tmp_path / "run")
+    attempt = run.logs_dir / "vm" / "abc_1" / "attempt_0" / "0"
+    old = os.umask(0o022)
+    try:
+        attempt.mkdir(parents=True)
+        (attempt / "stderr.log").write_text("hello\n")
+    finally:
+        os.umask(old)
+    assert mode(attempt / "stderr.log") == 0o644
+    RunTailer(run).poll(0.0)
+    assert mode(attempt / "stderr.log") == 0o600
+    for folder in (attempt, attempt.parent, attempt.parent.parent, run.logs_dir / "vm"):
+        assert mode(folder) == 0o700, folder

@@ -1,0 +1,76 @@
+"""A full run directory never fails the job: on a 2 MiB file system a job that prints 2.4 MB
+finishes with exit 0 under ddpdoctor as it does without it, every line it printed reaches the
+console, and the verdict says the run directory filled up."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import textwrap
+
+import pytest
+
+from tests.procs import PYTHON, ddpdoctor_cmd, run
+
+pytestmark = pytest.mark.integration
+
+LINES = 6000  # x 2 ranks x ~200 bytes: more than the file system holds
+
+PRINTER = textwrap.dedent(
+    f"""
+    import os
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for i in range({LINES}):
+        print(f"rank {{rank}} line {{i}} " + "x" * 180)
+    dist.barrier()
+    print(f"rank {{rank}} DONE")
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MiB tmpfs (root only), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        capture_output=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["script", "command"])
+def test_a_full_run_directory_does_not_fail_the_job(small_fs, tmp_path, mode):
+    """script: ddpdoctor's torchrun writes each rank's output to its own log file; command: the
+    user's torchrun, whose ranks write to torchrun.log."""
+    script = tmp_path / "printer.py"
+    script.write_text(PRINTER)
+    job = ["--nproc", "2", "--", str(script)]
+    if mode == "command":
+        job = ["--", PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--run-dir", str(small_fs / "run"), *job
+    )  # fmt: skip
+    done = run(cmd, timeout=240)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} DONE" in out
+        seen = {int(n) for n in re.findall(rf"rank {rank} line (\d+) x", out)}
+        missing = sorted(set(range(LINES)) - seen)
+        assert not missing, (rank, len(missing), missing[:20])
+    assert "run.disk_full: run directory full" in out
+    assert "events after step" in out

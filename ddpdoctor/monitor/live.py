@@ -40,6 +40,7 @@ from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.protocol.events import parse_event_line
@@ -130,6 +131,9 @@ class Monitor:
         self._authoritative = bool(self._previous and self._previous.get("final") is True)
         # Set by the launcher when the user stopped the run: (whether, the verdict before).
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
+        # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
+        self._held: RuleOutcome | None = None
+        self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
         self._final = False
         self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
         self.child_cpu = ChildCpu()
@@ -158,6 +162,36 @@ class Monitor:
         stacks of a hang before it stops the job."""
         self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
         return self.poll()
+
+    def hold_verdict(self, verdict: Verdict) -> None:
+        """The launcher stops the job for `verdict`: from now on it is the verdict, with the
+        culprits it was stopped for; what the ranks do after the stop is its consequence. A
+        launcher that follows another node's stop holds what it saw of that verdict itself, or
+        the bare verdict."""
+        with self._lock:
+            if self._held is not None:
+                return
+            outcome = self._confirmed.get(verdict)
+            if outcome is None:
+                outcome = RuleOutcome(
+                    rule="stop",
+                    verdict=verdict,
+                    confirmed=True,
+                    findings=(
+                        Finding(
+                            "run.stopped",
+                            Severity.ERROR,
+                            f"another node's launcher stopped the job for a {verdict.value}",
+                            "See the diagnosis of node 0's launcher (diagnosis.json).",
+                        ),
+                    ),
+                )
+            self._held = outcome
+
+    @property
+    def held(self) -> Verdict | None:
+        """The verdict the launcher stopped the job for, once it has."""
+        return self._held.verdict if self._held is not None else None
 
     def close(
         self,
@@ -252,7 +286,9 @@ class Monitor:
         if self.logs is not None:
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
-        diagnosis = diagnose(snap, extra_findings=extra)
+        diagnosis = diagnose(snap, extra_findings=extra, held=self._held)
+        if diagnosis.confirmed and diagnosis.primary is not None:
+            self._confirmed[diagnosis.verdict] = diagnosis.primary
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)
         if (

@@ -3,6 +3,9 @@
 Evidence, strongest first: the ranks' loaders had different lengths this epoch (epoch events); a
 rank finished training (exited normally) with fewer steps than a rank still training; step counts
 more than one apart (one apart is normal: a rank may stop just before its step is counted).
+
+A rank that died (the crash's culprits: killed, OOM, an error) stopped counting steps because it
+died, not because its data ran out: its count is no evidence of uneven inputs.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ FIX = (
 )
 
 
-def detect(snap: Snapshot, verdict: Verdict) -> RuleOutcome | None:
+def detect(
+    snap: Snapshot, verdict: Verdict, *, died: frozenset[int] | None = None
+) -> RuleOutcome | None:
+    """`died`: the ranks whose own failure is the problem (a crash's culprits)."""
     if not verdict.is_problem:
         return None
-    stepped = [v for v in snap.ranks if v.step is not None]
+    dead = died or frozenset()
+    stepped = [
+        v
+        for v in snap.ranks
+        if v.step is not None and not (v.rank in dead and v.state is not RankState.DONE)
+    ]
     if len(stepped) < 2:
         return None
     evidence: list[Evidence] = []

@@ -40,9 +40,9 @@ from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
-from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic

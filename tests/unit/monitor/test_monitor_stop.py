@@ -59,7 +59,7 @@ def test_the_stop_keeps_a_hang_when_the_waiting_rank_dies_first(tmp_path):
     """The race seen on two nodes: rank 0, waiting in DDP's all-reduce, gets "Connection closed
     by peer" once rank 1 is stopped; its runtime closes its step at exit and it exits 1 before
     rank 1's SIGTERM exit is recorded. Diagnosed anew that reads as a crash of rank 0 or 1."""
-    run, clock, w, monitor, job, seq = stopped_hang(tmp_path, started=False)
+    _run, clock, w, monitor, job, seq = stopped_hang(tmp_path, started=False)
     clock.t += 0.2
     error = "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]:41234"
     w.ev(0, "step", step=seq, step_time_s=9.0, data_time_s=0.0, compute_time_s=0.0,

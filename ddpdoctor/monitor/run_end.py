@@ -35,6 +35,7 @@ def interrupted_snapshot(snap: Snapshot) -> Snapshot:
         culprits=frozenset(),
         detected_after_s=None,
         finished=True,
+        confirmed=False,  # nothing was found: the crash the stop looked like is no verdict
     )
 
 

@@ -29,7 +29,16 @@ VERDICT_STYLE = {
     Verdict.CRASH: "bold red",
     Verdict.NOT_STARTED: "bold red",
     Verdict.INTERRUPTED: "bold yellow",
+    Verdict.NOT_DISTRIBUTED: "bold",
+    Verdict.NOT_INSTRUMENTED: "bold yellow",
 }
+# Verdicts whose headline is the reason (a run.* finding), not culprits.
+ENDED_WITHOUT_A_PROBLEM_FOUND = (
+    Verdict.NOT_STARTED,
+    Verdict.INTERRUPTED,
+    Verdict.NOT_DISTRIBUTED,
+    Verdict.NOT_INSTRUMENTED,
+)
 SEVERITY_SYMBOL = {Severity.ERROR: "fail", Severity.WARNING: "warn", Severity.INFO: "skip"}
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
 STATE_STYLE = {
@@ -44,6 +53,14 @@ MAX_EVIDENCE = 8
 MAX_FRAMES = 14
 
 
+def headline_finding(snap: Snapshot) -> Finding | None:
+    """The finding the verdict line states as its reason (an ending without a problem found:
+    not started, interrupted, not distributed, not instrumented), if any."""
+    if snap.verdict not in ENDED_WITHOUT_A_PROBLEM_FOUND:
+        return None
+    return next((f for f in snap.findings if f.id.startswith("run.")), None)
+
+
 def verdict_line(snap: Snapshot) -> Text:
     """ "HANG: culprit rank 1 (detected 5.3 s after it started)" """
     if snap.never_started and snap.nodes_missing:
@@ -51,10 +68,10 @@ def verdict_line(snap: Snapshot) -> Text:
         text.append(f": {named_ranks(snap.nodes_missing, 'node')} never joined the rendezvous")
         return text
     text = Text(snap.verdict.value.replace("_", " ").upper(), style=VERDICT_STYLE[snap.verdict])
-    if snap.verdict in (Verdict.NOT_STARTED, Verdict.INTERRUPTED):
-        reason = next((f.summary for f in snap.findings if f.id.startswith("run.")), None)
-        if reason:
-            text.append(f": {reason}")
+    if snap.verdict in ENDED_WITHOUT_A_PROBLEM_FOUND:
+        reason = headline_finding(snap)
+        if reason is not None:
+            text.append(f": {reason.summary}")
         return text
     if snap.verdict.is_problem:
         if snap.culprits:

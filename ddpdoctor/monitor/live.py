@@ -37,7 +37,13 @@ from ddpdoctor.monitor.host_probes import (
 )
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
-from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
+from ddpdoctor.monitor.run_end import (
+    interrupted_snapshot,
+    launcher_exit_snapshot,
+    launcher_gone,
+    not_started_snapshot,
+    stopped_from_outside,
+)
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
@@ -132,9 +138,11 @@ class Monitor:
         # Set by the launcher when the user stopped the run: (whether, the verdict before).
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
         # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
-        self._held: RuleOutcome | None = None
+        self._held: RuleOutcome | None = held_by_launcher(self._previous)
         self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
         self._final = False
+        # The launcher's exit status as whoever ran it saw it, and its name (close()).
+        self._job_exit: tuple[int | None, str | None] = (None, None)
         self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
         self.child_cpu = ChildCpu()
         self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
@@ -199,6 +207,8 @@ class Monitor:
         job_ended: bool = False,
         interrupted: bool = False,
         verdict_before: Verdict | None = None,
+        job_exit: int | None = None,
+        launcher: str | None = None,
     ) -> Snapshot:
         """The final snapshot: everything read, captures finished, logs explained, and
         diagnosis.json written. `job_ended`: see `self.job_ended` (the launcher's diagnosis.json
@@ -209,6 +219,9 @@ class Monitor:
             self.job_ended = self.job_ended or job_ended
             self._final = self.job_ended
             self._interrupted = (interrupted, verdict_before)
+            self._job_exit = (job_exit, launcher)
+            if self._held is None and not self.job_ended:  # a watcher: the launcher may have
+                self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None:
@@ -310,7 +323,22 @@ class Monitor:
         interrupted, before = self._interrupted
         if interrupted and not (before is not None and before.is_problem):
             return interrupted_snapshot(snap)
-        if live or self.state.last_t is not None or snap.verdict is not Verdict.RUNNING:
+        if self.state.last_t is not None:
+            code, launcher = self._job_exit
+            over = self.job_ended or not live or snap.finished
+            if (
+                over
+                and self._held is None
+                and (
+                    stopped_from_outside(snap)
+                    or (
+                        code not in (0, None) and snap.verdict in (Verdict.HEALTHY, Verdict.RUNNING)
+                    )
+                )
+            ):
+                snap = launcher_exit_snapshot(snap, code, launcher)
+            return snap
+        if live or snap.verdict is not Verdict.RUNNING:
             return snap
         return not_started_snapshot(snap, self.run, self.tailer.events_dir_error)
 
@@ -524,6 +552,12 @@ class Monitor:
         try:
             document = snap.diagnosis_json()
             document["final"] = self._final
+            held = self._held
+            document["stopped_for"] = (
+                {"verdict": held.verdict.value, "culprits": sorted(held.culprits)}
+                if held is not None and held.verdict is not None
+                else None
+            )
             write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:
@@ -544,3 +578,26 @@ def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
         )
         for rel, why in sorted(unreadable.items())
     ]
+
+
+def held_by_launcher(previous: dict[str, Any] | None) -> RuleOutcome | None:
+    """The verdict a launcher's final diagnosis.json says it stopped the job for: a watcher
+    keeps it too (with its findings), instead of diagnosing the stop anew."""
+    if not previous or previous.get("final") is not True:
+        return None
+    stopped = previous.get("stopped_for")
+    if not isinstance(stopped, dict):
+        return None
+    try:
+        verdict = Verdict(stopped.get("verdict"))
+        culprits = frozenset(int(r) for r in stopped.get("culprits") or [])
+        findings = tuple(
+            Finding.from_json(f)
+            for f in previous.get("findings") or []
+            if isinstance(f, dict) and f.get("id") != "crash.consequence"
+        )[:1]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return RuleOutcome(
+        rule="stop", verdict=verdict, culprits=culprits, findings=findings, confirmed=True
+    )

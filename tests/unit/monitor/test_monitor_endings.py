@@ -1,0 +1,133 @@
+"""How a run that ended without a problem found says so: a command that ran without joining a
+process group, one ddpdoctor could not load into, a launcher stopped or killed from outside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpdoctor.monitor import Monitor
+from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.monitor.uninstrumented import cannot_load
+from ddpdoctor.protocol import processes
+from ddpdoctor.protocol.rundir import RunDir
+from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run, train
+
+
+def command_run(tmp_path, job_command) -> RunDir:
+    run = RunDir.create(tmp_path / "run")
+    run.run_json.write_text(
+        json.dumps({"launch_mode": "command", "job_command": job_command, "world_size": None})
+    )
+    return run
+
+
+def ended(run: RunDir, **kw):
+    return Monitor(run, capture_stacks=False, explain_logs=False).close(job_ended=True, **kw)
+
+
+def test_a_command_whose_process_never_joined_is_not_distributed(tmp_path):
+    """accelerate launch --cpu --num_processes 2: one process, no process group, exit 0."""
+    run = command_run(tmp_path, ["accelerate", "launch", "--cpu", "train.py"])
+    processes.append(run.path, {"argv": ["train.py"], "joined": False, "error": None})
+    snap = ended(run, job_exit=0)
+    assert snap.verdict is Verdict.NOT_DISTRIBUTED and not snap.verdict.is_problem
+    assert snap.findings[0].id == "run.not_distributed"
+    assert "ran 1 process that never joined a process group" in snap.findings[0].summary
+    assert json.loads(run.diagnosis_json.read_text())["verdict"] == "not_distributed"
+
+
+def test_a_process_that_could_not_load_the_runtime_says_why(tmp_path):
+    run = command_run(tmp_path, ["/usr/bin/python3", "train.py"])
+    processes.append(run.path, {"argv": ["train.py"], "load_error": "ModuleNotFoundError: x"})
+    snap = ended(run, job_exit=0)
+    assert snap.verdict is Verdict.NOT_INSTRUMENTED
+    assert snap.findings[0].summary.endswith("ModuleNotFoundError: x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "why"),
+    [
+        (["python", "-I", "train.py"], "python -I (isolated mode) ignores PYTHONPATH"),
+        (["python3.12", "-u", "-E", "train.py"], "python -E ignores PYTHONPATH"),
+        (["/usr/bin/python", "-sS", "train.py"], "python -S skips the site module"),
+        (["./a.out"], "a.out is not a Python program"),
+    ],
+)
+def test_commands_that_cannot_load_the_runtime(tmp_path, argv, why):
+    assert why in (cannot_load(argv) or "")
+    snap = ended(command_run(tmp_path, argv), job_exit=0)
+    assert snap.verdict is Verdict.NOT_INSTRUMENTED
+    assert snap.findings[0].summary.startswith("the runtime could not load in this process: ")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["python", "-u", "train.py"], ["python", "-W", "ignore", "train.py"], ["torchrun", "t.py"],
+     ["srun", "python", "t.py"], ["bash", "job.sh"], ["env", "python", "t.py"]],
+)  # fmt: skip
+def test_commands_that_load_it_are_still_not_started_without_a_record(tmp_path, argv):
+    assert cannot_load(argv) is None
+    assert ended(command_run(tmp_path, argv), job_exit=1).verdict is Verdict.NOT_STARTED
+
+
+def test_ddpdoctors_own_torchrun_without_a_rank_is_not_started(tmp_path):
+    run = RunDir.create(tmp_path / "run")
+    run.run_json.write_text(json.dumps({"launch_mode": "torchrun", "world_size": 2}))
+    processes.append(run.path, {"argv": ["train.py"], "joined": False})
+    assert ended(run, job_exit=1).verdict is Verdict.NOT_STARTED
+
+
+def finished_training(tmp_path, steps=5):
+    run, clock = new_run(tmp_path), Clock()
+    w = Writer(run, clock)
+    w.start()
+    train(w, clock, steps)
+    return run, clock, w
+
+
+def test_a_rank_that_died_after_its_clean_exit_is_not_healthy(tmp_path):
+    """mp.spawn: rank 0 recorded exit 0, then died of SIGABRT in interpreter teardown; the
+    parent raised ProcessExitedException and exited 1. Never "healthy (exit code 1)"."""
+    run, clock, w = finished_training(tmp_path)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=0, reason="normal")
+    monitor = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False)
+    assert monitor.poll().verdict is Verdict.HEALTHY
+    snap = monitor.close(job_ended=True, job_exit=1, launcher="python spawn_job.py")
+    assert snap.verdict is Verdict.CRASH and not snap.confirmed
+    assert snap.findings[0].id == "run.launcher_failed"
+    assert "the launcher (python spawn_job.py) exited with code 1" in snap.findings[0].summary
+
+
+def test_a_launcher_killed_by_sigterm_is_an_interrupted_run_not_a_healthy_one(tmp_path):
+    """SIGTERM to an mp.spawn parent: torch's children swallow the parent-death SIGINT and exit
+    0 at step 5 of 2000, the parent dies of SIGTERM."""
+    run, clock, w = finished_training(tmp_path)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=0, reason="normal")
+    snap = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close(
+        job_ended=True, job_exit=-15, launcher="python spawn_job.py"
+    )
+    assert snap.verdict is Verdict.INTERRUPTED and not snap.culprits
+    assert snap.findings[0].summary == (
+        "the launcher (python spawn_job.py) was ended by SIGTERM from outside ddpdoctor; "
+        "the ranks stopped at step 5"
+    )
+
+
+def test_ranks_all_stopped_by_sigterm_blame_no_rank(tmp_path):
+    """SIGTERM to the user's torchrun: it passes the signal to every rank. Nothing crashed: the
+    job was stopped from outside (run or watch alike)."""
+    run, clock, w = finished_training(tmp_path)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=-15, reason="signal", signal="SIGTERM")
+        clock.t += 0.1
+    for kw in ({"job_exit": 1, "launcher": "torchrun"}, {}):
+        snap = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close(
+            job_ended=bool(kw), **kw
+        )
+        assert snap.verdict is Verdict.INTERRUPTED and not snap.culprits, kw
+        assert snap.findings[0].id == "run.launcher_stopped"
+        assert "ended by SIGTERM from outside ddpdoctor" in snap.findings[0].summary

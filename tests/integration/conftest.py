@@ -82,6 +82,14 @@ def users_torchrun(*options: str) -> tuple[str, ...]:
     )  # fmt: skip
 
 
+SIGTERM_COLLECTIVE_HANG = (
+    *ddpdoctor_cmd(
+        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}", "--hang-after", "2"
+    ),
+    "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    str(LAUNCH_JOBS / "sigterm_collective.py"), "--hang-rank", "1", "--hang-step", "3",
+)  # fmt: skip
+
 PLAIN_MISSING_SET_EPOCH = (
     PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
     f"{SAMPLES}/missing_set_epoch.py",
@@ -100,6 +108,9 @@ JOBS = [
         command=(*users_torchrun("--hang-after", "2"), "--hang-rank", "0", "--hang-step", "3"),
     ),
     Job("users-torchrun", command=(*users_torchrun(), "--steps", "10")),
+    # a hang whose ranks run one more collective in their SIGTERM handler as they are stopped
+    # (as Lightning's do): the stop keeps the hang (test_run_commands)
+    Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG),
     # the healthy reference job with ddpdoctor's stdout closed or full (test_run_hardening): the
     # closed pipe with the preflight doctor too, whose report is the first thing written
     Job(

@@ -76,6 +76,8 @@ def verdict_line(snap: Snapshot) -> Text:
     if snap.verdict.is_problem:
         if snap.culprits:
             text.append(f": culprit {named_ranks(snap.culprits)}")
+        elif snap.findings and snap.findings[0].id.startswith("run."):
+            text.append(f": {snap.findings[0].summary}")  # no rank to blame: the reason
         if snap.detected_after_s is not None:
             text.append(f" (detected {fmt_s(snap.detected_after_s)} after it started)")
     elif snap.verdict is Verdict.HEALTHY:

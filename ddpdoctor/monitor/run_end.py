@@ -161,11 +161,10 @@ def launcher_exit_snapshot(snap: Snapshot, code: int | None, launcher: str | Non
             reported = finding.summary
             break
     how = f"was killed by {signame}" if signame else f"exited with code {code}"
-    summary = f"the launcher ({name}) {how}{where}"
+    clean = "" if signame or reported else ", although every rank recorded a clean exit"
+    summary = f"the launcher ({name}) {how}{clean}{where}"
     if reported:
         summary = f"{summary}: {reported}"
-    elif not signame:
-        summary += ", although every rank recorded a clean exit"
     note = Finding(
         "run.launcher_failed",
         Severity.ERROR,

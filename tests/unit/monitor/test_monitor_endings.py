@@ -131,3 +131,26 @@ def test_ranks_all_stopped_by_sigterm_blame_no_rank(tmp_path):
         assert snap.verdict is Verdict.INTERRUPTED and not snap.culprits, kw
         assert snap.findings[0].id == "run.launcher_stopped"
         assert "ended by SIGTERM from outside ddpdoctor" in snap.findings[0].summary
+
+
+def test_a_spawn_parents_report_names_the_rank_that_died_after_its_exit(tmp_path):
+    from dataclasses import replace
+
+    from ddpdoctor.findings import Finding, Severity
+    from ddpdoctor.monitor.run_end import launcher_exit_snapshot
+
+    run, clock, w = finished_training(tmp_path)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=0, reason="normal")
+    snap = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).poll()
+    report = Finding(
+        "python.exception",
+        Severity.ERROR,
+        "A process raised ProcessExitedException: process 0 terminated with signal SIGABRT",
+        "",
+    )
+    snap = launcher_exit_snapshot(replace(snap, findings=(report,)), 1, "python job.py")
+    assert snap.verdict is Verdict.CRASH and snap.culprits == {0}
+    assert snap.findings[0].summary.startswith(
+        "the launcher (python job.py) exited with code 1; the ranks stopped at step 5: A process"
+    )

@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, REPO, background, clean_env, ddpdoctor_cmd, free_port, wait_for
+from tests.procs import PYTHON, REPO, background, ddpdoctor_cmd, free_port, wait_for
 from tests.procs import run as run_proc
 
 pytestmark = pytest.mark.integration

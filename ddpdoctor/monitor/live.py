@@ -28,6 +28,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.fr_collector import FrCollector
+from ddpdoctor.monitor.held import held_by_launcher, stop_record, stopped_by_peer
 from ddpdoctor.monitor.host_probes import (
     MAX_PROBED,
     PROBE_EVERY_S,
@@ -38,11 +39,10 @@ from ddpdoctor.monitor.host_probes import (
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.run_end import (
+    ended_with_ranks,
     interrupted_snapshot,
-    launcher_exit_snapshot,
     launcher_gone,
     not_started_snapshot,
-    stopped_from_outside,
 )
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
@@ -143,6 +143,7 @@ class Monitor:
         self._final = False
         # The launcher's exit status as whoever ran it saw it, and its name (close()).
         self._job_exit: tuple[int | None, str | None] = (None, None)
+        self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
         self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
         self.child_cpu = ChildCpu()
         self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
@@ -179,21 +180,7 @@ class Monitor:
         with self._lock:
             if self._held is not None:
                 return
-            outcome = self._confirmed.get(verdict)
-            if outcome is None:
-                outcome = RuleOutcome(
-                    rule="stop",
-                    verdict=verdict,
-                    confirmed=True,
-                    findings=(
-                        Finding(
-                            "run.stopped",
-                            Severity.ERROR,
-                            f"another node's launcher stopped the job for a {verdict.value}",
-                            "See the diagnosis of node 0's launcher (diagnosis.json).",
-                        ),
-                    ),
-                )
+            outcome = self._confirmed.get(verdict) or stopped_by_peer(verdict)
             self._held = outcome
 
     @property
@@ -324,23 +311,30 @@ class Monitor:
         if interrupted and not (before is not None and before.is_problem):
             return interrupted_snapshot(snap)
         if self.state.last_t is not None:
-            code, launcher = self._job_exit
-            over = self.job_ended or not live or snap.finished
-            if (
-                over
-                and self._held is None
-                and (
-                    stopped_from_outside(snap)
-                    or (
-                        code not in (0, None) and snap.verdict in (Verdict.HEALTHY, Verdict.RUNNING)
-                    )
-                )
-            ):
-                snap = launcher_exit_snapshot(snap, code, launcher)
+            if self._held is None and (self.job_ended or not live or snap.finished):
+                code, launcher = self._job_exit
+                # a watcher, once every rank has ended: did `ddpdoctor run` itself get killed?
+                killed = None if self.job_ended or not snap.finished else self._launcher_killed()
+                snap = ended_with_ranks(snap, code, launcher, killed)
             return snap
         if live or snap.verdict is not Verdict.RUNNING:
             return snap
         return not_started_snapshot(snap, self.run, self.tailer.events_dir_error)
+
+    def _launcher_killed(self) -> tuple[int, dict[str, Any] | None] | None:
+        """(its pid, the last diagnosis it wrote) when the `ddpdoctor run` that launched this
+        run has exited without writing its final diagnosis: it was killed, and the job was
+        ended with it (ddpdoctor.monitor.run_end.launcher_killed_snapshot)."""
+        if self._killed_launcher is None:
+            previous = self._read_previous_diagnosis()
+            pid = self.run.read_run_json().get("launcher_pid")
+            gone = (
+                isinstance(pid, int)
+                and not (previous and previous.get("final") is True)
+                and launcher_gone(self.run, self.local_host)
+            )
+            self._killed_launcher = (pid, previous) if gone else False
+        return self._killed_launcher or None
 
     def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
         """detected_after_s: problem start -> the poll that first reached the verdict (live), or
@@ -552,12 +546,7 @@ class Monitor:
         try:
             document = snap.diagnosis_json()
             document["final"] = self._final
-            held = self._held
-            document["stopped_for"] = (
-                {"verdict": held.verdict.value, "culprits": sorted(held.culprits)}
-                if held is not None and held.verdict is not None
-                else None
-            )
+            document["stopped_for"] = stop_record(self._held)
             write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:
@@ -578,26 +567,3 @@ def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
         )
         for rel, why in sorted(unreadable.items())
     ]
-
-
-def held_by_launcher(previous: dict[str, Any] | None) -> RuleOutcome | None:
-    """The verdict a launcher's final diagnosis.json says it stopped the job for: a watcher
-    keeps it too (with its findings), instead of diagnosing the stop anew."""
-    if not previous or previous.get("final") is not True:
-        return None
-    stopped = previous.get("stopped_for")
-    if not isinstance(stopped, dict):
-        return None
-    try:
-        verdict = Verdict(stopped.get("verdict"))
-        culprits = frozenset(int(r) for r in stopped.get("culprits") or [])
-        findings = tuple(
-            Finding.from_json(f)
-            for f in previous.get("findings") or []
-            if isinstance(f, dict) and f.get("id") != "crash.consequence"
-        )[:1]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return RuleOutcome(
-        rule="stop", verdict=verdict, culprits=culprits, findings=findings, confirmed=True
-    )

@@ -10,6 +10,7 @@ import json
 import re
 import signal
 from dataclasses import replace
+from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.liveness import is_local, pid_alive
@@ -209,3 +210,69 @@ def _signal_name(signum: int) -> str | None:
         return signal.Signals(signum).name
     except ValueError:
         return None
+
+
+def ended_with_ranks(
+    snap: Snapshot,
+    code: int | None,
+    launcher: str | None,
+    killed: tuple[int, dict[str, Any] | None] | None,
+) -> Snapshot:
+    """The verdict of an ended run whose ranks reported, as the way it ended says: `ddpdoctor
+    run` killed (`killed`: its pid and last diagnosis), the ranks stopped from outside, or a
+    launcher that failed while the ranks say all is well (`code`: its exit status)."""
+    if killed is not None:
+        return launcher_killed_snapshot(snap, *killed)
+    if stopped_from_outside(snap) or (
+        code not in (0, None) and snap.verdict in (Verdict.HEALTHY, Verdict.RUNNING)
+    ):
+        return launcher_exit_snapshot(snap, code, launcher)
+    return snap
+
+
+def launcher_killed_snapshot(snap: Snapshot, pid: int, previous: dict[str, Any] | None) -> Snapshot:
+    """`ddpdoctor run` (pid) exited without its final diagnosis, so it was killed and the job
+    was ended with it: the problem it had found stands (its last diagnosis.json), else the run
+    was INTERRUPTED. How the ranks then ended (exit 0 on a swallowed signal, SIGTERM, SIGKILL)
+    is the stop, never a crash of theirs nor a healthy finish."""
+    steps = [v.step for v in snap.ranks if v.step is not None]
+    where = f"; the ranks stopped at step {max(steps)}" if steps else ""
+    note = Finding(
+        "run.launcher_killed",
+        Severity.WARNING,
+        f"ddpdoctor run (pid {pid}) ended before the job did, without writing its final "
+        f"diagnosis: it was killed, and the job was ended with it{where}",
+        "Nothing to fix in the job: rerun it (and find what killed ddpdoctor: a closed "
+        "terminal, the OOM killer, a user).",
+    )
+    found = _previous_problem(previous)
+    if found is None:
+        return _ended_by(snap, Verdict.INTERRUPTED, note, frozenset())
+    verdict, culprits, first = found
+    kept = tuple(f for f in snap.findings if f.id not in STOP_EFFECTS and f != first)
+    return replace(
+        snap,
+        verdict=verdict,
+        findings=(*((first,) if first else ()), note, *kept),
+        culprits=culprits,
+        finished=True,
+        confirmed=False,
+    )
+
+
+def _previous_problem(
+    previous: dict[str, Any] | None,
+) -> tuple[Verdict, frozenset[int], Finding | None] | None:
+    """The problem verdict of the last diagnosis.json the launcher wrote, if it had found one."""
+    if not previous:
+        return None
+    try:
+        verdict = Verdict(previous.get("verdict"))
+        culprits = frozenset(int(r) for r in previous.get("culprits") or [])
+        findings = previous.get("findings") or []
+        first = (
+            Finding.from_json(findings[0]) if findings and isinstance(findings[0], dict) else None
+        )
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return (verdict, culprits, first) if verdict.is_problem else None

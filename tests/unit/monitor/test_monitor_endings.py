@@ -154,3 +154,71 @@ def test_a_spawn_parents_report_names_the_rank_that_died_after_its_exit(tmp_path
     assert snap.findings[0].summary.startswith(
         "the launcher (python job.py) exited with code 1; the ranks stopped at step 5: A process"
     )
+
+
+def killed_launcher_run(tmp_path, *, last_verdict: str, rank_exit: dict):
+    """`ddpdoctor run` was SIGKILLed: run.json names its (dead) pid on this host, the last
+    diagnosis.json it wrote is not final, and its reaper ended the ranks."""
+    from ddpdoctor.monitor.liveness import this_host
+    from tests.unit.monitor.test_monitor_ended_runs import dead_pid
+
+    run, clock, w = finished_training(tmp_path)
+    pid = dead_pid()
+    run.run_json.write_text(json.dumps(
+        {"world_size": 2, "backend": "gloo", "hosts": [this_host()], "launcher_pid": pid}
+    ))  # fmt: skip
+    run.diagnosis_json.write_text(json.dumps({
+        "verdict": last_verdict, "culprits": [1] if last_verdict == "hang" else [], "final": False,
+        "findings": [{"id": last_verdict, "severity": "error", "summary": "rank 1 hung",
+                      "fix": "", "ranks": [1], "evidence": []}] if last_verdict == "hang" else [],
+    }))  # fmt: skip
+    for rank in (0, 1):
+        if rank_exit:
+            w.ev(rank, "exit", **rank_exit)
+    return run, clock, pid
+
+
+@pytest.mark.parametrize(
+    "rank_exit",
+    [{"code": 0, "reason": "normal"}, {"code": -15, "reason": "signal", "signal": "SIGTERM"}, {}],
+    ids=["exit-0", "sigterm", "no-exit-event"],
+)
+def test_watch_after_ddpdoctor_was_killed_is_interrupted_however_the_ranks_ended(
+    tmp_path, rank_exit
+):
+    """Before: healthy (ranks that swallowed the signal and exited 0) in one case, a crash of
+    rank 0 (killed, no exit event) in others."""
+    run, clock, pid = killed_launcher_run(tmp_path, last_verdict="running", rank_exit=rank_exit)
+    monitor = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False)
+    monitor.state.alive.update({0: False, 1: False})  # the rank pids of the record are gone
+    snap = monitor.close()
+    assert snap.verdict is Verdict.INTERRUPTED and not snap.culprits, snap.findings
+    assert snap.findings[0].id == "run.launcher_killed"
+    assert f"ddpdoctor run (pid {pid}) ended before the job did" in snap.findings[0].summary
+
+
+def test_watch_after_ddpdoctor_was_killed_keeps_the_problem_it_had_found(tmp_path):
+    run, clock, _ = killed_launcher_run(
+        tmp_path,
+        last_verdict="hang",
+        rank_exit={"code": -15, "reason": "signal", "signal": "SIGTERM"},
+    )
+    snap = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close()
+    assert snap.verdict is Verdict.HANG and snap.culprits == {1}
+    assert [f.id for f in snap.findings][:2] == ["hang", "run.launcher_killed"]
+
+
+def test_a_watcher_keeps_the_verdict_the_launcher_stopped_the_job_for(tmp_path):
+    run, clock, w = finished_training(tmp_path)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=-15, reason="signal", signal="SIGTERM")
+    run.diagnosis_json.write_text(json.dumps({
+        "verdict": "hang", "culprits": [1], "final": True,
+        "stopped_for": {"verdict": "hang", "culprits": [1]},
+        "findings": [{"id": "hang", "severity": "error", "summary": "rank 1 hung", "fix": "",
+                      "ranks": [1], "evidence": []}],
+    }))  # fmt: skip
+    snap = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close()
+    assert snap.verdict is Verdict.HANG and snap.culprits == {1}
+    assert snap.findings[0].summary == "rank 1 hung"
+    assert any(f.id == "crash.consequence" for f in snap.findings)

@@ -89,9 +89,12 @@ _STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")
 
 def reports_the_stop(finding: Finding) -> bool:
     """A launcher's report that a rank was ended by a signal: torchrun's failure table, or an
-    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`."""
+    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`, or
+    torchrun's own traceback of the SIGTERM that stopped it."""
     if finding.id == "torchrun.signal":
         return any(name in finding.summary for name in _STOP_SIGNALS)
+    if finding.id == "torchrun.stopped":  # "torchrun was stopped from outside by SIGTERM"
+        return True
     return (
         finding.id == "python.exception"
         and "ProcessExitedException" in finding.summary

@@ -296,6 +296,7 @@ class Monitor:
             and snap.verdict is Verdict.HANG
             and self._captured_for != snap.culprits
             and live
+            and self._held is None  # stopped: its stacks were taken before, the ranks are ending
         ) and self._start_capture(snap):
             self._captured_for = snap.culprits
             snap = replace(snap, stack_status=self.stacks.status)

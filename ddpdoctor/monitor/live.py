@@ -207,6 +207,10 @@ class Monitor:
             self._final = self.job_ended
             self._interrupted = (interrupted, verdict_before)
             self._job_exit = (job_exit, launcher)
+            if interrupted and verdict_before is not None and verdict_before.is_problem:
+                # stopped by the user after a problem was found: that problem stays, as when
+                # the launcher stops the job itself
+                self._held = self._held or self._confirmed.get(verdict_before)
             if self._held is None and not self.job_ended:  # a watcher: the launcher may have
                 self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
@@ -312,6 +316,8 @@ class Monitor:
         if interrupted and not (before is not None and before.is_problem):
             return interrupted_snapshot(snap)
         if self.state.last_t is not None:
+            if interrupted:  # after a problem was found: it stands (held, or as diagnosed)
+                return snap
             if self._held is None and (self.job_ended or not live or snap.finished):
                 code, launcher = self._job_exit
                 # a watcher, once every rank has ended: did `ddpdoctor run` itself get killed?

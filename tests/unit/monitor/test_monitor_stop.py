@@ -91,3 +91,22 @@ def test_the_stop_keeps_a_hang_when_a_signal_handler_runs_one_more_collective(tm
     final = monitor.close(job_ended=True)
     assert final.verdict is Verdict.HANG and final.culprits == {1}
     assert run.diagnosis_json.exists()
+
+
+def test_a_user_stop_after_a_confirmed_hang_keeps_the_hang(tmp_path):
+    """Ctrl-C once the hang was found (--keep-running): the ranks die of the SIGTERM that follows,
+    which read anew is a run stopped from outside; the hang found before stays."""
+    run, clock = new_run(tmp_path), Clock()
+    w = Writer(run, clock)
+    monitor = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False)
+    w.start()
+    seq = train(w, clock, 8) + 1
+    fault_t = hang(w, clock, seq, 3.0)
+    for _ in range(30):
+        wait(w, clock, seq, fault_t, 1.0)
+        if monitor.poll().confirmed:
+            break
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=-15, reason="signal", signal="SIGTERM")
+    final = monitor.close(job_ended=True, interrupted=True, verdict_before=Verdict.HANG)
+    assert final.verdict is Verdict.HANG and final.culprits == {1}

@@ -463,10 +463,12 @@ def closing_lines(
             "never wrote to this run directory): start it with the same options and --run-dir, "
             "or check that it reaches the rendezvous endpoint"
         ]
-    elif outcome.final.verdict is Verdict.NOT_STARTED:
-        lines = [f.summary for f in outcome.final.findings if f.id == "run.not_started"]
-    elif outcome.final.verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED):
-        lines = []  # the reason is the headline already: said once
+    elif outcome.final.verdict in (
+        Verdict.NOT_STARTED,
+        Verdict.NOT_DISTRIBUTED,
+        Verdict.NOT_INSTRUMENTED,
+    ):
+        lines = []  # the reason is the view's headline already: said once
     ran_alone = outcome.final.verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED)
     if outcome.job_returncode is not None and (
         (not lines and outcome.job_returncode != 0) or ran_alone

@@ -233,9 +233,13 @@ def diagnosis_lines(
             lines.append(line)
         if len(notable) > MAX_RANK_LINES:
             lines.append(Text(f"  … {len(notable) - MAX_RANK_LINES} more ranks", style="dim"))
-    if snap.findings:
+    reason = headline_finding(snap)
+    if reason is not None:  # said in the headline: its evidence and fix only
+        lines.extend(finding_lines(reason, symbols)[1:])
+    others = [f for f in snap.findings if f is not reason]
+    if others:
         lines.append(Text("Findings:", style="bold"))
-        for finding in snap.findings:
+        for finding in others:
             lines.extend(finding_lines(finding, symbols))
     if with_stacks:
         lines.extend(stack_lines(snap.stacks, snap.culprits))

@@ -129,6 +129,7 @@ def launcher_exit_snapshot(snap: Snapshot, code: int | None, launcher: str | Non
     "healthy". Killed from outside (SIGTERM, SIGINT, SIGHUP): INTERRUPTED. Otherwise a CRASH,
     blamed on the launcher (or the rank a launcher's report names), not on a rank it stopped."""
     name = launcher or "their launcher"
+    # (only ever called for a crash of ranks stopped from outside, or a healthy-looking run)
     steps = [v.step for v in snap.ranks if v.step is not None]
     where = f"; the ranks stopped at step {max(steps)}" if steps else ""
     if snap.run.total_steps and steps:
@@ -180,7 +181,9 @@ def launcher_exit_snapshot(snap: Snapshot, code: int | None, launcher: str | Non
 
 def stopped_from_outside(snap: Snapshot) -> bool:
     """Every rank has ended and the ones that failed were all ended by a stop signal, with no
-    error of their own: the job was stopped (its launcher or a scheduler was), nothing crashed."""
+    error of their own: the job was stopped (its launcher or a scheduler was), nothing crashed.
+    Only a crash reads so: a hang or mismatch found in the record (a copied run directory of a
+    job ddpdoctor stopped) stays what it was."""
     if not snap.ranks or not all(v.state.finished for v in snap.ranks):
         return False
     failed = [v for v in snap.ranks if v.state is not RankState.DONE]
@@ -223,7 +226,7 @@ def ended_with_ranks(
     launcher that failed while the ranks say all is well (`code`: its exit status)."""
     if killed is not None:
         return launcher_killed_snapshot(snap, *killed)
-    if stopped_from_outside(snap) or (
+    if (stopped_from_outside(snap) and snap.verdict is Verdict.CRASH) or (
         code not in (0, None) and snap.verdict in (Verdict.HEALTHY, Verdict.RUNNING)
     ):
         return launcher_exit_snapshot(snap, code, launcher)

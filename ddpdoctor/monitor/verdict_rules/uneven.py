@@ -58,18 +58,28 @@ def detect(
         uneven = True
     if not uneven:
         return None
-    short = sorted(
-        {v.rank for v in stepped if v.step == lo.step} | {v.rank for v in finished_early}
-    )
     for view in sorted(stepped, key=lambda v: v.rank)[:8]:
         state = " (finished)" if view.state is RankState.DONE else ""
         evidence.append(Evidence(f"rank {view.rank}: {view.step} steps{state}"))
-    summary = (
-        f"uneven inputs: {named_ranks(short)} ran {lo.step} steps while {named_ranks([hi.rank])} ran "
-        f"{hi.step}"
-    )
-    if batches and len(set(batches.values())) > 1:
-        summary += f" (loaders of {min(batches.values())} to {max(batches.values())} batches)"
+    if len(set(batches.values())) > 1:
+        # The loaders say who is short, whatever step each was in when the job was stopped
+        few, many = min(batches.values()), max(batches.values())
+        short = sorted(
+            {r for r, n in batches.items() if n == few} | {v.rank for v in finished_early}
+        )
+        longest = [r for r, n in batches.items() if n == many][:1]
+        summary = (
+            f"uneven inputs: {named_ranks(short)} had {few} batches this epoch while "
+            f"{named_ranks(longest)} had {many}"
+        )
+    else:
+        short = sorted(
+            {v.rank for v in stepped if v.step == lo.step} | {v.rank for v in finished_early}
+        )
+        summary = (
+            f"uneven inputs: {named_ranks(short)} ran {lo.step} steps while "
+            f"{named_ranks([hi.rank])} ran {hi.step}"
+        )
     finding = Finding(
         id="uneven_inputs",
         severity=Severity.ERROR,

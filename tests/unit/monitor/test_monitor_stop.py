@@ -110,3 +110,19 @@ def test_a_user_stop_after_a_confirmed_hang_keeps_the_hang(tmp_path):
         w.ev(rank, "exit", code=-15, reason="signal", signal="SIGTERM")
     final = monitor.close(job_ended=True, interrupted=True, verdict_before=Verdict.HANG)
     assert final.verdict is Verdict.HANG and final.culprits == {1}
+
+
+def test_a_copied_record_of_a_stopped_hang_still_reads_as_the_hang(tmp_path):
+    """Every rank ended by ddpdoctor's SIGTERM, diagnosis.json gone (a run directory mailed in):
+    the hang in the record stands; "stopped from outside" is only ever said of a crash."""
+    run, clock = new_run(tmp_path), Clock()
+    w = Writer(run, clock)
+    w.start()
+    seq = train(w, clock, 8) + 1
+    fault_t = hang(w, clock, seq, 3.0)
+    wait(w, clock, seq, fault_t, 6.0)
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=-15, reason="signal", signal="SIGTERM")
+    clock.t += 100.0
+    final = Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close()
+    assert final.verdict is Verdict.HANG and final.culprits == {1}

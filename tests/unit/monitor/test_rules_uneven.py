@@ -54,3 +54,15 @@ def test_a_dead_culprit_still_leaves_uneven_loaders_to_report():
     assert uneven.detect(snap(ranks), Verdict.CRASH, died=frozenset({1})) is None
     ranks.append(view(2, step=9, epoch_batches=10))
     assert uneven.detect(snap(ranks), Verdict.CRASH, died=frozenset({1})) is not None
+
+
+def test_the_loaders_name_the_short_rank_whatever_step_the_stop_caught_each_in():
+    """Rank 1's loader had 16 batches, rank 0's 20: rank 1 waits at the closing barrier after
+    step 16 while rank 0 is stopped inside step 17, which it never finished."""
+    ranks = [
+        view(0, RankState.FAILED, step=16, epoch_batches=20, exit_signal="SIGTERM"),
+        view(1, RankState.FAILED, step=16, epoch_batches=16, exit_signal="SIGTERM"),
+    ]
+    finding = uneven.detect(snap(ranks), Verdict.MISMATCH).findings[0]
+    assert finding.ranks == (1,)
+    assert finding.summary == "uneven inputs: rank 1 had 16 batches this epoch while rank 0 had 20"

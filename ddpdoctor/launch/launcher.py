@@ -164,7 +164,7 @@ def launch(plan: LaunchPlan, watchers: Watchers) -> int:
     # (a daemon a rank started, ranks left by a killed launcher) is ended, by the reaper if the
     # launcher itself is killed.
     launch_id = env[ENV_LAUNCH_ID] = new_launch_id()
-    reaper = Reaper(launch_id)
+    reaper = Reaper(launch_id, run_dir=str(run_dir.path))
     try:
         outcome, agent_exits = run_job(
             plan, watchers, run_dir, console, argv, env, recorder=recorder

@@ -49,6 +49,7 @@ from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
@@ -330,17 +331,17 @@ class Monitor:
 
     def _launcher_killed(self) -> tuple[int, dict[str, Any] | None] | None:
         """(its pid, the last diagnosis it wrote) when the `ddpdoctor run` that launched this
-        run has exited without writing its final diagnosis: it was killed, and the job was
-        ended with it (ddpdoctor.monitor.run_end.launcher_killed_snapshot)."""
+        run died while its job ran (its reaper then ended the job and left
+        RUN_DIR/launcher-killed.json) and wrote no final diagnosis
+        (ddpdoctor.monitor.run_end.launcher_killed_snapshot)."""
         if self._killed_launcher is None:
             previous = self._read_previous_diagnosis()
             pid = self.run.read_run_json().get("launcher_pid")
-            gone = (
-                isinstance(pid, int)
-                and not (previous and previous.get("final") is True)
-                and launcher_gone(self.run, self.local_host)
+            # its reaper says so (a diagnosis.json deleted from a copy must not read as this)
+            killed = processes.launcher_was_killed(self.run.path) and not (
+                previous and previous.get("final") is True
             )
-            self._killed_launcher = (pid, previous) if gone else False
+            self._killed_launcher = (pid, previous) if killed else False
         return self._killed_launcher or None
 
     def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:

@@ -243,7 +243,8 @@ def launcher_killed_snapshot(snap: Snapshot, pid: int, previous: dict[str, Any] 
     note = Finding(
         "run.launcher_killed",
         Severity.WARNING,
-        f"ddpdoctor run (pid {pid}) ended before the job did, without writing its final "
+        f"ddpdoctor run{f' (pid {pid})' if pid else ''} ended before the job did, without "
+        "writing its final "
         f"diagnosis: it was killed, and the job was ended with it{where}",
         "Nothing to fix in the job: rerun it (and find what killed ddpdoctor: a closed "
         "terminal, the OOM killer, a user).",

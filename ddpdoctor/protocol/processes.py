@@ -14,6 +14,11 @@ with the standard library only, since ddpdoctor may be what failed to import):
 
     {"v": 1, "t": ..., "pid": ..., "host": ..., "argv": [...], "load_error": "ModuleNotFoundError: ..."}
 
+RUN_DIR/launcher-killed.json is written by the reaper of `ddpdoctor run` (launch/reaper.py) when
+the launcher died while its job still ran (killed: SIGKILL, the OOM killer) and the reaper ended
+the job: `{"v": 1, "t": <unix time>, "ended": <processes ended>}`. A watcher reads it to tell a
+job stopped with its launcher from one that ended by itself.
+
 Each line is written with one O_APPEND write (kept under 4 KiB, so lines from many processes do
 not interleave). Readers read a bounded head of the file and skip what they cannot parse.
 """
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 FILE_NAME = "processes.jsonl"
+LAUNCHER_KILLED = "launcher-killed.json"
 MAX_LINE_BYTES = 4000
 MAX_READ_BYTES = 256 * 1024
 MAX_RECORDS = 1000
@@ -121,3 +127,21 @@ def exception_text() -> str | None:
         return None
     message = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+
+
+def say_launcher_killed(run_dir: str | os.PathLike[str], ended: int) -> None:
+    """The reaper's note that it ended the job of a launcher that died (never raises)."""
+    try:
+        data = json.dumps({"v": 1, "t": time.time(), "ended": ended}).encode()
+        fd = os.open(Path(run_dir) / LAUNCHER_KILLED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def launcher_was_killed(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether the reaper ended this run's job after its launcher died."""
+    return (Path(run_dir) / LAUNCHER_KILLED).is_file()

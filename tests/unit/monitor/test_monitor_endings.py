@@ -175,6 +175,7 @@ def killed_launcher_run(tmp_path, *, last_verdict: str, rank_exit: dict):
     for rank in (0, 1):
         if rank_exit:
             w.ev(rank, "exit", **rank_exit)
+    processes.say_launcher_killed(run.path, 3)  # what its reaper leaves
     return run, clock, pid
 
 
@@ -222,3 +223,14 @@ def test_a_watcher_keeps_the_verdict_the_launcher_stopped_the_job_for(tmp_path):
     assert snap.verdict is Verdict.HANG and snap.culprits == {1}
     assert snap.findings[0].summary == "rank 1 hung"
     assert any(f.id == "crash.consequence" for f in snap.findings)
+
+
+def test_a_copy_without_its_diagnosis_is_not_a_killed_launcher(tmp_path):
+    """The launcher's pid is gone and there is no final diagnosis.json (deleted from a copy):
+    without its reaper's note that proves nothing."""
+    run, clock, _ = killed_launcher_run(tmp_path, last_verdict="running", rank_exit={"code": 0})
+    (run.path / processes.LAUNCHER_KILLED).unlink()
+    run.diagnosis_json.unlink()
+    assert Monitor(run, clock=clock, capture_stacks=False, explain_logs=False).close().verdict is (
+        Verdict.HEALTHY
+    )

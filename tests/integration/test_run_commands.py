@@ -167,6 +167,12 @@ def test_nothing_of_an_mp_spawn_job_outlives_a_killed_ddpdoctor(tmp_path):
         for proc in job_processes(run_dir):  # never leak into the suite, even on failure
             proc.kill()
     assert left == []
+    # `watch` afterwards: the job was stopped with its launcher, whatever its ranks then did
+    # (they exited 0 on a swallowed signal, or died of SIGTERM): never healthy nor a crash
+    watched = run_proc(ddpdoctor_cmd("watch", "--json", str(run_dir)), timeout=60, cwd=tmp_path)
+    doc = json.loads(watched.stdout)
+    assert doc["verdict"] == "interrupted" and doc["culprits"] == [], watched.stdout[-2000:]
+    assert doc["findings"][0]["id"] == "run.launcher_killed"
 
 
 def test_a_script_run_by_the_bootstrap_without_rank_variables_is_no_rank_itself(tmp_path):

@@ -51,8 +51,8 @@ def not_started_snapshot(snap: Snapshot, run: RunDir, events_dir_error: str | No
     if not snap.nodes_missing and not events_dir_error and doctor_failures(run) is None:
         ran = ran_without_ranks(run)
         if ran is not None:
-            verdict, reason = ran
-            return replace(snap, verdict=verdict, findings=(reason, *snap.findings), finished=True)
+            verdict, why = ran
+            return replace(snap, verdict=verdict, findings=(why, *snap.findings), finished=True)
     reason = () if snap.nodes_missing else (not_started_reason(run, events_dir_error),)
     return replace(
         snap,

@@ -64,8 +64,9 @@ def line_for(fields: dict[str, Any]) -> bytes:
     record.update(fields)
     record["argv"] = argv
     for key in ("error", "load_error"):
-        if isinstance(record.get(key), str):
-            record[key] = record[key][:500]
+        value = record.get(key)
+        if isinstance(value, str):
+            record[key] = value[:500]
     data = (json.dumps(record) + "\n").encode("utf-8", "replace")
     return data if len(data) <= MAX_LINE_BYTES else b""
 

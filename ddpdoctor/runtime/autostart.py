@@ -129,6 +129,11 @@ def on_startup(
 _joined = False
 
 
+def _mark_joined() -> None:
+    global _joined
+    _joined = True
+
+
 def _say_if_never_joined(run_dir: str) -> None:
     """At exit: a process that never joined leaves one line in RUN_DIR/processes.jsonl, so a job
     none of whose processes joined reads as that, not as one that never started."""
@@ -161,8 +166,7 @@ def wrap_init_process_group(dist: Any) -> None:
         runtime = core.active() or _start_runtime()
         c10d_hooks.forget_calls()
         result = original(*args, **kwargs)
-        global _joined
-        _joined = True
+        _mark_joined()
         if runtime is not None and core.active() is runtime:
             runtime.on_process_group()
         return result

@@ -380,9 +380,10 @@ def forward_signals(
 def launcher_name(plan: LaunchPlan) -> str:
     """ "torchrun" (ddpdoctor's own), or the user's command as it was given: "python train.py"
     (an mp.spawn parent), "torchrun", "accelerate launch", "srun"."""
-    if plan.command is None:
+    if plan.command is None or plan.command.kind == "torchrun":  # python -m torch.distributed.run
         return "torchrun"
-    words = [os.path.basename(plan.command.argv[0]), *plan.command.argv[1:2]]
+    argv = plan.command.argv
+    words = [os.path.basename(argv[0]), *argv[1 : 3 if argv[1:2] == ("-m",) else 2]]
     return " ".join(words)[:80]
 
 

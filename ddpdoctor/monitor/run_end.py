@@ -146,9 +146,10 @@ def launcher_exit_snapshot(snap: Snapshot, code: int | None, launcher: str | Non
     if stopped_from_outside(snap):
         sent = sorted({v.exit_signal for v in snap.ranks if v.exit_signal})
         exited = f" ({name} exited with code {code})" if code not in (0, None) else ""
+        at = f" at step {max(steps)}" if steps else ""
         summary = (
             f"the ranks were ended by {'/'.join(s or '?' for s in sent)} from outside ddpdoctor"
-            f"{where}: {name} was stopped, or a scheduler or a user signalled the job{exited}"
+            f"{at}: {name} was stopped, or a scheduler or a user signalled the job{exited}"
         )
         note = Finding("run.launcher_stopped", Severity.WARNING, summary, fix)
         return _ended_by(snap, Verdict.INTERRUPTED, note, frozenset())

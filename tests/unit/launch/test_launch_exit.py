@@ -160,3 +160,22 @@ def test_a_command_that_ran_without_ranks_keeps_its_exit_code():
         assert lines[0] == "torchrun exited with code 0"
         assert lines[-1] == f"verdict: {verdict.value.replace('_', ' ')} (exit code 0)"
         assert exit_code_for(outcome(verdict, rc=3)) == ExitCode.PROBLEMS
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["python", "-m", "torch.distributed.run", "t.py"], "torchrun"),
+        (["/usr/bin/python3", "spawn_job.py", "2"], "python3 spawn_job.py"),
+        (["python", "-m", "pkg.train"], "python -m pkg.train"),
+        (["accelerate", "launch", "--cpu", "t.py"], "accelerate launch"),
+    ],
+)
+def test_the_launcher_is_named_as_the_user_gave_it(argv, name):
+    from types import SimpleNamespace
+
+    from ddpdoctor.launch.command import UserCommand, program_kind
+    from ddpdoctor.launch.launcher import launcher_name
+
+    command = UserCommand("command", tuple(argv), program_kind(argv))
+    assert launcher_name(SimpleNamespace(command=command)) == name

@@ -93,6 +93,7 @@ class RunOutcome:
     stopped_for: Verdict | None
     interrupted: bool
     abandoned_by: int | None = None  # the node whose launcher never started its part
+    launcher: str = "torchrun"  # what started the ranks, as the closing lines name it
 
     @property
     def started(self) -> bool:
@@ -187,7 +188,7 @@ def run_and_report(
 ) -> int:
     """Run the job to its end, then print how it ended; the exit code."""
     launch_id = env[ENV_LAUNCH_ID]
-    reaper = Reaper(launch_id)
+    reaper = Reaper(launch_id, run_dir=str(run_dir.path))
     try:
         outcome, agent_exits = run_job(
             plan, watchers, run_dir, console, argv, env, recorder=recorder, hangup=hangup
@@ -289,10 +290,13 @@ def run_job(
         end_job(job)
     finally:
         job.kill()
+    launcher = launcher_name(plan)
     final = monitor.close(
         job_ended=job.returncode() is not None,
         interrupted=interrupts.signum is not None,
         verdict_before=interrupts.verdict_before,
+        job_exit=job.returncode(),
+        launcher=launcher,
     )
     view.close(final)
     write_error = getattr(monitor, "write_error", None)
@@ -304,6 +308,7 @@ def run_job(
         stopped_for=supervised.stopped_for,
         interrupted=interrupts.signum is not None,
         abandoned_by=supervised.abandoned_by,
+        launcher=launcher,
     )
     with agent_lock:
         return outcome, dict(agent.exits)
@@ -406,8 +411,19 @@ def forward_signals(
             signal.signal(sig, old)
 
 
+def launcher_name(plan: LaunchPlan) -> str:
+    """ "torchrun" (ddpdoctor's own), or the user's command as it was given: "python train.py"
+    (an mp.spawn parent), "torchrun", "accelerate launch", "srun"."""
+    if plan.command is None or plan.command.kind == "torchrun":  # python -m torch.distributed.run
+        return "torchrun"
+    argv = plan.command.argv
+    words = [os.path.basename(argv[0]), *argv[1 : 3 if argv[1:2] == ("-m",) else 2]]
+    return " ".join(words)[:80]
+
+
 def exit_code_for(outcome: RunOutcome) -> ExitCode:
-    if outcome.interrupted:
+    """The exit code follows the verdict (verdict_agrees says how), then the job's own code."""
+    if outcome.interrupted or outcome.final.verdict is Verdict.INTERRUPTED:
         return ExitCode.INTERRUPTED
     if outcome.stopped_for is not None or outcome.final.verdict.is_problem:
         return ExitCode.PROBLEMS
@@ -416,6 +432,21 @@ def exit_code_for(outcome: RunOutcome) -> ExitCode:
     if outcome.job_returncode not in (0, None):
         return ExitCode.PROBLEMS
     return ExitCode.OK
+
+
+def verdict_agrees(verdict: Verdict, code: int, job_returncode: int | None) -> bool:
+    """The printed verdict and the exit code never contradict each other: healthy exits 0 and
+    only with a job that exited 0; a problem exits 1; interrupted exits 130; a command that ran
+    without ranks (not distributed, not instrumented) exits 0 exactly when the command did."""
+    if verdict is Verdict.HEALTHY:
+        return code == ExitCode.OK and job_returncode in (0, None)
+    if verdict.is_problem:
+        return code == ExitCode.PROBLEMS
+    if verdict is Verdict.INTERRUPTED:
+        return code == ExitCode.INTERRUPTED
+    if verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED):
+        return code == (ExitCode.OK if job_returncode in (0, None) else ExitCode.PROBLEMS)
+    return code in (ExitCode.OK, ExitCode.PROBLEMS)
 
 
 def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
@@ -474,10 +505,20 @@ def closing_lines(
             "never wrote to this run directory): start it with the same options and --run-dir, "
             "or check that it reaches the rendezvous endpoint"
         ]
-    elif outcome.final.verdict is Verdict.NOT_STARTED:
-        lines = [f.summary for f in outcome.final.findings if f.id == "run.not_started"]
-    if not lines and outcome.job_returncode not in (0, None):
-        lines.append(f"torchrun exited with code {outcome.job_returncode}")
+    elif outcome.final.verdict in (
+        Verdict.NOT_STARTED,
+        Verdict.NOT_DISTRIBUTED,
+        Verdict.NOT_INSTRUMENTED,
+    ):
+        lines = []  # the reason is the view's headline already: said once
+    ran_alone = outcome.final.verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED)
+    if outcome.job_returncode is not None and (
+        (not lines and outcome.job_returncode != 0) or ran_alone
+    ):
+        code = outcome.job_returncode
+        signame = signal_name(code) if code < 0 else None
+        how = f"was ended by {signame}" if signame else f"exited with code {code}"
+        lines.append(f"{outcome.launcher} {how}")
     lines.append(f"run directory: {run_dir.path}")
     verdict = (
         "not started" if not outcome.started else outcome.final.verdict.value.replace("_", " ")

@@ -11,7 +11,12 @@ torchrun's own cleanup never sees.
   The pipe reaches end-of-file when the launcher exits, however it exits (SIGKILL included);
   the reaper then ends whatever still carries the marker, and exits itself.
 
-    python -m ddpdoctor.launch.reaper LAUNCH_ID     (reads stdin until EOF)
+    python -m ddpdoctor.launch.reaper LAUNCH_ID [RUN_DIR]     (reads stdin until EOF)
+
+A launcher that ends normally has ended its job itself before it closes the pipe; when the reaper
+still finds processes of the job at EOF, the launcher died, and it says so in the run directory
+(RUN_DIR/launcher-killed.json, ddpdoctor.protocol.processes) so that a watcher's verdict is that
+the job was stopped with its launcher.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import uuid
 from collections.abc import Mapping
 
 from ddpdoctor.launch.stop_protocol import end_sruns, is_srun, slurm_steps
+from ddpdoctor.protocol import processes
 
 ENV_LAUNCH_ID = "DDPDOCTOR_LAUNCH_ID"
 GRACE_S = 3.0  # SIGTERM first; whatever runs this long after gets SIGKILL
@@ -105,11 +111,19 @@ def end_marked(launch_id: str, *, grace_s: float = GRACE_S) -> int:
 class Reaper:
     """The watchdog process: started before the job, told the launcher has gone by its pipe."""
 
-    def __init__(self, launch_id: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, launch_id: str, env: Mapping[str, str] | None = None, run_dir: str | None = None
+    ) -> None:
         self.launch_id = launch_id
         clean = {k: v for k, v in (env or os.environ).items() if k != ENV_LAUNCH_ID}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpdoctor.launch.reaper", launch_id],
+            [
+                sys.executable,
+                "-m",
+                "ddpdoctor.launch.reaper",
+                launch_id,
+                *([run_dir] if run_dir else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -131,13 +145,16 @@ class Reaper:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not argv[0]:
+    if len(argv) not in (1, 2) or not argv[0]:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Blocks until the launcher closes the pipe or dies: then its job must end too.
     with contextlib.suppress(OSError):
         while sys.stdin.buffer.read(4096):
             pass
+    left = [p for p in marked_pids(argv[0]) if _alive(p)]
+    if left and len(argv) == 2:
+        processes.say_launcher_killed(argv[1], len(left))
     end_marked(argv[0])
     return 0
 

@@ -209,6 +209,11 @@ class SupervisedRun:
         if decision.capture_stacks:
             self.monitor.request_stacks()
         if decision.stop is not None:
+            # The verdict the job is stopped for stays its verdict, whatever the ranks do as
+            # they are stopped (ddpdoctor.monitor.diagnose).
+            hold = getattr(self.monitor, "hold_verdict", None)
+            if hold is not None:
+                hold(decision.stop)
             if self._on_stop is not None:
                 self._on_stop(decision.stop)
             self._stop_pending = True

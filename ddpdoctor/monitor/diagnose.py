@@ -6,6 +6,11 @@ follow are the job being stopped); otherwise the first failure is a crash. Every
 (uneven inputs, sampler misuse, stragglers, runtime warnings, the log explainers' findings) is
 reported alongside. The flight recorder's evidence and the script checkup's citations are added
 to the findings they support, last (ddpdoctor.monitor.fr_evidence, .script_citations).
+
+Once the launcher has stopped the job for a verdict, that verdict is `held`: it stays the verdict,
+with the culprits it was stopped for, and whatever the ranks do after the stop (a framework's
+SIGTERM handler running one more collective, a peer's "Connection closed by peer", teardown) is
+listed as a consequence of the stop, never diagnosed anew.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Diagnosis:
     waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()
     waits: tuple[WaitView, ...] = ()
     confirmed: bool = False  # certain enough to stop the job on (RuleOutcome.confirmed)
+    # The rule outcome that set the verdict: what the launcher holds once it stops the job on it.
+    primary: RuleOutcome | None = field(default=None, compare=False)
 
     @property
     def detected_after_s(self) -> float | None:
@@ -83,9 +90,12 @@ _STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")
 
 def reports_the_stop(finding: Finding) -> bool:
     """A launcher's report that a rank was ended by a signal: torchrun's failure table, or an
-    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`."""
+    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`, or
+    torchrun's own traceback of the SIGTERM that stopped it."""
     if finding.id == "torchrun.signal":
         return any(name in finding.summary for name in _STOP_SIGNALS)
+    if finding.id == "torchrun.stopped":  # "torchrun was stopped from outside by SIGTERM"
+        return True
     return (
         finding.id == "python.exception"
         and "ProcessExitedException" in finding.summary
@@ -93,13 +103,30 @@ def reports_the_stop(finding: Finding) -> bool:
     )
 
 
-def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagnosis:
-    primary, crash = _primary(snap)
+def _after_stop(snap: Snapshot, held: RuleOutcome) -> tuple[RuleOutcome, RuleOutcome | None]:
+    """(the held outcome, the crash outcome of the ranks that failed other than its culprits)."""
+    if held.verdict is not Verdict.CRASH:
+        return held, crash_rule.detect(snap)
+    others = [v for v in crash_rule.failures(snap) if v.rank not in held.culprits]
+    if not others:
+        return held, None
+    after = "the crash (ddpdoctor stopped the job)"
+    stop = crash_rule.consequences(others, None, after=after)
+    return held, RuleOutcome(rule="stop", findings=(stop,))
+
+
+def diagnose(
+    snap: Snapshot, *, extra_findings: Sequence[Finding] = (), held: RuleOutcome | None = None
+) -> Diagnosis:
+    """`held`: the outcome the launcher stopped the job for (see the module's note)."""
+    primary, crash = _primary(snap) if held is None else _after_stop(snap, held)
     verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
     findings: list[Finding] = list(primary.findings) if primary is not None else []
     if primary is not None and crash is not None and primary is not crash:
         root = crash_rule.root_cause(snap)
-        if (
+        if crash.rule == "stop":
+            findings.extend(crash.findings)
+        elif (
             primary.verdict is Verdict.MISMATCH
             and root
             and not crash_rule.looks_like_consequence(root)
@@ -107,9 +134,10 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
             findings.extend(crash.findings)  # the crash the mismatch caused, as evidence
         else:
             what = "mismatch" if primary.verdict is Verdict.MISMATCH else "hang"
+            stopper = "ddpdoctor stopped the job" if held is not None else "the job was stopped"
             findings.append(
                 crash_rule.consequences(
-                    crash_rule.failures(snap), None, after=f"the {what} (the job was stopped)"
+                    crash_rule.failures(snap), None, after=f"the {what} ({stopper})"
                 )
             )
     secondary: list[Finding] = []
@@ -119,14 +147,16 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
         secondary.extend(waits.findings)
     for outcome in (
         rendezvous_rule.detect(snap),
-        uneven_rule.detect(snap, verdict),
+        uneven_rule.detect(
+            snap, verdict, died=primary.culprits if verdict is Verdict.CRASH and primary else None
+        ),
         sampler_rule.detect(snap),
         straggler_rule.detect(snap),
         warnings_rule.detect(snap),
     ):
         if outcome is not None:
             secondary.extend(outcome.findings)
-    if any(f.id == "crash.consequence" for f in findings):
+    if held is not None or any(f.id == "crash.consequence" for f in findings):
         # The stop was ddpdoctor's (or the watchdog's after the hang): torchrun's report that a
         # rank was terminated "from outside" says nothing the consequence finding does not.
         extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
@@ -152,6 +182,7 @@ def diagnose(snap: Snapshot, *, extra_findings: Sequence[Finding] = ()) -> Diagn
         waiting_on=primary.waiting_on,
         waits=wait_views,
         confirmed=primary.confirmed,
+        primary=primary,
     )
 
 

@@ -29,7 +29,16 @@ VERDICT_STYLE = {
     Verdict.CRASH: "bold red",
     Verdict.NOT_STARTED: "bold red",
     Verdict.INTERRUPTED: "bold yellow",
+    Verdict.NOT_DISTRIBUTED: "bold",
+    Verdict.NOT_INSTRUMENTED: "bold yellow",
 }
+# Verdicts whose headline is the reason (a run.* finding), not culprits.
+ENDED_WITHOUT_A_PROBLEM_FOUND = (
+    Verdict.NOT_STARTED,
+    Verdict.INTERRUPTED,
+    Verdict.NOT_DISTRIBUTED,
+    Verdict.NOT_INSTRUMENTED,
+)
 SEVERITY_SYMBOL = {Severity.ERROR: "fail", Severity.WARNING: "warn", Severity.INFO: "skip"}
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "dim"}
 STATE_STYLE = {
@@ -44,6 +53,14 @@ MAX_EVIDENCE = 8
 MAX_FRAMES = 14
 
 
+def headline_finding(snap: Snapshot) -> Finding | None:
+    """The finding the verdict line states as its reason (an ending without a problem found:
+    not started, interrupted, not distributed, not instrumented), if any."""
+    if snap.verdict not in ENDED_WITHOUT_A_PROBLEM_FOUND:
+        return None
+    return next((f for f in snap.findings if f.id.startswith("run.")), None)
+
+
 def verdict_line(snap: Snapshot) -> Text:
     """ "HANG: culprit rank 1 (detected 5.3 s after it started)" """
     if snap.never_started and snap.nodes_missing:
@@ -51,14 +68,16 @@ def verdict_line(snap: Snapshot) -> Text:
         text.append(f": {named_ranks(snap.nodes_missing, 'node')} never joined the rendezvous")
         return text
     text = Text(snap.verdict.value.replace("_", " ").upper(), style=VERDICT_STYLE[snap.verdict])
-    if snap.verdict in (Verdict.NOT_STARTED, Verdict.INTERRUPTED):
-        reason = next((f.summary for f in snap.findings if f.id.startswith("run.")), None)
-        if reason:
-            text.append(f": {reason}")
+    if snap.verdict in ENDED_WITHOUT_A_PROBLEM_FOUND:
+        reason = headline_finding(snap)
+        if reason is not None:
+            text.append(f": {reason.summary}")
         return text
     if snap.verdict.is_problem:
         if snap.culprits:
             text.append(f": culprit {named_ranks(snap.culprits)}")
+        elif snap.findings and snap.findings[0].id.startswith("run."):
+            text.append(f": {snap.findings[0].summary}")  # no rank to blame: the reason
         if snap.detected_after_s is not None:
             text.append(f" (detected {fmt_s(snap.detected_after_s)} after it started)")
     elif snap.verdict is Verdict.HEALTHY:
@@ -214,9 +233,13 @@ def diagnosis_lines(
             lines.append(line)
         if len(notable) > MAX_RANK_LINES:
             lines.append(Text(f"  … {len(notable) - MAX_RANK_LINES} more ranks", style="dim"))
-    if snap.findings:
+    reason = headline_finding(snap)
+    if reason is not None:  # said in the headline: its evidence and fix only
+        lines.extend(finding_lines(reason, symbols)[1:])
+    others = [f for f in snap.findings if f is not reason]
+    if others:
         lines.append(Text("Findings:", style="bold"))
-        for finding in snap.findings:
+        for finding in others:
             lines.extend(finding_lines(finding, symbols))
     if with_stacks:
         lines.extend(stack_lines(snap.stacks, snap.culprits))

@@ -22,6 +22,7 @@ from ddpdoctor.findings import Severity
 from ddpdoctor.monitor.diagnosis_text import (
     diagnosis_lines,
     finding_lines,
+    headline_finding,
     stack_lines,
     status_line,
     verdict_line,
@@ -105,9 +106,11 @@ class HeadlessView:
             for line in diagnosis_lines(snap, self.symbols):
                 self._print(line)
             return
+        # The reason of an ending without a problem found is the headline: said once, there.
+        reason = headline_finding(snap)
         for finding in snap.findings:
             key = (finding.id, finding.summary)
-            if key not in self._printed_findings:
+            if key not in self._printed_findings and finding is not reason:
                 self._printed_findings.add(key)
                 for line in finding_lines(finding, self.symbols):
                     self._print(line)
@@ -116,6 +119,10 @@ class HeadlessView:
             for line in stack_lines(snap.stacks, snap.culprits):
                 self._print(line)
         self._print(verdict_line(snap))
+        if reason is not None and reason.fix and reason.severity is not Severity.INFO:
+            fix = Text("  fix: ", style="bold")
+            fix.append(reason.fix)
+            self._print(fix)
 
     # -- internals -------------------------------------------------------------------------
 

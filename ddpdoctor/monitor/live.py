@@ -28,6 +28,7 @@ from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.disk_space import DiskWatch
 from ddpdoctor.monitor.fr_collector import FrCollector
+from ddpdoctor.monitor.held import held_by_launcher, stop_record, stopped_by_peer
 from ddpdoctor.monitor.host_probes import (
     MAX_PROBED,
     PROBE_EVERY_S,
@@ -37,12 +38,18 @@ from ddpdoctor.monitor.host_probes import (
 )
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
-from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
+from ddpdoctor.monitor.run_end import (
+    ended_with_ranks,
+    interrupted_snapshot,
+    launcher_gone,
+    not_started_snapshot,
+)
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
-from ddpdoctor.protocol import jsontext
+from ddpdoctor.monitor.verdict_rules import RuleOutcome
+from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
@@ -132,7 +139,13 @@ class Monitor:
         self._authoritative = bool(self._previous and self._previous.get("final") is True)
         # Set by the launcher when the user stopped the run: (whether, the verdict before).
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
+        # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
+        self._held: RuleOutcome | None = held_by_launcher(self._previous)
+        self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
         self._final = False
+        # The launcher's exit status as whoever ran it saw it, and its name (close()).
+        self._job_exit: tuple[int | None, str | None] = (None, None)
+        self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
         self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
         self.child_cpu = ChildCpu()
         self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
@@ -161,12 +174,30 @@ class Monitor:
         self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
         return self.poll()
 
+    def hold_verdict(self, verdict: Verdict) -> None:
+        """The launcher stops the job for `verdict`: from now on it is the verdict, with the
+        culprits it was stopped for; what the ranks do after the stop is its consequence. A
+        launcher that follows another node's stop holds what it saw of that verdict itself, or
+        the bare verdict."""
+        with self._lock:
+            if self._held is not None:
+                return
+            outcome = self._confirmed.get(verdict) or stopped_by_peer(verdict)
+            self._held = outcome
+
+    @property
+    def held(self) -> Verdict | None:
+        """The verdict the launcher stopped the job for, once it has."""
+        return self._held.verdict if self._held is not None else None
+
     def close(
         self,
         *,
         job_ended: bool = False,
         interrupted: bool = False,
         verdict_before: Verdict | None = None,
+        job_exit: int | None = None,
+        launcher: str | None = None,
     ) -> Snapshot:
         """The final snapshot: everything read, captures finished, logs explained, and
         diagnosis.json written. `job_ended`: see `self.job_ended` (the launcher's diagnosis.json
@@ -177,6 +208,13 @@ class Monitor:
             self.job_ended = self.job_ended or job_ended
             self._final = self.job_ended
             self._interrupted = (interrupted, verdict_before)
+            self._job_exit = (job_exit, launcher)
+            if interrupted and verdict_before is not None and verdict_before.is_problem:
+                # stopped by the user after a problem was found: that problem stays, as when
+                # the launcher stops the job itself
+                self._held = self._held or self._confirmed.get(verdict_before)
+            if self._held is None and not self.job_ended:  # a watcher: the launcher may have
+                self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None:
@@ -259,7 +297,9 @@ class Monitor:
             steps = [view.step for view in snap.ranks if view.step is not None]
             self.disk.check(now, max(steps, default=None), force=final)
         extra.extend(self.disk.findings())
-        diagnosis = diagnose(snap, extra_findings=extra)
+        diagnosis = diagnose(snap, extra_findings=extra, held=self._held)
+        if diagnosis.confirmed and diagnosis.primary is not None:
+            self._confirmed[diagnosis.verdict] = diagnosis.primary
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)
         if (
@@ -267,6 +307,7 @@ class Monitor:
             and snap.verdict is Verdict.HANG
             and self._captured_for != snap.culprits
             and live
+            and self._held is None  # stopped: its stacks were taken before, the ranks are ending
         ) and self._start_capture(snap):
             self._captured_for = snap.culprits
             snap = replace(snap, stack_status=self.stacks.status)
@@ -281,9 +322,33 @@ class Monitor:
         interrupted, before = self._interrupted
         if interrupted and not (before is not None and before.is_problem):
             return interrupted_snapshot(snap)
-        if live or self.state.last_t is not None or snap.verdict is not Verdict.RUNNING:
+        if self.state.last_t is not None:
+            if interrupted:  # after a problem was found: it stands (held, or as diagnosed)
+                return snap
+            if self._held is None and (self.job_ended or not live or snap.finished):
+                code, launcher = self._job_exit
+                # a watcher, once every rank has ended: did `ddpdoctor run` itself get killed?
+                killed = None if self.job_ended or not snap.finished else self._launcher_killed()
+                snap = ended_with_ranks(snap, code, launcher, killed)
+            return snap
+        if live or snap.verdict is not Verdict.RUNNING:
             return snap
         return not_started_snapshot(snap, self.run, self.tailer.events_dir_error)
+
+    def _launcher_killed(self) -> tuple[int, dict[str, Any] | None] | None:
+        """(its pid, the last diagnosis it wrote) when the `ddpdoctor run` that launched this
+        run died while its job ran (its reaper then ended the job and left
+        RUN_DIR/launcher-killed.json) and wrote no final diagnosis
+        (ddpdoctor.monitor.run_end.launcher_killed_snapshot)."""
+        if self._killed_launcher is None:
+            previous = self._read_previous_diagnosis()
+            pid = self.run.read_run_json().get("launcher_pid")
+            # its reaper says so (a diagnosis.json deleted from a copy must not read as this)
+            killed = processes.launcher_was_killed(self.run.path) and not (
+                previous and previous.get("final") is True
+            )
+            self._killed_launcher = (pid, previous) if killed else False
+        return self._killed_launcher or None
 
     def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
         """detected_after_s: problem start -> the poll that first reached the verdict (live), or
@@ -495,6 +560,7 @@ class Monitor:
         try:
             document = snap.diagnosis_json()
             document["final"] = self._final
+            document["stopped_for"] = stop_record(self._held)
             write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:

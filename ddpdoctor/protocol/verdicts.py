@@ -34,6 +34,12 @@ class Verdict(str, Enum):
     # The user stopped the run (Ctrl-C, SIGTERM to the launcher) before any problem was found:
     # the ranks that then failed were stopped, they did not crash.
     INTERRUPTED = "interrupted"
+    # The command ran and ended, and none of its processes joined a process group (accelerate
+    # launch --cpu, a script that never calls init_process_group): nothing distributed to judge.
+    NOT_DISTRIBUTED = "not_distributed"
+    # The command ran and ended, but ddpdoctor's runtime could not load in its processes
+    # (python -I / -E / -S, a Python without ddpdoctor importable, a program that is no Python).
+    NOT_INSTRUMENTED = "not_instrumented"
 
     @property
     def is_problem(self) -> bool:

@@ -15,11 +15,14 @@ process runs any code of its own. What happens there:
    starts (hooks, heartbeat; what it records is held in memory while the rank is unknown) and
    when the call returns the process takes its rank from the process group, opens
    events/rank-<R>.jsonl and writes what it held. A process that never joins (the mp.spawn
-   parent, a DataLoader worker, a compile worker, a helper script) writes nothing.
+   parent, a DataLoader worker, a compile worker, a helper script) writes no events; at exit it
+   leaves one line in RUN_DIR/processes.jsonl (ddpdoctor.protocol.processes), so a job none of
+   whose processes joined ends as "not distributed", not "not started".
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import sys
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
+from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.rundir import ENV_RUN_DIR
 from ddpdoctor.runtime.import_hooks import _AfterImport, when_imported
 from ddpdoctor.runtime.info import ENV_FILLED, ENV_FILLED_FROM
@@ -116,6 +120,9 @@ def on_startup(
     fill_from_slurm(env)
     _guard_output(env)
     when_imported(WATCHED_MODULE, wrap_init_process_group)
+    run_dir = env.get(ENV_RUN_DIR)
+    if run_dir:
+        atexit.register(_say_if_never_joined, run_dir)
     return True
 
 
@@ -129,6 +136,27 @@ def _guard_output(env: Mapping[str, str]) -> None:
         output_guard.install(Path(env[ENV_RUN_DIR]), int(local) if local.isdigit() else None)
     except Exception:  # noqa: BLE001 - the job's output as it was is better than no job
         pass
+
+
+# Set once this process has joined a process group (it is a rank, and its events say the rest).
+_joined = False
+
+
+def _mark_joined() -> None:
+    global _joined
+    _joined = True
+
+
+def _say_if_never_joined(run_dir: str) -> None:
+    """At exit: a process that never joined leaves one line in RUN_DIR/processes.jsonl, so a job
+    none of whose processes joined reads as that, not as one that never started."""
+    if _joined:
+        return
+    processes.append(
+        run_dir,
+        {"argv": list(getattr(sys, "argv", []) or []), "joined": False,
+         "error": processes.exception_text()},
+    )  # fmt: skip
 
 
 # -- the rank joins -------------------------------------------------------------------------
@@ -151,6 +179,7 @@ def wrap_init_process_group(dist: Any) -> None:
         runtime = core.active() or _start_runtime()
         c10d_hooks.forget_calls()
         result = original(*args, **kwargs)
+        _mark_joined()
         current = core.active()
         if current is not None and current is runtime:
             current.on_process_group()

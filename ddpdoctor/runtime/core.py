@@ -79,6 +79,12 @@ class ExitHint:
     signal: str | None = None
 
 
+def ends_cleanly(code: int | None, reason: str) -> bool:
+    """The process ends as the script meant it to (returned, or sys.exit(0)): its open step,
+    if synced, is a finished step. An exception, a signal or a non-zero exit cut it short."""
+    return code == 0 and reason in ("normal", "sys.exit")
+
+
 class Runtime:
     """Per-rank recorder: envelope, rank, phase, step and collective state, and the exit event."""
 
@@ -286,7 +292,11 @@ class Runtime:
         if rank_unknown:  # never learned its rank: the file of rank 0 is the best guess
             self.set_rank(0)
         self.collectives.poll()  # async ops that completed since the heartbeat last looked
-        self.steps.flush()
+        if ends_cleanly(code, reason):
+            # A step still open when the process dies of an exception or a signal did not
+            # finish: its gradient all-reduce may have failed (a peer was stopped). Counting it
+            # would make the rank look as if it had moved past the collective it died in.
+            self.steps.flush()
         self.emit(EXIT, code=code, reason=reason, **extra)
         self.finished = True
         if self._writer is not None:

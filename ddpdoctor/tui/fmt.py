@@ -22,6 +22,8 @@ VERDICT_STYLES: dict[Verdict, str] = {
     Verdict.CRASH: "bold white on red3",
     Verdict.NOT_STARTED: "bold white on red3",
     Verdict.INTERRUPTED: "bold black on yellow3",
+    Verdict.NOT_DISTRIBUTED: "bold black on grey70",
+    Verdict.NOT_INSTRUMENTED: "bold black on yellow3",
 }
 
 # Short labels keep the state column narrow; the colours are the point: waiting yellow,

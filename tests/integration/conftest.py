@@ -94,6 +94,13 @@ GPU_CODE_WITHOUT_GPU = tuple(ddpdoctor_cmd(
     "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
     str(FRAMEWORK_FAULTS / "gpu_published.py"),
 ))  # fmt: skip
+SIGTERM_COLLECTIVE_HANG = (
+    *ddpdoctor_cmd(
+        "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}", "--hang-after", "2"
+    ),
+    "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    str(LAUNCH_JOBS / "sigterm_collective.py"), "--hang-rank", "1", "--hang-step", "3",
+)  # fmt: skip
 
 PLAIN_MISSING_SET_EPOCH = (
     PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
@@ -124,6 +131,9 @@ JOBS = [
     Job("forged-table", command=FORGED_TABLE),
     Job("lightning-barrier-rank0", command=LIGHTNING_BARRIER_RANK0),  # test_call_sites_jobs
     Job("gpu-code-without-gpu", command=GPU_CODE_WITHOUT_GPU),  # test_call_sites_jobs
+    # a hang whose ranks run one more collective in their SIGTERM handler as they are stopped
+    # (as Lightning's do): the stop keeps the hang (test_run_commands)
+    Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG),
     # the healthy reference job with ddpdoctor's stdout closed or full (test_run_hardening): the
     # closed pipe with the preflight doctor too, whose report is the first thing written
     Job(

@@ -167,6 +167,12 @@ def test_nothing_of_an_mp_spawn_job_outlives_a_killed_ddpdoctor(tmp_path):
         for proc in job_processes(run_dir):  # never leak into the suite, even on failure
             proc.kill()
     assert left == []
+    # `watch` afterwards: the job was stopped with its launcher, whatever its ranks then did
+    # (they exited 0 on a swallowed signal, or died of SIGTERM): never healthy nor a crash
+    watched = run_proc(ddpdoctor_cmd("watch", "--json", str(run_dir)), timeout=60, cwd=tmp_path)
+    doc = json.loads(watched.stdout)
+    assert doc["verdict"] == "interrupted" and doc["culprits"] == [], watched.stdout[-2000:]
+    assert doc["findings"][0]["id"] == "run.launcher_killed"
 
 
 def test_a_script_run_by_the_bootstrap_without_rank_variables_is_no_rank_itself(tmp_path):
@@ -212,6 +218,25 @@ def test_a_hang_under_a_users_torchrun_names_the_rank(shared_runs):
     assert done.returncode == 1, explain(done)
     assert doc["verdict"] == "hang" and doc["culprits"] == [0], explain(done)
     assert doc["job"]["stopped_for"] == "hang" and doc["stacks"]
+    assert_nothing_left(run_dir)
+
+
+@pytest.mark.timeout(400)  # the session's shared runs may start here
+def test_a_stopped_hang_stays_a_hang_whatever_the_sigterm_handlers_do(shared_runs):
+    """conftest's "sigterm-collective-hang": rank 1 hangs before an all_reduce; when ddpdoctor
+    stops the job, each rank's SIGTERM handler runs a barrier (as Lightning's does), which,
+    diagnosed anew, read as a mismatch. The stop is a consequence; the verdict stays the hang."""
+    done, doc, run_dir = shared(shared_runs, "sigterm-collective-hang")
+    assert done.returncode == 1, explain(done)
+    assert doc["verdict"] == "hang" and doc["culprits"] == [1], explain(done)
+    assert doc["job"]["stopped_for"] == "hang"
+    assert "verdict: hang (exit code 1)" in done.stderr
+    ids = [f["id"] for f in doc["findings"]]
+    assert ids[0] == "hang" and "mismatch" not in ids and "crash" not in ids
+    stop = next(f for f in doc["findings"] if f["id"] == "crash.consequence")
+    assert "ddpdoctor stopped the job" in stop["summary"]
+    written = json.loads((run_dir / "diagnosis.json").read_text())
+    assert written["stopped_for"] == {"verdict": "hang", "culprits": [1]}
     assert_nothing_left(run_dir)
 
 

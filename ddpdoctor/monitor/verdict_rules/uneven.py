@@ -3,6 +3,9 @@
 Evidence, strongest first: the ranks' loaders had different lengths this epoch (epoch events); a
 rank finished training (exited normally) with fewer steps than a rank still training; step counts
 more than one apart (one apart is normal: a rank may stop just before its step is counted).
+
+A rank that died (the crash's culprits: killed, OOM, an error) stopped counting steps because it
+died, not because its data ran out: its count is no evidence of uneven inputs.
 """
 
 from __future__ import annotations
@@ -21,10 +24,18 @@ FIX = (
 )
 
 
-def detect(snap: Snapshot, verdict: Verdict) -> RuleOutcome | None:
+def detect(
+    snap: Snapshot, verdict: Verdict, *, died: frozenset[int] | None = None
+) -> RuleOutcome | None:
+    """`died`: the ranks whose own failure is the problem (a crash's culprits)."""
     if not verdict.is_problem:
         return None
-    stepped = [v for v in snap.ranks if v.step is not None]
+    dead = died or frozenset()
+    stepped = [
+        v
+        for v in snap.ranks
+        if v.step is not None and not (v.rank in dead and v.state is not RankState.DONE)
+    ]
     if len(stepped) < 2:
         return None
     evidence: list[Evidence] = []
@@ -47,18 +58,28 @@ def detect(snap: Snapshot, verdict: Verdict) -> RuleOutcome | None:
         uneven = True
     if not uneven:
         return None
-    short = sorted(
-        {v.rank for v in stepped if v.step == lo.step} | {v.rank for v in finished_early}
-    )
     for view in sorted(stepped, key=lambda v: v.rank)[:8]:
         state = " (finished)" if view.state is RankState.DONE else ""
         evidence.append(Evidence(f"rank {view.rank}: {view.step} steps{state}"))
-    summary = (
-        f"uneven inputs: {named_ranks(short)} ran {lo.step} steps while {named_ranks([hi.rank])} ran "
-        f"{hi.step}"
-    )
-    if batches and len(set(batches.values())) > 1:
-        summary += f" (loaders of {min(batches.values())} to {max(batches.values())} batches)"
+    if len(set(batches.values())) > 1:
+        # The loaders say who is short, whatever step each was in when the job was stopped
+        few, many = min(batches.values()), max(batches.values())
+        short = sorted(
+            {r for r, n in batches.items() if n == few} | {v.rank for v in finished_early}
+        )
+        longest = [r for r, n in batches.items() if n == many][:1]
+        summary = (
+            f"uneven inputs: {named_ranks(short)} had {few} batches this epoch while "
+            f"{named_ranks(longest)} had {many}"
+        )
+    else:
+        short = sorted(
+            {v.rank for v in stepped if v.step == lo.step} | {v.rank for v in finished_early}
+        )
+        summary = (
+            f"uneven inputs: {named_ranks(short)} ran {lo.step} steps while "
+            f"{named_ranks([hi.rank])} ran {hi.step}"
+        )
     finding = Finding(
         id="uneven_inputs",
         severity=Severity.ERROR,

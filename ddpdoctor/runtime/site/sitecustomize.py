@@ -24,6 +24,35 @@ def _ddpdoctor_startup() -> None:
             )
         except Exception:  # noqa: BLE001
             pass
+        _say_why(exc)
+
+
+def _say_why(exc: BaseException) -> None:
+    """Leave the reason in RUN_DIR/processes.jsonl (the format of ddpdoctor.protocol.processes,
+    written with the standard library alone: ddpdoctor itself may be what failed to import)."""
+    try:
+        import json
+        import socket
+        import time
+
+        record = {
+            "v": 1,
+            "t": time.time(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "argv": [str(w)[:200] for w in getattr(sys, "argv", [])[:8]],
+            "load_error": f"{type(exc).__name__}: {exc}"[:500],
+            "python": sys.executable,
+        }
+        data = (json.dumps(record) + "\n").encode("utf-8", "replace")
+        path = os.path.join(os.environ["DDPDOCTOR_RUN_DIR"], "processes.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data[:4000])
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001 - the job goes on regardless
+        pass
 
 
 def _chain_to_next_sitecustomize() -> None:

@@ -13,6 +13,7 @@ from ddpdoctor.launch.launcher import (
     exit_code_for,
     json_document,
     rank_exit_lines,
+    verdict_agrees,
 )
 from ddpdoctor.monitor.snapshot import RankState, RankView, RunInfo, Snapshot, Verdict
 from ddpdoctor.protocol.rundir import RunDir
@@ -144,3 +145,58 @@ def test_torchruns_table_never_contradicts_what_ddpdoctor_saw():
     assert rank_exit_lines(final, agent) == ["rank 2 ended by SIGKILL (torchrun)"]
     command = replace(final, run=replace(final.run, launch_mode="command"))
     assert rank_exit_lines(command, agent) == []
+
+
+VERDICT_CASES = [
+    (verdict, rc, stopped, interrupted)
+    for verdict in Verdict
+    for rc in (0, 1, -6, -15, None)
+    for stopped in (None, Verdict.HANG)
+    for interrupted in (False, True)
+    if verdict is not Verdict.RUNNING
+    # the monitor never leaves these (monitor/run_end.py: a launcher that failed or was
+    # stopped is never "healthy"); see test_monitor_stop / test_monitor_ended_runs
+    and not (verdict is Verdict.HEALTHY and rc not in (0, None))
+    and not (stopped is not None and not verdict.is_problem)
+]
+
+
+@pytest.mark.parametrize(("verdict", "rc", "stopped", "interrupted"), VERDICT_CASES)
+def test_the_printed_verdict_and_the_exit_code_never_contradict(verdict, rc, stopped, interrupted):
+    case = outcome(verdict, rc=rc, stopped=stopped, interrupted=interrupted)
+    code = exit_code_for(case)
+    if interrupted:  # the user stopped ddpdoctor: 130, whatever the verdict
+        assert code == ExitCode.INTERRUPTED
+        return
+    assert verdict_agrees(verdict, code, rc), (verdict, rc, code)
+    lines = closing_lines(case, {}, run_dir=RunDir("/tmp/r"), exit_code=code)
+    assert lines[-1].endswith(f"(exit code {int(code)})")
+
+
+def test_a_command_that_ran_without_ranks_keeps_its_exit_code():
+    for verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED):
+        ok = outcome(verdict, rc=0)
+        assert exit_code_for(ok) == ExitCode.OK and ok.started
+        lines = closing_lines(ok, {}, run_dir=RunDir("/tmp/r"), exit_code=ExitCode.OK)
+        assert lines[0] == "torchrun exited with code 0"
+        assert lines[-1] == f"verdict: {verdict.value.replace('_', ' ')} (exit code 0)"
+        assert exit_code_for(outcome(verdict, rc=3)) == ExitCode.PROBLEMS
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["python", "-m", "torch.distributed.run", "t.py"], "torchrun"),
+        (["/usr/bin/python3", "spawn_job.py", "2"], "python3 spawn_job.py"),
+        (["python", "-m", "pkg.train"], "python -m pkg.train"),
+        (["accelerate", "launch", "--cpu", "t.py"], "accelerate launch"),
+    ],
+)
+def test_the_launcher_is_named_as_the_user_gave_it(argv, name):
+    from types import SimpleNamespace
+
+    from ddpdoctor.launch.command import UserCommand, program_kind
+    from ddpdoctor.launch.launcher import launcher_name
+
+    command = UserCommand("command", tuple(argv), program_kind(argv))
+    assert launcher_name(SimpleNamespace(command=command)) == name

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, marked_pids, new_launch_id
+from ddpdoctor.protocol import processes
 from tests.procs import clean_env, kill_group, wait_for
 
 STUBBORN = (
@@ -60,7 +61,8 @@ def test_the_reaper_acts_when_its_launcher_dies(marked, tmp_path):
     launcher = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from ddpdoctor.launch.reaper import Reaper; "
-         "r = Reaper(sys.argv[1]); print(r.pid, flush=True); time.sleep(600)", launch_id],
+         "r = Reaper(sys.argv[1], run_dir=sys.argv[2]); print(r.pid, flush=True); "
+         "time.sleep(600)", launch_id, str(tmp_path)],
         stdout=subprocess.PIPE, text=True, env=clean_env(), start_new_session=True,
     )  # fmt: skip
     try:
@@ -73,6 +75,8 @@ def test_the_reaper_acts_when_its_launcher_dies(marked, tmp_path):
         launcher.wait(timeout=10)
         assert job.wait(timeout=20) in (-9, -15)
         wait_for(lambda: not _running(reaper_pid), timeout=20, what="the reaper to exit")
+        # it says in the run directory that it ended the job of a launcher that died
+        assert processes.launcher_was_killed(tmp_path)
     finally:
         kill_group(launcher)
 
@@ -91,3 +95,14 @@ def test_closing_the_reaper_after_a_clean_end_leaves_nothing(marked):
     wait_for(lambda: marked_pids(launch_id), timeout=20, what="the job")
     reaper.close(timeout=20)
     assert job.poll() is not None and marked_pids(launch_id) == []
+
+
+def test_a_launcher_that_ended_its_job_itself_leaves_no_note(marked, tmp_path):
+    launch_id = new_launch_id()
+    reaper = Reaper(launch_id, run_dir=str(tmp_path))
+    job = marked(launch_id)
+    wait_for(lambda: marked_pids(launch_id), timeout=20, what="the job")
+    end_marked(launch_id)  # what the launcher does before it closes the reaper
+    reaper.close(timeout=20)
+    assert job.poll() is not None
+    assert not processes.launcher_was_killed(tmp_path)

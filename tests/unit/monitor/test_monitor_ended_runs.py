@@ -141,7 +141,10 @@ def test_a_run_the_user_stopped_is_interrupted_not_a_crash(tmp_path):
     snap = quiet(run, clock).close(job_ended=True, interrupted=True, verdict_before=Verdict.RUNNING)
     assert snap.verdict is Verdict.INTERRUPTED and not snap.verdict.is_problem
     assert snap.findings[0].id == "run.interrupted" and not snap.culprits
-    assert json.loads(run.diagnosis_json.read_text())["verdict"] == "interrupted"
+    written = json.loads(run.diagnosis_json.read_text())
+    # nothing was found, so nothing is confirmed (the crash the stop caused was, until then)
+    assert written["verdict"] == "interrupted" and written["confirmed"] is False
+    assert not snap.confirmed
 
 
 def test_a_problem_found_before_the_interrupt_stays(tmp_path):

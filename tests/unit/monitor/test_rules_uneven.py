@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ddpdoctor.monitor.snapshot import RankState, Verdict
 from ddpdoctor.monitor.verdict_rules import uneven
-from tests.unit.monitor.test_monitor_builders import snap, view
+from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
 
 def test_different_loader_lengths_when_a_problem_hits():
@@ -32,3 +32,37 @@ def test_one_step_apart_is_normal_at_a_hang():
 def test_only_reported_with_a_problem():
     ranks = [view(0, step=14, epoch_batches=12), view(1, step=10, epoch_batches=10)]
     assert uneven.detect(snap(ranks), Verdict.RUNNING) is None
+
+
+def test_a_rank_that_died_is_not_uneven_inputs():
+    """Rank 1 was SIGKILLed at step 40 while rank 0 went on to step 42 before torchrun stopped
+    it: a crash of rank 1, and nothing about the data."""
+    from ddpdoctor.monitor.diagnose import diagnose
+
+    ranks = [
+        view(0, RankState.FAILED, step=42, exit_code=-15, exit_signal="SIGTERM",
+             exit_reason="signal", failed_t=NOW - 1, alive=False),
+        view(1, RankState.GONE, step=40, exit_signal="SIGKILL", failed_t=NOW - 5, alive=False),
+    ]  # fmt: skip
+    diagnosis = diagnose(snap(ranks))
+    assert diagnosis.verdict is Verdict.CRASH and diagnosis.culprits == frozenset({1})
+    assert not [f for f in diagnosis.findings if f.id == "uneven_inputs"]
+
+
+def test_a_dead_culprit_still_leaves_uneven_loaders_to_report():
+    ranks = [view(0, step=11, epoch_batches=12), view(1, RankState.GONE, step=10, epoch_batches=10)]
+    assert uneven.detect(snap(ranks), Verdict.CRASH, died=frozenset({1})) is None
+    ranks.append(view(2, step=9, epoch_batches=10))
+    assert uneven.detect(snap(ranks), Verdict.CRASH, died=frozenset({1})) is not None
+
+
+def test_the_loaders_name_the_short_rank_whatever_step_the_stop_caught_each_in():
+    """Rank 1's loader had 16 batches, rank 0's 20: rank 1 waits at the closing barrier after
+    step 16 while rank 0 is stopped inside step 17, which it never finished."""
+    ranks = [
+        view(0, RankState.FAILED, step=16, epoch_batches=20, exit_signal="SIGTERM"),
+        view(1, RankState.FAILED, step=16, epoch_batches=16, exit_signal="SIGTERM"),
+    ]
+    finding = uneven.detect(snap(ranks), Verdict.MISMATCH).findings[0]
+    assert finding.ranks == (1,)
+    assert finding.summary == "uneven inputs: rank 1 had 16 batches this epoch while rank 0 had 20"

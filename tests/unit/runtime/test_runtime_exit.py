@@ -94,6 +94,21 @@ def test_exit_flushes_the_step_in_progress(recording):
     assert kinds[-2:] == ["step", "exit"]
 
 
+@pytest.mark.parametrize(
+    ("code", "reason", "signal"),
+    [(1, "exception", None), (-15, "signal", "SIGTERM"), (3, "sys.exit", None)],
+)
+def test_a_process_cut_short_does_not_count_its_open_step(recording, code, reason, signal):
+    """A rank whose gradient all-reduce failed because a peer was stopped dies of the exception
+    (or of the stop's SIGTERM) inside its step: that step did not finish, and counting it would
+    make the rank look past the collective it died in."""
+    recording.steps.on_forward(1.0, training=True, synced=True, batch_size=8)
+    recording.hint_exit(code, reason, signal)
+    recording.write_exit_event()
+    kinds = [e["kind"] for e in all_events(recording)]
+    assert "step" not in kinds and kinds[-1] == "exit"
+
+
 def test_hooks_are_restored_on_deactivate(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     before = (sys.excepthook, threading.excepthook, sys.exit)

@@ -1,0 +1,148 @@
+"""RUN_DIR/processes.jsonl: the Python processes of a `ddpdoctor run -- COMMAND` job that never
+became a rank, one JSON object a line, appended as each one exits.
+
+A process becomes a rank when it joins a process group, and only ranks write events/. A job whose
+processes never join (`accelerate launch --cpu`, a script that never calls init_process_group)
+would leave nothing behind, indistinguishable from a job that never started. So every process the
+runtime's sitecustomize loads into, and that never joined, says so at exit:
+
+    {"v": 1, "t": <unix time>, "pid": 123, "host": "vm", "argv": ["train.py", ...],
+     "joined": false, "error": "RuntimeError: ..." | null}
+
+and a process in which the runtime could not load says why (written by the sitecustomize itself,
+with the standard library only, since ddpdoctor may be what failed to import):
+
+    {"v": 1, "t": ..., "pid": ..., "host": ..., "argv": [...], "load_error": "ModuleNotFoundError: ..."}
+
+RUN_DIR/launcher-killed.json is written by the reaper of `ddpdoctor run` (launch/reaper.py) when
+the launcher died while its job still ran (killed: SIGKILL, the OOM killer) and the reaper ended
+the job: `{"v": 1, "t": <unix time>, "ended": <processes ended>}`. A watcher reads it to tell a
+job stopped with its launcher from one that ended by itself.
+
+Each line is written with one O_APPEND write (kept under 4 KiB, so lines from many processes do
+not interleave). Readers read a bounded head of the file and skip what they cannot parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FILE_NAME = "processes.jsonl"
+LAUNCHER_KILLED = "launcher-killed.json"
+MAX_LINE_BYTES = 4000
+MAX_READ_BYTES = 256 * 1024
+MAX_RECORDS = 1000
+MAX_ARGV = 8
+MAX_WORD = 200
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    pid: int | None
+    host: str | None
+    argv: tuple[str, ...]
+    error: str | None = None  # the exception that ended it, if one did
+    load_error: str | None = None  # why the runtime could not load in it
+    python: str | None = None  # the interpreter (sys.executable), where the record says
+
+
+def path_in(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / FILE_NAME
+
+
+def line_for(fields: dict[str, Any]) -> bytes:
+    """One record as one line of at most MAX_LINE_BYTES."""
+    argv = [str(w)[:MAX_WORD] for w in list(fields.get("argv") or [])[:MAX_ARGV]]
+    record = {"v": 1, "t": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+    record.update(fields)
+    record["argv"] = argv
+    for key in ("error", "load_error"):
+        value = record.get(key)
+        if isinstance(value, str):
+            record[key] = value[:500]
+    data = (json.dumps(record) + "\n").encode("utf-8", "replace")
+    return data if len(data) <= MAX_LINE_BYTES else b""
+
+
+def append(run_dir: str | os.PathLike[str], fields: dict[str, Any]) -> None:
+    """Append one record; never raises (a process exiting must not fail on ddpdoctor's account)."""
+    try:
+        data = line_for(fields)
+        if not data:
+            return
+        fd = os.open(path_in(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def read(run_dir: str | os.PathLike[str]) -> list[ProcessRecord]:
+    """The records (bounded: the first MAX_READ_BYTES, at most MAX_RECORDS); [] when none."""
+    try:
+        with open(path_in(run_dir), "rb") as fh:
+            raw = fh.read(MAX_READ_BYTES)
+    except OSError:
+        return []
+    records: list[ProcessRecord] = []
+    for line in raw.split(b"\n")[:MAX_RECORDS]:
+        if not line.strip() or len(line) > MAX_LINE_BYTES:
+            continue
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        pid, host, argv = data.get("pid"), data.get("host"), data.get("argv")
+        records.append(
+            ProcessRecord(
+                pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                host=host if isinstance(host, str) else None,
+                argv=tuple(str(w) for w in argv[:MAX_ARGV]) if isinstance(argv, list) else (),
+                error=_text(data.get("error")),
+                load_error=_text(data.get("load_error")),
+                python=_text(data.get("python")),
+            )
+        )
+    return records
+
+
+def _text(value: Any) -> str | None:
+    return value[:500] if isinstance(value, str) and value else None
+
+
+def exception_text() -> str | None:
+    """The exception that is ending this process (set by the interpreter before atexit runs)."""
+    exc = getattr(sys, "last_value", None)
+    if exc is None or isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return None
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+
+
+def say_launcher_killed(run_dir: str | os.PathLike[str], ended: int) -> None:
+    """The reaper's note that it ended the job of a launcher that died (never raises)."""
+    try:
+        data = json.dumps({"v": 1, "t": time.time(), "ended": ended}).encode()
+        fd = os.open(Path(run_dir) / LAUNCHER_KILLED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def launcher_was_killed(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether the reaper ended this run's job after its launcher died."""
+    return (Path(run_dir) / LAUNCHER_KILLED).is_file()

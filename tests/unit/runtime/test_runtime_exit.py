@@ -102,7 +102,7 @@ def test_a_process_cut_short_does_not_count_its_open_step(recording, code, reaso
     """A rank whose gradient all-reduce failed because a peer was stopped dies of the exception
     (or of the stop's SIGTERM) inside its step: that step did not finish, and counting it would
     make the rank look past the collective it died in."""
-    recording.steps.on_forward(1.0, training=True, synced=True, batch_size=8)
+    recording.steps.on_forward(1.0, grad=True, synced=True, batch_size=8)
     recording.hint_exit(code, reason, signal)
     recording.write_exit_event()
     kinds = [e["kind"] for e in all_events(recording)]

@@ -37,6 +37,7 @@ from ddpdoctor.monitor.host_probes import (
 )
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
+from ddpdoctor.monitor.node_summaries import NodeMerge
 from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
@@ -96,6 +97,10 @@ class Monitor:
         self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
         self.state = RunState(run_info(self.run, data), classify=_classifier())
         self.tailer = RunTailer(self.run)
+        if node_rank is not None:  # a launcher of a job over several nodes: its own logs
+            self.tailer.log_roots = (self.run.node_logs_dir(node_rank),)
+        # other nodes' summaries in place of their ranks' files; this node's own summary
+        self.merge = NodeMerge(self.run, self.state, self.tailer, node_rank)
         self.nodes: dict[int, NodeRecord] = {}
         # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
         # wrote a thing is then over, not starting.
@@ -216,12 +221,21 @@ class Monitor:
         # Liveness before reading: an exit event written before a process died is read in the
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
+        if final and self.node_rank in (None, 0):
+            # The final word (node 0's launcher, a watcher): every node's logs and events, once.
+            self.tailer.log_roots = None
+            self.merge.merge(now, self.nodes, final=True)
         batch = self.tailer.poll(now, drain=final or self.polls == 1)
+        apply, note = self.state.apply, self.merge.note
         for lines in batch.events:
             for line_no, raw in lines.lines:
                 event = parse_event_line(raw)
                 if event is not None:
-                    self.state.apply(event, (lines.rel, line_no))
+                    apply(event, (lines.rel, line_no))
+                    note(event["rank"], line_no, event)
+        if not final:
+            self.merge.merge(now, self.nodes, final=False)
+        self.merge.publish(now, force=final)
         self._check_liveness(first_look=True)
         self._probe_hosts(now)
         interesting = False
@@ -252,6 +266,8 @@ class Monitor:
         if self.logs is not None:
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
+        if live:
+            extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = diagnose(snap, extra_findings=extra)
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)

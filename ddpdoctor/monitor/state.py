@@ -78,6 +78,15 @@ class RunState:
             tracker = self.ranks[rank] = RankTracker(rank)
         return tracker
 
+    def restart_rank(self, rank: int) -> None:
+        """Forget a rank's events, to read them all again (what its logs said is kept)."""
+        old = self.ranks.pop(rank, None)
+        if old is not None:
+            fresh = self.tracker(rank)
+            fresh.error_lines = old.error_lines
+            fresh.agent_exit_code = old.agent_exit_code
+            self._by_node_local = None
+
     def apply(self, event: dict[str, Any], where: tuple[str, int] | None = None) -> None:
         """Fold one event in (events of one rank must come in file order)."""
         rank = event["rank"]

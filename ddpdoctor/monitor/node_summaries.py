@@ -1,0 +1,281 @@
+"""Node summaries: what a launcher publishes about its own ranks, and what watchers take from them.
+
+A job that spans nodes has one launcher per node. Each reads its own ranks' event files and
+publishes a NodeSummary (ddpdoctor/protocol/node_summary.py) once a second (`Publisher`). Every
+other watcher, node 0's launcher and `ddpdoctor watch` included, reads those summaries instead of
+the ranks' files (`SummaryFeed`): one file per node per second on the shared file system.
+
+A summary stands in for the rank files only while its node's launcher runs and keeps publishing:
+once the launcher has ended, or its summaries stop coming (a node whose launcher died or hangs),
+the watcher reads that node's rank files itself again, from their start, so the diagnosis then
+rests on every event the ranks wrote. The summaries that stopped coming are a finding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.liveness import this_host
+from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.node_summary import (
+    NodeSummary,
+    RankEvents,
+    read_node_summary,
+    summary_mtime,
+    write_node_summary,
+)
+from ddpdoctor.protocol.rundir import RunDir
+
+PUBLISH_EVERY_S = 1.0
+# A summary unchanged this long (the watcher's own clock) no longer stands for its ranks: their
+# files are read again. Several periods: a launcher busy for a moment (a py-spy capture) is not gone.
+STALE_AFTER_S = 5.0
+# ... and this long, it is a finding: the node's launcher stopped reporting.
+STALE_FINDING_S = 10.0
+RECENT_COLLECTIVE_EVENTS = 16  # collective events kept per rank (the mismatch comparison)
+
+# The kinds where only the latest event matters to a watcher's state of the rank.
+_LATEST = frozenset(
+    {ev.HELLO, ev.HEARTBEAT, ev.STEP, ev.PHASE, ev.EPOCH, ev.METRICS, ev.FAULT, ev.ERROR, ev.EXIT}
+)
+_COLLECTIVE = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END})
+
+Line = tuple[int, dict[str, Any]]
+
+
+class RankDigest:
+    """The events of one rank that a summary carries: its state, not its history."""
+
+    __slots__ = ("collectives", "latest", "opens", "warnings")
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.latest: dict[str, Line] = {}
+        self.warnings: dict[str, Line] = {}
+        self.opens: dict[tuple[Any, Any, Any], Line] = {}  # open collectives by (group, seq, peer)
+        self.collectives: deque[Line] = deque(maxlen=RECENT_COLLECTIVE_EVENTS)
+
+    def note(self, line_no: int, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind in _LATEST:
+            hello = self.latest.get(ev.HELLO)
+            if kind == ev.HELLO and hello is not None and event.get("pid") != hello[1].get("pid"):
+                self._clear()  # a restarted rank: a new attempt, as the tracker sees it
+            self.latest[kind] = (line_no, event)
+        elif kind in _COLLECTIVE:
+            self.collectives.append((line_no, event))
+            key = (event.get("group"), event.get("seq"), event.get("peer"))
+            if kind == ev.COLLECTIVE_START:
+                self.opens[key] = (line_no, event)
+            else:
+                self.opens.pop(key, None)
+        elif kind == ev.WARNING:
+            code = str(event.get("code"))
+            if code in self.warnings or len(self.warnings) < 16:
+                self.warnings[code] = (line_no, event)
+
+    def lines(self) -> tuple[Line, ...]:
+        found: dict[int, dict[str, Any]] = {}
+        for group in (self.latest.values(), self.warnings.values(), self.opens.values()):
+            for n, e in group:
+                found[n] = e
+        for n, e in self.collectives:
+            found[n] = e
+        return tuple(sorted(found.items(), key=lambda item: item[0]))
+
+
+class Publisher:
+    """Node N's launcher: digests its own ranks' events, writes its summary once a second."""
+
+    def __init__(self, run: RunDir, node_rank: int) -> None:
+        self.run = run
+        self.node_rank = node_rank
+        self.digests: dict[int, RankDigest] = {}
+        self.seq = 0
+        self.written_t: float | None = None
+        self.host = this_host()
+        self.error: str | None = None
+
+    def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:
+        digest = self.digests.get(rank)
+        if digest is None:
+            digest = self.digests[rank] = RankDigest()
+        digest.note(line_no, event)
+
+    def maybe_publish(self, now: float, own: Iterable[int], *, force: bool = False) -> bool:
+        if not force and self.written_t is not None and 0 <= now - self.written_t < PUBLISH_EVERY_S:
+            return False
+        self.written_t = now
+        self.seq += 1
+        ranks = tuple(
+            RankEvents(rank, self.digests[rank].lines())
+            for rank in sorted(own)
+            if rank in self.digests
+        )
+        summary = NodeSummary(self.node_rank, self.host, os.getpid(), self.seq, now, ranks)
+        try:
+            write_node_summary(self.run, summary)
+            self.error = None
+        except OSError as exc:  # a summary lost: the others read this node's files instead
+            self.error = exc.strerror or str(exc)
+        return True
+
+
+@dataclass
+class _Seen:
+    mtime: int | None = None
+    seq: int | None = None
+    changed_t: float | None = None  # when this watcher last saw it change (its own clock)
+    ranks: tuple[int, ...] = ()
+
+
+class SummaryFeed:
+    """Other nodes' summaries, read when they change (one stat per node per poll)."""
+
+    def __init__(self, run: RunDir, own_node: int | None) -> None:
+        self.run = run
+        self.own_node = own_node
+        self.seen: dict[int, _Seen] = {}
+
+    def poll(
+        self, now: float, nodes: Mapping[int, NodeRecord]
+    ) -> list[tuple[int, RankEvents]]:
+        """The (node, rank events) of every summary that changed since the last poll."""
+        changed: list[tuple[int, RankEvents]] = []
+        for node, record in nodes.items():
+            if node == self.own_node or record.ended:
+                continue
+            mtime = summary_mtime(self.run, node)
+            seen = self.seen.setdefault(node, _Seen())
+            if mtime is None or mtime == seen.mtime:
+                continue
+            seen.mtime = mtime
+            summary = read_node_summary(self.run, node)
+            if summary is None or summary.seq == seen.seq:
+                continue
+            seen.seq = summary.seq
+            seen.changed_t = now
+            seen.ranks = tuple(r.rank for r in summary.ranks)
+            changed.extend((node, r) for r in summary.ranks)
+        return changed
+
+    def standing(self, now: float, nodes: Mapping[int, NodeRecord]) -> set[int]:
+        """The nodes whose summaries stand for their ranks now: launcher running, fresh summary."""
+        return {
+            node
+            for node, seen in self.seen.items()
+            if seen.changed_t is not None
+            and node in nodes
+            and not nodes[node].ended
+            and 0 <= now - seen.changed_t < STALE_AFTER_S
+        }
+
+    def stale_findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
+        """A node whose launcher published summaries, has not ended, and stopped publishing."""
+        found = []
+        for node, seen in sorted(self.seen.items()):
+            record = nodes.get(node)
+            if record is None or record.ended or seen.changed_t is None:
+                continue
+            age = now - seen.changed_t
+            if age < STALE_FINDING_S:
+                continue
+            found.append(
+                Finding(
+                    "node.stale",
+                    Severity.WARNING,
+                    f"node {node}'s launcher ({record.host}, pid {record.launcher_pid}) stopped "
+                    f"reporting {age:.0f} s ago: its ranks are read from their own files "
+                    "instead",
+                    f"See whether `ddpdoctor run` on node {node} still runs (ps -p "
+                    f"{record.launcher_pid} on {record.host}) and what it printed; its job goes "
+                    "on, watched from the run directory.",
+                    ranks=seen.ranks,
+                )
+            )
+        return found
+
+
+class NodeMerge:
+    """Which ranks a watcher follows through their node's summary, and the merging itself.
+
+    `state` is the watcher's RunState, `tailer` its RunTailer. A rank of another node goes over
+    to its node's summary as soon as its hello names that node and the node's summary stands;
+    its event file is then paused. When the summary stops standing (its launcher ended, or went
+    quiet), the rank's record is started again from its own file."""
+
+    def __init__(self, run: RunDir, state: Any, tailer: Any, own_node: int | None) -> None:
+        self.state = state
+        self.tailer = tailer
+        self.own_node = own_node
+        self.feed = SummaryFeed(run, own_node)
+        self.applied: dict[int, int] = {}  # rank -> the last line of its file applied
+        self.via: dict[int, int] = {}  # rank -> the node whose summary stands for it
+        self.publisher = Publisher(run, own_node) if own_node is not None else None
+
+    def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:
+        """An event read from a rank's own file."""
+        if line_no > self.applied.get(rank, 0):
+            self.applied[rank] = line_no
+        if self.publisher is not None:
+            self.publisher.note(rank, line_no, event)
+
+    def merge(self, now: float, nodes: Mapping[int, NodeRecord], *, final: bool) -> None:
+        if final:
+            # The final word (node 0's launcher, a watcher) rests on every event: read the
+            # files of the ranks followed through summaries, once.
+            for rank in list(self.via):
+                self._from_file(rank)
+            return
+        changed = self.feed.poll(now, nodes) if nodes else []
+        standing = self.feed.standing(now, nodes) if self.feed.seen else set()
+        if standing:
+            for rank, tracker in self.state.ranks.items():
+                if rank in self.via or tracker.host is None:
+                    continue
+                node = self.state.node_of(rank)
+                if node is not None and node != self.own_node and node in standing:
+                    self.via[rank] = node
+                    self.tailer.pause(rank)
+        for node, entry in changed:
+            if entry.rank not in self.via and node in standing:
+                known = self.state.node_of(entry.rank)
+                if known in (None, node):  # not read from its file yet, or read as node's
+                    self.via[entry.rank] = node
+                    self.tailer.pause(entry.rank)
+            if self.via.get(entry.rank) != node:
+                continue
+            rel = f"events/rank-{entry.rank}.jsonl"
+            last = self.applied.get(entry.rank, 0)
+            for line_no, event in entry.events:
+                if line_no > last:
+                    self.state.apply(event, (rel, line_no))
+                    last = line_no
+            self.applied[entry.rank] = last
+        for rank, node in list(self.via.items()):
+            if node not in standing:
+                self._from_file(rank)
+
+    def _from_file(self, rank: int) -> None:
+        """Read the rank's own file again, from its start, into a fresh record."""
+        del self.via[rank]
+        self.applied[rank] = 0
+        self.state.restart_rank(rank)
+        self.tailer.resume(rank)
+
+    def publish(self, now: float, *, force: bool = False) -> None:
+        if self.publisher is None:
+            return
+        own = [r for r in self.state.ranks if self.state.node_of(r) == self.own_node]
+        self.publisher.maybe_publish(now, own, force=force)
+
+    def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
+        return self.feed.stale_findings(now, nodes) if self.feed.seen else []

@@ -40,17 +40,20 @@ from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.node_summaries import NodeMerge
 from ddpdoctor.monitor.run_end import interrupted_snapshot, launcher_gone, not_started_snapshot
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
-from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
+from ddpdoctor.protocol.node_records import NodeRecord, read_node_record, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
+# A follower's ranks in one of these states: it pulls the other nodes' summaries.
+_PULL_STATES = frozenset({RankState.WAITING, RankState.STALLED, RankState.FAILED, RankState.GONE})
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
 NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
+NODES_FULL_EVERY_S = 30.0  # ... all of them, by a launcher of node 1 and up (see _node_records)
 
 
 def _classifier() -> Callable[[str], Any] | None:
@@ -106,6 +109,7 @@ class Monitor:
         # wrote a thing is then over, not starting.
         self.job_ended = False
         self._nodes_read_t: float | None = None
+        self._nodes_full_t: float | None = None
         self._checkup_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
@@ -225,6 +229,8 @@ class Monitor:
             # The final word (node 0's launcher, a watcher): every node's logs and events, once.
             self.tailer.log_roots = None
             self.merge.merge(now, self.nodes, final=True)
+        elif not final:
+            self.merge.merge(now, self.nodes, final=False)  # before reading: a resumed file too
         batch = self.tailer.poll(now, drain=final or self.polls == 1)
         apply, note = self.state.apply, self.merge.note
         for lines in batch.events:
@@ -233,8 +239,6 @@ class Monitor:
                 if event is not None:
                     apply(event, (lines.rel, line_no))
                     note(event["rank"], line_no, event)
-        if not final:
-            self.merge.merge(now, self.nodes, final=False)
         self.merge.publish(now, force=final)
         self._check_liveness(first_look=True)
         self._probe_hosts(now)
@@ -281,6 +285,10 @@ class Monitor:
             snap = replace(snap, stack_status=self.stacks.status)
         if not final:
             self.flight_recorder.maybe_ask(snap, now)
+            if not self.merge.active:  # a follower sees the other nodes once its ranks wait
+                self.merge.observe(
+                    snap.verdict.is_problem or any(v.state in _PULL_STATES for v in snap.ranks)
+                )
         self._last = snap
         self._write(snap)
         return snap
@@ -439,11 +447,29 @@ class Monitor:
         if self._nodes_read_t is not None and 0 <= now - self._nodes_read_t < NODES_EVERY_S:
             return
         self._nodes_read_t = now
-        records = read_node_records(self.run)
+        records = self._node_records(now)
         if records != self.nodes:
             self.nodes = records
             self.state.set_nodes(records)
             self.state.info = with_nodes(self.state.info, records)
+
+    def _node_records(self, now: float) -> dict[int, NodeRecord]:
+        """Every node's record; for a launcher of node 1 and up, once every node has recorded
+        itself, only node 0's (the lead it follows) every second and all of them now and then:
+        N launchers each reading N records a second would load a shared file system as N x N."""
+        full = self._nodes_full_t
+        expected = self.state.info.nnodes or 0
+        if (
+            self.node_rank
+            and not self.merge.active
+            and full is not None
+            and 0 <= now - full < NODES_FULL_EVERY_S
+            and len(self.nodes) >= expected
+        ):
+            lead = read_node_record(self.run, 0)
+            return {**self.nodes, 0: lead} if lead is not None else dict(self.nodes)
+        self._nodes_full_t = now
+        return read_node_records(self.run)
 
     def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
         """The script checkup's findings: each doctor.json is read once as it appears (a watcher

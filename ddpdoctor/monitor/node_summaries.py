@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.launchers import proc_children
 from ddpdoctor.monitor.liveness import this_host
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.node_records import NodeRecord
@@ -145,9 +146,7 @@ class SummaryFeed:
         self.own_node = own_node
         self.seen: dict[int, _Seen] = {}
 
-    def poll(
-        self, now: float, nodes: Mapping[int, NodeRecord]
-    ) -> list[tuple[int, RankEvents]]:
+    def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, RankEvents]]:
         """The (node, rank events) of every summary that changed since the last poll."""
         changed: list[tuple[int, RankEvents]] = []
         for node, record in nodes.items():
@@ -207,10 +206,17 @@ class SummaryFeed:
 class NodeMerge:
     """Which ranks a watcher follows through their node's summary, and the merging itself.
 
-    `state` is the watcher's RunState, `tailer` its RunTailer. A rank of another node goes over
-    to its node's summary as soon as its hello names that node and the node's summary stands;
-    its event file is then paused. When the summary stops standing (its launcher ended, or went
-    quiet), the rank's record is started again from its own file."""
+    `state` is the watcher's RunState, `tailer` its RunTailer, `own_node` the launcher's node
+    (None for `watch`). Node 0's launcher and `watch` merge every node's summary, all the time:
+    a rank of another node goes over to its node's summary as soon as its hello names that node
+    (or the summary names the rank) and the summary stands, and its event file is paused. When
+    the summary stops standing (its launcher ended, or went quiet), the rank's record is started
+    again from its own file.
+
+    A launcher of node 1 and up reads its own ranks only (`held`: the others' files, paused),
+    and pulls the other nodes' summaries on demand: from the moment one of its ranks waits or
+    fails (`observe`), and at its end. Node 0 leads: it stops the job, and the others follow its
+    node record; so no node's launcher reads every other node's summary every second."""
 
     def __init__(self, run: RunDir, state: Any, tailer: Any, own_node: int | None) -> None:
         self.state = state
@@ -219,7 +225,11 @@ class NodeMerge:
         self.feed = SummaryFeed(run, own_node)
         self.applied: dict[int, int] = {}  # rank -> the last line of its file applied
         self.via: dict[int, int] = {}  # rank -> the node whose summary stands for it
+        self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
+        self.follower = own_node is not None and own_node > 0
+        self.active = not self.follower  # whether other nodes' summaries are read
+        self.own_pids: dict[int, int] = {}  # a follower's own ranks (from its torchrun's children)
 
     def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:
         """An event read from a rank's own file."""
@@ -228,12 +238,16 @@ class NodeMerge:
         if self.publisher is not None:
             self.publisher.note(rank, line_no, event)
 
+    def observe(self, waiting_or_failed: bool) -> None:
+        """A follower's own ranks wait in a collective or failed: time to see the others."""
+        if waiting_or_failed:
+            self.active = True
+
     def merge(self, now: float, nodes: Mapping[int, NodeRecord], *, final: bool) -> None:
         if final:
-            # The final word (node 0's launcher, a watcher) rests on every event: read the
-            # files of the ranks followed through summaries, once.
-            for rank in list(self.via):
-                self._from_file(rank)
+            self.active = True
+        if not self.active:
+            self._hold_others(nodes)
             return
         changed = self.feed.poll(now, nodes) if nodes else []
         standing = self.feed.standing(now, nodes) if self.feed.seen else set()
@@ -243,14 +257,12 @@ class NodeMerge:
                     continue
                 node = self.state.node_of(rank)
                 if node is not None and node != self.own_node and node in standing:
-                    self.via[rank] = node
-                    self.tailer.pause(rank)
+                    self._follow(rank, node)
         for node, entry in changed:
             if entry.rank not in self.via and node in standing:
                 known = self.state.node_of(entry.rank)
                 if known in (None, node):  # not read from its file yet, or read as node's
-                    self.via[entry.rank] = node
-                    self.tailer.pause(entry.rank)
+                    self._follow(entry.rank, node)
             if self.via.get(entry.rank) != node:
                 continue
             rel = f"events/rank-{entry.rank}.jsonl"
@@ -263,10 +275,42 @@ class NodeMerge:
         for rank, node in list(self.via.items()):
             if node not in standing:
                 self._from_file(rank)
+        for rank in list(self.held):
+            self._from_file(rank)  # no summary stands for it: its file, then
+        if final:
+            # The final word rests on every event: node 0's launcher and a watcher read the
+            # files of the ranks followed through summaries once; a follower those of the
+            # ranks whose end its summaries have not shown yet.
+            for rank in list(self.via):
+                tracker = self.state.ranks.get(rank)
+                if not self.follower or tracker is None or tracker.exit_code is None:
+                    self._from_file(rank)
+
+    def _follow(self, rank: int, node: int) -> None:
+        self.via[rank] = node
+        self.held.discard(rank)
+        self.tailer.pause(rank)
+
+    def _hold_others(self, nodes: Mapping[int, NodeRecord]) -> None:
+        """A follower not (yet) merging: pause every other node's rank file it has found."""
+        record = nodes.get(self.own_node) if self.own_node is not None else None
+        if record is not None and record.torchrun_pid and len(self.own_pids) < (record.nproc or 1):
+            self.own_pids = ranks_of_children(record.torchrun_pid)
+        complete = record is not None and len(self.own_pids) >= (record.nproc or 1)
+        for rank in self.tailer.event_ranks():
+            if rank in self.held or rank in self.via or rank in self.own_pids:
+                continue
+            node = self.state.node_of(rank) if rank in self.state.ranks else None
+            if node is None and not complete:
+                continue  # not known yet: its hello will tell
+            if node != self.own_node:
+                self.held.add(rank)
+                self.tailer.pause(rank)
 
     def _from_file(self, rank: int) -> None:
         """Read the rank's own file again, from its start, into a fresh record."""
-        del self.via[rank]
+        self.via.pop(rank, None)
+        self.held.discard(rank)
         self.applied[rank] = 0
         self.state.restart_rank(rank)
         self.tailer.resume(rank)
@@ -279,3 +323,23 @@ class NodeMerge:
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
         return self.feed.stale_findings(now, nodes) if self.feed.seen else []
+
+
+def ranks_of_children(pid: int) -> dict[int, int]:
+    """rank -> pid of a local torchrun's workers, from their environment (RANK): which event
+    files are this node's before any of them is read. {} where /proc does not tell."""
+    found: dict[int, int] = {}
+    for child, _argv in proc_children(pid):
+        try:
+            with open(f"/proc/{child}/environ", "rb") as fh:
+                env = fh.read(1 << 20)
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(b"RANK="):
+                try:
+                    found[int(item[5:])] = child
+                except ValueError:
+                    pass
+                break
+    return found

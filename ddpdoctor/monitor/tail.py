@@ -146,6 +146,15 @@ class RunTailer:
         if key in self._events:
             self._events[key] = (FileTail(key), self._events[key][1])
 
+    def event_ranks(self) -> list[int]:
+        """The ranks whose event files have been found."""
+        found = []
+        for _tail, rel in self._events.values():
+            digits = rel[len("events/rank-") : -len(".jsonl")]
+            if digits.isdigit():
+                found.append(int(digits))
+        return found
+
     def discover(self, now: float) -> None:
         self._last_discovery = now
         try:

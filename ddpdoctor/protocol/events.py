@@ -159,8 +159,14 @@ _NUM = rb"(-?[0-9][0-9.eE+-]*)"
 _STEP_FAST = re.compile(
     rb'\{"v":1,"t":' + _NUM + rb',"mono":' + _NUM + rb',"rank":([0-9]+),"kind":"step","step":'
     rb'(-?[0-9]+),"epoch":(-?[0-9]+|null),"loss":' + rb"(-?[0-9][0-9.eE+-]*|null)"
-    rb',"batch_size":([0-9]+|null),"forwards":([0-9]+),"step_time_s":' + _NUM
-    + rb',"data_time_s":' + _NUM + rb',"compute_time_s":' + _NUM + rb',"comm_wait_s":' + _NUM
+    rb',"batch_size":([0-9]+|null),"forwards":([0-9]+),"step_time_s":'
+    + _NUM
+    + rb',"data_time_s":'
+    + _NUM
+    + rb',"compute_time_s":'
+    + _NUM
+    + rb',"comm_wait_s":'
+    + _NUM
     + rb',"samples_per_s":(-?[0-9][0-9.eE+-]*|null)\}[ \t\r]*'
 )
 

@@ -13,7 +13,7 @@ from ddpdoctor.runtime import records
 
 def step_line(epoch=0, loss=0.25, samples=64, step_time=0.0123, data=0.001, comm=0.002) -> bytes:
     record = (records.step, 1795705630.046983, 466.924125, 17, epoch, loss, samples, 1)
-    return records.step(record + (step_time, data, comm), 3).encode()
+    return records.step((*record, step_time, data, comm), 3).encode()
 
 
 @pytest.mark.parametrize(

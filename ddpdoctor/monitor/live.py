@@ -455,12 +455,15 @@ class Monitor:
 
     def _node_records(self, now: float) -> dict[int, NodeRecord]:
         """Every node's record; for a launcher of node 1 and up, once every node has recorded
-        itself, only node 0's (the lead it follows) every second and all of them now and then:
-        N launchers each reading N records a second would load a shared file system as N x N."""
+        itself and the job has started, only node 0's (the lead it follows) every second and all
+        of them now and then: N launchers each reading N records a second would load a shared
+        file system as N x N. (Before the start, a node whose launcher ends without starting
+        its part must be seen at once: see launch/supervise.py.)"""
         full = self._nodes_full_t
         expected = self.state.info.nnodes or 0
         if (
             self.node_rank
+            and self.state.ranks
             and not self.merge.active
             and full is not None
             and 0 <= now - full < NODES_FULL_EVERY_S

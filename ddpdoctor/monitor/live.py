@@ -186,7 +186,8 @@ class Monitor:
             self._interrupted = (interrupted, verdict_before)
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
-            if self.logs is not None:
+            if self.logs is not None and self.merge.active:
+                # (a follower whose ranks never waited leaves the whole run's logs to node 0)
                 self.logs.refresh_now()
             snap = self._poll(final=True)
             self._write(snap, force=True)
@@ -226,11 +227,8 @@ class Monitor:
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
         if final and self.node_rank in (None, 0):
-            # The final word (node 0's launcher, a watcher): every node's logs and events, once.
-            self.tailer.log_roots = None
-            self.merge.merge(now, self.nodes, final=True)
-        elif not final:
-            self.merge.merge(now, self.nodes, final=False)  # before reading: a resumed file too
+            self.tailer.log_roots = None  # the final word (node 0, a watcher): every log, once
+        self.merge.merge(now, self.nodes, final=final)  # before reading: a resumed file too
         batch = self.tailer.poll(now, drain=final or self.polls == 1)
         apply, note = self.state.apply, self.merge.note
         for lines in batch.events:
@@ -287,7 +285,10 @@ class Monitor:
             self.flight_recorder.maybe_ask(snap, now)
             if not self.merge.active:  # a follower sees the other nodes once its ranks wait
                 self.merge.observe(
-                    snap.verdict.is_problem or any(v.state in _PULL_STATES for v in snap.ranks)
+                    any(
+                        v.state in _PULL_STATES and self.state.node_of(v.rank) == self.node_rank
+                        for v in snap.ranks
+                    )
                 )
         self._last = snap
         self._write(snap)

@@ -304,8 +304,12 @@ class NodeMerge:
             if node is None and not complete:
                 continue  # not known yet: its hello will tell
             if node != self.own_node:
+                # What its file said so far would age into a false "stalled": it is unknown
+                # here until pulled (its node's summary, or its file once more).
                 self.held.add(rank)
                 self.tailer.pause(rank)
+                self.applied[rank] = 0
+                self.state.restart_rank(rank)
 
     def _from_file(self, rank: int) -> None:
         """Read the rank's own file again, from its start, into a fresh record."""

@@ -19,6 +19,7 @@ import pytest
 
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import read_node_records
+from ddpdoctor.protocol.node_summary import read_node_summary
 from ddpdoctor.protocol.rundir import RunDir
 from tests.procs import background, clean_env, ddpdoctor_cmd, free_port, job_processes, run
 
@@ -139,6 +140,18 @@ def test_watch_shows_every_rank_of_both_nodes(healthy):
     assert doc["verdict"] == "healthy"
     assert [(r["rank"], r["state"]) for r in doc["ranks"]] == [(0, "done"), (1, "done")]
     assert doc["run"]["world_size"] == 2
+
+
+def test_each_launcher_publishes_a_summary_of_its_own_ranks(healthy):
+    _, run_dir = healthy
+    for node in (0, 1):
+        summary = read_node_summary(RunDir(run_dir), node)
+        assert summary is not None and summary.node_rank == node
+        ranks = [r.rank for r in summary.ranks]
+        assert ranks and all(owner_of(run_dir, rank) == node for rank in ranks)
+        # its last summary, written as it ended, carries its ranks' exits
+        exits = [e for r in summary.ranks for _, e in r.events if e["kind"] == "exit"]
+        assert [e["code"] for e in exits] == [0] * len(ranks)
 
 
 # -- hang ------------------------------------------------------------------------------------

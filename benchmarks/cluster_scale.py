@@ -3,7 +3,7 @@
     python benchmarks/cluster_scale.py [--nodes 1,2,4,8,16,32] [--ranks 8] [--seconds 20] [--json]
 
 For each N: one process per node runs ddpdoctor's own Monitor as that node's launcher does
-(`Monitor(run, node_rank=n)`, polled every 0.5 s), and writer processes append real events for the
+(`Monitor(run, node_rank=n)` polled every 0.5 s, and its stack-request responder), and writer processes append real events for the
 N x 8 ranks (hello, then every second per rank a collective_start / collective_end / step and a
 heartbeat), each rank's hello naming its node's host and torchrun as the real runtime's does.
 After a warm-up, a window of `--seconds` is measured; then one rank of the last node hangs (it
@@ -74,7 +74,8 @@ def count_ops(root: str, counter: list[int]) -> None:
 
 
 def launcher(run_dir: str, node: int, stop_at: float, window: tuple[float, float], out, done):
-    from ddpdoctor.monitor import Monitor
+    from ddpdoctor.monitor import Monitor  # in the child: imported after the fork
+    from ddpdoctor.stacks.responder import StackResponder
 
     ops = [0]
     count_ops(run_dir, ops)
@@ -86,14 +87,17 @@ def launcher(run_dir: str, node: int, stop_at: float, window: tuple[float, float
         explain_logs=False,
         write_diagnosis=node == 0,
     )
+    responder = StackResponder(monitor.run, node)  # as the launcher: answers stack requests
     marks: dict[str, tuple[float, int]] = {}
     while time.time() < stop_at and not (done.is_set() and "end" in marks):
-        monitor.poll()
+        began = time.time()
+        snap = monitor.poll()
+        responder.poll(monitor.node_ranks(snap))
         now = time.time()
         for name, at in (("start", window[0]), ("end", window[1])):
             if name not in marks and now >= at:
                 marks[name] = (time.process_time(), ops[0])
-        time.sleep(max(0.0, POLL_S - (time.time() - now)))
+        time.sleep(max(0.0, POLL_S - (time.time() - began)))
     (cpu0, ops0), (cpu1, ops1) = marks["start"], marks["end"]
     span = window[1] - window[0]
     out.put((node, (cpu1 - cpu0) / span, (ops1 - ops0) / span))

@@ -290,6 +290,11 @@ class NodeMerge:
         self.via[rank] = node
         self.held.discard(rank)
         self.tailer.pause(rank)
+        self._forget_digest(rank)
+
+    def _forget_digest(self, rank: int) -> None:
+        if self.publisher is not None:
+            self.publisher.digests.pop(rank, None)  # another node's: never this one's to publish
 
     def _hold_others(self, nodes: Mapping[int, NodeRecord]) -> None:
         """A follower not (yet) merging: pause every other node's rank file it has found."""
@@ -308,6 +313,7 @@ class NodeMerge:
                 # here until pulled (its node's summary, or its file once more).
                 self.held.add(rank)
                 self.tailer.pause(rank)
+                self._forget_digest(rank)
                 self.applied[rank] = 0
                 self.state.restart_rank(rank)
 
@@ -322,7 +328,7 @@ class NodeMerge:
     def publish(self, now: float, *, force: bool = False) -> None:
         if self.publisher is None:
             return
-        own = [r for r in self.state.ranks if self.state.node_of(r) == self.own_node]
+        own = [r for r in self.publisher.digests if self.state.node_of(r) == self.own_node]
         self.publisher.maybe_publish(now, own, force=force)
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:

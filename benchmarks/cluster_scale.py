@@ -73,7 +73,8 @@ def count_ops(root: str, counter: list[int]) -> None:
     os.replace = counted_replace
 
 
-def launcher(run_dir: str, node: int, stop_at: float, window: tuple[float, float], out, done):
+def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
+    """`window`: shared (start, end) unix times, set once every launcher is `ready`."""
     from ddpdoctor.monitor import Monitor  # in the child: imported after the fork
     from ddpdoctor.stacks.responder import StackResponder
 
@@ -88,6 +89,8 @@ def launcher(run_dir: str, node: int, stop_at: float, window: tuple[float, float
         write_diagnosis=node == 0,
     )
     responder = StackResponder(monitor.run, node)  # as the launcher: answers stack requests
+    with ready.get_lock():
+        ready.value += 1
     marks: dict[str, tuple[float, int]] = {}
     while time.time() < stop_at and not (done.is_set() and "end" in marks):
         began = time.time()
@@ -95,7 +98,7 @@ def launcher(run_dir: str, node: int, stop_at: float, window: tuple[float, float
         responder.poll(monitor.node_ranks(snap))
         now = time.time()
         for name, at in (("start", window[0]), ("end", window[1])):
-            if name not in marks and now >= at:
+            if name not in marks and 0 < at <= now:
                 marks[name] = (time.process_time(), ops[0])
         time.sleep(max(0.0, POLL_S - (time.time() - began)))
     (cpu0, ops0), (cpu1, ops1) = marks["start"], marks["end"]
@@ -179,15 +182,18 @@ def measure(nodes: int, per_node: int, seconds: float, warmup: float) -> dict:
                 NodeRecord(node, host_of(node), 2_000_000 + node, TORCHRUN_PID0 + node,
                            nproc=per_node, started_t=time.time()),
             )  # fmt: skip
-        start = time.time() + 2.0
-        window = (start + warmup, start + warmup + seconds)
-        hang_at = mp.Value("d", 0.0)
-        stop_at = window[1] + 4 * HANG_AFTER_S + 10.0
         ctx = mp.get_context("fork")
+        window = ctx.Array("d", [0.0, 0.0])
+        ready = ctx.Value("i", 0)
+        hang_at = ctx.Value("d", 0.0)
+        stop_at = time.time() + 600.0  # a bound only: the run ends once the hang is found
         out = ctx.Queue()
         done = ctx.Event()
         procs = [
-            ctx.Process(target=launcher, args=(str(run.path), n, stop_at, window, out, done))
+            ctx.Process(
+                target=launcher,
+                args=(str(run.path), n, stop_at, window, ready, out, done),
+            )
             for n in range(nodes)
         ]
         writers = max(1, min(4, nodes // 8))
@@ -201,6 +207,11 @@ def measure(nodes: int, per_node: int, seconds: float, warmup: float) -> dict:
             )
         for p in procs:
             p.start()
+        while ready.value < nodes and time.time() < stop_at:
+            time.sleep(0.1)  # the window starts once every launcher polls
+        window[0] = time.time() + warmup
+        window[1] = window[0] + seconds
+        stop_at = window[1] + 4 * HANG_AFTER_S + 30.0
         time.sleep(max(0.0, window[1] - time.time()))
         hang_at.value = time.time() + 0.5
         detect = None

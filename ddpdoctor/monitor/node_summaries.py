@@ -29,6 +29,7 @@ from ddpdoctor.protocol.node_summary import (
     RankEvents,
     read_node_summary,
     summary_mtime,
+    valid_event,
     write_node_summary,
 )
 from ddpdoctor.protocol.rundir import RunDir
@@ -267,10 +268,14 @@ class NodeMerge:
                 continue
             rel = f"events/rank-{entry.rank}.jsonl"
             last = self.applied.get(entry.rank, 0)
-            for line_no, event in entry.events:
-                if line_no > last:
-                    self.state.apply(event, (rel, line_no))
-                    last = line_no
+            for pair in entry.events:
+                if type(pair) is list and len(pair) == 2 and type(pair[0]) is int:
+                    if pair[0] <= last:
+                        continue  # applied already: most of a summary, every second
+                    valid = valid_event(pair, entry.rank)
+                    if valid is not None:
+                        self.state.apply(valid[1], (rel, valid[0]))
+                        last = valid[0]
             self.applied[entry.rank] = last
         for rank, node in list(self.via.items()):
             if node not in standing:

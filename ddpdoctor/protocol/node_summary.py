@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 SCHEMA_VERSION = 1
@@ -37,7 +36,8 @@ SUMMARY_NAME = "summary.json"
 @dataclass(frozen=True)
 class RankEvents:
     rank: int
-    events: tuple[tuple[int, dict[str, Any]], ...]  # (line number in the rank's file, event)
+    # [line number in the rank's file, event] pairs, as read: see valid_event
+    events: Any
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,30 @@ class NodeSummary:
         for entry in data.get("ranks") or ():
             if not isinstance(entry, Mapping) or not _is_int(entry.get("rank")):
                 continue
-            events = tuple(
-                (pair[0], pair[1])
-                for pair in entry.get("events") or ()
-                if isinstance(pair, list)
-                and len(pair) == 2
-                and _is_int(pair[0])
-                and isinstance(pair[1], dict)
-                and pair[1].get("rank") == entry["rank"]
-                and isinstance(pair[1].get("kind"), str)
-            )
-            ranks.append(RankEvents(entry["rank"], events))
+            events = entry.get("events")
+            if not isinstance(events, list):
+                continue
+            # Each pair is checked where it is used (`valid_event`): most are events a reader
+            # has applied already, and a node's summary is read every second.
+            ranks.append(RankEvents(entry["rank"], events))  # type: ignore[arg-type]
         host = data.get("host") if isinstance(data.get("host"), str) else ""
         pid = data.get("pid") if _is_int(data.get("pid")) else 0
         return cls(node, host, pid, seq, float(t), tuple(ranks))
+
+
+def valid_event(pair: Any, rank: int) -> tuple[int, dict[str, Any]] | None:
+    """A summary's `[line, event]` pair as (line, event), if it is one of rank R's events."""
+    if type(pair) is not list or len(pair) != 2:
+        return None
+    line, event = pair
+    if (
+        not _is_int(line)
+        or type(event) is not dict
+        or event.get("rank") != rank
+        or not isinstance(event.get("kind"), str)
+    ):
+        return None
+    return line, event
 
 
 def _is_int(value: Any) -> bool:
@@ -101,7 +111,8 @@ def write_node_summary(run: RunDir, summary: NodeSummary) -> None:
     """Replace the node's summary at once (a temporary file renamed: never read half written);
     compact JSON, as it is written every second."""
     path = summary_path(run, summary.node_rank)
-    text = jsontext.dumps(summary.to_json(), separators=(",", ":"), ensure_ascii=False)
+    # (plain json: the events were read with json.loads, and only ddpdoctor reads this file)
+    text = json.dumps(summary.to_json(), separators=(",", ":"), ensure_ascii=False)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{SUMMARY_NAME}.", dir=path.parent)
     except FileNotFoundError:  # the node's folder is made with its record; not there yet

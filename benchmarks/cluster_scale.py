@@ -30,6 +30,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import tempfile
@@ -101,6 +102,9 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
             if name not in marks and 0 < at <= now:
                 marks[name] = (time.process_time(), ops[0])
         time.sleep(max(0.0, POLL_S - (time.time() - began)))
+    if "start" not in marks or "end" not in marks:  # this machine could not keep up
+        out.put((node, None, None))
+        return
     (cpu0, ops0), (cpu1, ops1) = marks["start"], marks["end"]
     span = window[1] - window[0]
     out.put((node, (cpu1 - cpu0) / span, (ops1 - ops0) / span))
@@ -228,12 +232,21 @@ def measure(nodes: int, per_node: int, seconds: float, warmup: float) -> dict:
         done.set()
         results = {}
         for _ in range(nodes):
-            node, cpu, ops = out.get(timeout=stop_at - time.time() + 30)
-            results[node] = (cpu, ops)
+            try:
+                node, cpu, ops = out.get(timeout=max(1.0, stop_at - time.time() + 30))
+            except queue.Empty:
+                break
+            if cpu is not None:
+                results[node] = (cpu, ops)
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+        if 0 not in results or len(results) < nodes:
+            raise SystemExit(
+                f"{nodes} nodes: {nodes - len(results)} launchers did not poll through the "
+                "measured window: this machine cannot run that many"
+            )
         others = [results[n][0] for n in range(1, nodes)] or [results[0][0]]
         return {
             "nodes": nodes,

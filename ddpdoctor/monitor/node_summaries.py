@@ -161,8 +161,14 @@ class SummaryFeed:
             summary = read_node_summary(self.run, node)
             if summary is None or summary.seq == seen.seq:
                 continue
+            if seen.seq is None and now >= summary.t:
+                # First sight (a watcher started late): as old as its writer says, up to the
+                # point where its files are read instead; its launcher is named only once this
+                # watcher has itself seen no new one for a while.
+                seen.changed_t = now - min(now - summary.t, STALE_AFTER_S)
+            else:
+                seen.changed_t = now
             seen.seq = summary.seq
-            seen.changed_t = now
             seen.ranks = tuple(r.rank for r in summary.ranks)
             changed.extend((node, r) for r in summary.ranks)
         return changed

@@ -67,7 +67,9 @@ class NodeSummary:
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError("not a node summary")
         node, seq, t = data.get("node_rank"), data.get("seq"), data.get("t")
-        if not _is_int(node) or not _is_int(seq) or not isinstance(t, (int, float)):
+        if not (isinstance(node, int) and isinstance(seq, int) and isinstance(t, (int, float))):
+            raise ValueError("bad node summary")
+        if isinstance(node, bool) or isinstance(seq, bool):
             raise ValueError("bad node summary")
         ranks = []
         for entry in data.get("ranks") or ():
@@ -78,9 +80,11 @@ class NodeSummary:
                 continue
             # Each pair is checked where it is used (`valid_event`): most are events a reader
             # has applied already, and a node's summary is read every second.
-            ranks.append(RankEvents(entry["rank"], events))  # type: ignore[arg-type]
-        host = data.get("host") if isinstance(data.get("host"), str) else ""
-        pid = data.get("pid") if _is_int(data.get("pid")) else 0
+            ranks.append(RankEvents(entry["rank"], events))
+        host = data.get("host")
+        pid = data.get("pid")
+        host = host if isinstance(host, str) else ""
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
         return cls(node, host, pid, seq, float(t), tuple(ranks))
 
 

@@ -140,14 +140,19 @@ def measure_under_run(
     started = time.monotonic()
     cpu = 0.0
     ticks = os.sysconf("SC_CLK_TCK")
+    samples: list[tuple[float, float]] = []  # (unix time, CPU seconds so far)
     while proc.poll() is None:
         try:  # the process's own user + system time (fields 14, 15), not its children's
             fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             cpu = (int(fields[11]) + int(fields[12])) / ticks
+            samples.append((time.time(), cpu))
         except (OSError, IndexError, ValueError):
             pass
         time.sleep(0.2)
     wall = time.monotonic() - started
+    steady = steady_share(samples, run_dir)
+    if steady is not None:
+        MONITOR_STEADY.append(steady)
     out = proc.stdout.read() if proc.stdout else ""
     match = SCRIPT_LINE.search(out)
     if proc.returncode != 0 or match is None:
@@ -163,6 +168,25 @@ def measure_plain_twice(nproc: int, steps: int, run_dir: Path | None) -> Measure
 
 
 MONITOR_CPU_SHARE: list[float] = []  # (c): ddpdoctor's own process, CPU s per wall s
+# (c): the same over the training loop only (steady state: start-up and the end's work left out),
+# as (CPU seconds, wall seconds)
+MONITOR_STEADY: list[tuple[float, float]] = []
+
+
+def steady_share(samples: list[tuple[float, float]], run_dir: Path) -> tuple[float, float] | None:
+    """ddpdoctor's CPU seconds and the wall seconds between rank 0's first and last step events
+    (unix times in its event file), from the CPU samples taken closest inside that span."""
+    try:
+        lines = (run_dir / "events" / "rank-0.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    steps = [e["t"] for e in map(json.loads, lines) if e.get("kind") == "step"]
+    if len(steps) < 2:
+        return None
+    inside = [(t, c) for t, c in samples if steps[0] <= t <= steps[-1]]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 1.0:
+        return None
+    return inside[-1][1] - inside[0][1], inside[-1][0] - inside[0][0]
 
 
 def compare(
@@ -271,6 +295,15 @@ def main() -> int:
         print(
             f"ddpdoctor run's own process (launcher + monitor): median "
             f"{statistics.median(shares):.1f}% of one core ({shares[0]:.1f} .. {shares[-1]:.1f}%)"
+        )
+    if MONITOR_STEADY:
+        cpu_s = sum(c for c, _ in MONITOR_STEADY)
+        wall_s = sum(w for _, w in MONITOR_STEADY)
+        shares = sorted(100 * c / w for c, w in MONITOR_STEADY)
+        print(
+            f"  ... during the training loop only (steady state): {cpu_s:.2f} CPU s over "
+            f"{wall_s:.1f} s = {100 * cpu_s / wall_s:.2f}% of one core (runs {shares[0]:.2f} .. "
+            f"{shares[-1]:.2f}%)"
         )
     if args.json:
         print(json.dumps(results, indent=2))

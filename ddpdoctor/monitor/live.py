@@ -38,6 +38,7 @@ from ddpdoctor.monitor.host_probes import (
 )
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
+from ddpdoctor.monitor.node_summaries import NodeMerge
 from ddpdoctor.monitor.run_end import (
     ended_with_ranks,
     interrupted_snapshot,
@@ -45,19 +46,22 @@ from ddpdoctor.monitor.run_end import (
     not_started_snapshot,
 )
 from ddpdoctor.monitor.runinfo import recorded_hang_after, run_info, with_nodes
-from ddpdoctor.monitor.snapshot import CheckupNote, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
+from ddpdoctor.protocol.node_records import NodeRecord, read_node_record, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
+# A follower's ranks in one of these states: it pulls the other nodes' summaries.
+_PULL_STATES = frozenset({RankState.WAITING, RankState.STALLED, RankState.FAILED, RankState.GONE})
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
 NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
+NODES_FULL_EVERY_S = 30.0  # ... all of them, by a launcher of node 1 and up (see _node_records)
 
 
 def _classifier() -> Callable[[str], Any] | None:
@@ -104,11 +108,16 @@ class Monitor:
         self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
         self.state = RunState(run_info(self.run, data), classify=_classifier())
         self.tailer = RunTailer(self.run)
+        if node_rank is not None:  # a launcher of a job over several nodes: its own logs
+            self.tailer.log_roots = (self.run.node_logs_dir(node_rank),)
+        # other nodes' summaries in place of their ranks' files; this node's own summary
+        self.merge = NodeMerge(self.run, self.state, self.tailer, node_rank)
         self.nodes: dict[int, NodeRecord] = {}
         # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
         # wrote a thing is then over, not starting.
         self.job_ended = False
         self._nodes_read_t: float | None = None
+        self._nodes_full_t: float | None = None
         self._checkup_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
@@ -217,7 +226,8 @@ class Monitor:
                 self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
-            if self.logs is not None:
+            if self.logs is not None and self.merge.active:
+                # (a follower whose ranks never waited leaves the whole run's logs to node 0)
                 self.logs.refresh_now()
             snap = self._poll(final=True)
             self._write(snap, force=True)
@@ -256,12 +266,18 @@ class Monitor:
         # Liveness before reading: an exit event written before a process died is read in the
         # same poll that sees it dead, so a clean exit never flickers as "gone".
         self._check_liveness()
+        if final and self.node_rank in (None, 0):
+            self.tailer.log_roots = None  # the final word (node 0, a watcher): every log, once
+        self.merge.merge(now, self.nodes, final=final)  # before reading: a resumed file too
         batch = self.tailer.poll(now, drain=final or self.polls == 1)
+        apply, note = self.state.apply, self.merge.note
         for lines in batch.events:
             for line_no, raw in lines.lines:
                 event = parse_event_line(raw)
                 if event is not None:
-                    self.state.apply(event, (lines.rel, line_no))
+                    apply(event, (lines.rel, line_no))
+                    note(event["rank"], line_no, event)
+        self.merge.publish(now, force=final)
         self._check_liveness(first_look=True)
         self._probe_hosts(now)
         interesting = False
@@ -297,6 +313,8 @@ class Monitor:
             steps = [view.step for view in snap.ranks if view.step is not None]
             self.disk.check(now, max(steps, default=None), force=final)
         extra.extend(self.disk.findings())
+        if live:
+            extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = diagnose(snap, extra_findings=extra, held=self._held)
         if diagnosis.confirmed and diagnosis.primary is not None:
             self._confirmed[diagnosis.verdict] = diagnosis.primary
@@ -313,6 +331,13 @@ class Monitor:
             snap = replace(snap, stack_status=self.stacks.status)
         if not final:
             self.flight_recorder.maybe_ask(snap, now)
+            if not self.merge.active:  # a follower sees the other nodes once its ranks wait
+                self.merge.observe(
+                    any(
+                        v.state in _PULL_STATES and self.state.node_of(v.rank) == self.node_rank
+                        for v in snap.ranks
+                    )
+                )
         self._last = snap
         self._write(snap)
         return snap
@@ -495,11 +520,32 @@ class Monitor:
         if self._nodes_read_t is not None and 0 <= now - self._nodes_read_t < NODES_EVERY_S:
             return
         self._nodes_read_t = now
-        records = read_node_records(self.run)
+        records = self._node_records(now)
         if records != self.nodes:
             self.nodes = records
             self.state.set_nodes(records)
             self.state.info = with_nodes(self.state.info, records)
+
+    def _node_records(self, now: float) -> dict[int, NodeRecord]:
+        """Every node's record; for a launcher of node 1 and up, once every node has recorded
+        itself and the job has started, only node 0's (the lead it follows) every second and all
+        of them now and then: N launchers each reading N records a second would load a shared
+        file system as N x N. (Before the start, a node whose launcher ends without starting
+        its part must be seen at once: see launch/supervise.py.)"""
+        full = self._nodes_full_t
+        expected = self.state.info.nnodes or 0
+        if (
+            self.node_rank
+            and self.state.ranks
+            and not self.merge.active
+            and full is not None
+            and 0 <= now - full < NODES_FULL_EVERY_S
+            and len(self.nodes) >= expected
+        ):
+            lead = read_node_record(self.run, 0)
+            return {**self.nodes, 0: lead} if lead is not None else dict(self.nodes)
+        self._nodes_full_t = now
+        return read_node_records(self.run)
 
     def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
         """The script checkup's findings: each doctor.json is read once as it appears (a watcher

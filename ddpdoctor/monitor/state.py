@@ -31,7 +31,7 @@ from ddpdoctor.monitor.snapshot import (
 )
 from ddpdoctor.monitor.thresholds import compute_thresholds
 from ddpdoctor.protocol import events as ev
-from ddpdoctor.protocol.node_records import NodeRecord, node_of
+from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.torchrun_logs import (
     AGENT_LOG,
     NCCL_LOG,
@@ -69,6 +69,7 @@ class RunState:
         self.agent_files: dict[str, str] = {}  # agent -> torchrun.log path (relative)
         self.nodes: dict[int, NodeRecord] = {}  # the launchers of a job that spans nodes
         self._by_node_local: dict[tuple[str, int, int], int] | None = None
+        self._node_index: dict[tuple[str, int], int] = {}
         self.events_applied = 0
         self.hello_world = 0  # the largest world size a hello event stated (bounded)
         # events whose rank lies outside the world: how many, and the first (file, line, rank)
@@ -82,6 +83,15 @@ class RunState:
         if tracker is None:
             tracker = self.ranks[rank] = RankTracker(rank)
         return tracker
+
+    def restart_rank(self, rank: int) -> None:
+        """Forget a rank's events, to read them all again (what its logs said is kept)."""
+        old = self.ranks.pop(rank, None)
+        if old is not None:
+            fresh = self.tracker(rank)
+            fresh.error_lines = old.error_lines
+            fresh.agent_exit_code = old.agent_exit_code
+            self._by_node_local = None
 
     def apply(self, event: dict[str, Any], where: tuple[str, int] | None = None) -> None:
         """Fold one event in (events of one rank must come in file order)."""
@@ -179,15 +189,23 @@ class RunState:
         if records != self.nodes:
             self.nodes = dict(records)
             self._by_node_local = None
+            # (host, torchrun pid) -> node: node_of runs per rank per poll, over many nodes
+            self._node_index = {
+                (r.host, r.torchrun_pid): n
+                for n, r in sorted(records.items(), reverse=True)
+                if r.torchrun_pid is not None
+            }
 
     def node_of(self, rank: int) -> int | None:
-        """The node (launcher) a rank runs under, when known."""
+        """The node (launcher) a rank runs under, when known (as protocol's node_of finds it)."""
         tracker = self.ranks.get(rank)
         if tracker is None:
             return None
-        return node_of(
-            self.nodes, host=tracker.host, ppid=tracker.ppid, group_rank=tracker.group_rank
-        )
+        if tracker.host is not None and tracker.ppid is not None:
+            found = self._node_index.get((tracker.host, tracker.ppid))
+            if found is not None:
+                return found
+        return tracker.group_rank
 
     def _node_local_index(self) -> dict[tuple[str, int, int], int]:
         """(host, node, local_rank) -> rank, rebuilt after a hello or new node records."""

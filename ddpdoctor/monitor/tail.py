@@ -120,6 +120,11 @@ class RunTailer:
         self._events: dict[str, tuple[FileTail, str]] = {}  # path -> (tail, relative path)
         self._logs: dict[str, tuple[FileTail, LogSource]] = {}
         self._last_discovery: float | None = None
+        # Ranks whose files are not read for now: their node's summary stands for them.
+        self.paused: set[str] = set()
+        # Where logs are looked for (None: all of logs/ and nccl/): a launcher of a job over
+        # several nodes reads its own node's logs only.
+        self.log_roots: tuple[Path, ...] | None = None
         self.events_dir_error: str | None = None  # why events/ cannot be listed, if it cannot
 
     @property
@@ -128,6 +133,26 @@ class RunTailer:
         found = {rel: tail.error for tail, rel in self._events.values() if tail.error}
         if self.events_dir_error:
             found["events/"] = self.events_dir_error
+        return found
+
+    def pause(self, rank: int) -> None:
+        """Stop reading rank R's event file (found now or later) until `resume(R)`."""
+        self.paused.add(str(self.run.events_file(rank)))
+
+    def resume(self, rank: int) -> None:
+        """Read rank R's event file again, from its start."""
+        key = str(self.run.events_file(rank))
+        self.paused.discard(key)
+        if key in self._events:
+            self._events[key] = (FileTail(key), self._events[key][1])
+
+    def event_ranks(self) -> list[int]:
+        """The ranks whose event files have been found."""
+        found = []
+        for _tail, rel in self._events.values():
+            digits = rel[len("events/rank-") : -len(".jsonl")]
+            if digits.isdigit():
+                found.append(int(digits))
         return found
 
     def discover(self, now: float) -> None:
@@ -144,7 +169,8 @@ class RunTailer:
                 self._events[key] = (FileTail(key), f"events/{name}")
         if not self.read_logs:
             return
-        for base in (self.run.logs_dir, self.run.nccl_dir):
+        roots = self.log_roots if self.log_roots is not None else (self.run.logs_dir,)
+        for base in (*roots, self.run.nccl_dir):
             for path in _walk_files(base):
                 key = str(path)
                 if key in self._logs:
@@ -166,7 +192,9 @@ class RunTailer:
         ):
             self.discover(now)
         batch = TailBatch()
-        for tail, rel in self._events.values():
+        for key, (tail, rel) in self._events.items():
+            if key in self.paused:
+                continue
             lines = _read(tail, drain)
             if lines:
                 batch.events.append(EventLines(rel, lines))

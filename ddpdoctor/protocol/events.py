@@ -121,6 +121,7 @@ phase              until the script names a phase itself (ddpdoctor.phase), the 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ddpdoctor.protocol import jsontext
@@ -166,9 +167,66 @@ DEFAULT_GROUP = "default"
 MAX_RANKS = 1 << 16
 
 
+# The runtime writes a step as one fixed template (ddpdoctor/runtime/records.py): the most
+# frequent line by far, read by every watcher, so it is matched here instead of parsed as JSON.
+# Each field is a run of one character class between fixed texts, so the match is linear in the
+# line. Any other line, a step written differently (older runtimes, a non-finite loss) included,
+# goes to json.loads as before.
+_NUM = rb"(-?[0-9][0-9.eE+-]*)"
+_STEP_FAST = re.compile(
+    rb'\{"v":1,"t":' + _NUM + rb',"mono":' + _NUM + rb',"rank":([0-9]+),"kind":"step","step":'
+    rb'(-?[0-9]+),"epoch":(-?[0-9]+|null),"loss":' + rb"(-?[0-9][0-9.eE+-]*|null)"
+    rb',"batch_size":([0-9]+|null),"forwards":([0-9]+),"step_time_s":'
+    + _NUM
+    + rb',"data_time_s":'
+    + _NUM
+    + rb',"compute_time_s":'
+    + _NUM
+    + rb',"comm_wait_s":'
+    + _NUM
+    + rb',"samples_per_s":(-?[0-9][0-9.eE+-]*|null)\}[ \t\r]*'
+)
+
+
+def _opt(text: bytes, kind: type) -> Any:
+    return None if text == b"null" else kind(text)
+
+
+def parse_step_line(line: bytes) -> dict[str, Any] | None:
+    """The runtime's step line as the dict json.loads would give, or None for any other line."""
+    m = _STEP_FAST.fullmatch(line)
+    if m is None:
+        return None
+    g = m.groups()
+    try:
+        return {
+            "v": 1,
+            "t": float(g[0]),
+            "mono": float(g[1]),
+            "rank": int(g[2]),
+            "kind": STEP,
+            "step": int(g[3]),
+            "epoch": _opt(g[4], int),
+            "loss": _opt(g[5], float),
+            "batch_size": _opt(g[6], int),
+            "forwards": int(g[7]),
+            "step_time_s": float(g[8]),
+            "data_time_s": float(g[9]),
+            "compute_time_s": float(g[10]),
+            "comm_wait_s": float(g[11]),
+            "samples_per_s": _opt(g[12], float),
+        }
+    except ValueError:  # "1e5e5" has the characters of a number but is none: the slow path
+        return None
+
+
 def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
     """One event from one line, or None for a blank, torn or foreign line (never raises)."""
     if isinstance(line, bytes):
+        if line[:11] == b'{"v":1,"t":' and b'"kind":"step"' in line[:80]:
+            fast = parse_step_line(line)
+            if fast is not None:
+                return fast
         try:
             line = line.decode("utf-8")
         except UnicodeDecodeError:

@@ -91,6 +91,15 @@ def write_node_record(run: RunDir, record: NodeRecord) -> None:
     write_json_atomic(run.node_json(record.node_rank), record.to_json())
 
 
+def read_node_record(run: RunDir, node_rank: int) -> NodeRecord | None:
+    """One node's record, or None when it has none (yet) or it cannot be read."""
+    try:
+        record = NodeRecord.from_json(jsontext.read(run.node_json(node_rank)))
+    except (OSError, ValueError):
+        return None
+    return record if record.node_rank == node_rank else None
+
+
 def read_node_records(run: RunDir) -> dict[int, NodeRecord]:
     """Every readable node record of the run, by node rank ({} for a one-node run)."""
     records: dict[int, NodeRecord] = {}
@@ -103,10 +112,9 @@ def read_node_records(run: RunDir) -> dict[int, NodeRecord]:
         match = _NODE_FOLDER.match(name)
         if match is None:
             continue
-        with contextlib.suppress(OSError, ValueError):
-            record = NodeRecord.from_json(jsontext.read(run.node_json(int(match.group(1)))))
-            if record.node_rank == int(match.group(1)):
-                records[record.node_rank] = record
+        record = read_node_record(run, int(match.group(1)))
+        if record is not None:
+            records[record.node_rank] = record
     return records
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import read_node_records
+from ddpdoctor.protocol.node_summary import read_node_summary
 from ddpdoctor.protocol.rundir import RunDir
 from tests.procs import background, clean_env, ddpdoctor_cmd, free_port, job_processes, run
 
@@ -141,6 +142,18 @@ def test_watch_shows_every_rank_of_both_nodes(healthy):
     assert doc["run"]["world_size"] == 2
 
 
+def test_each_launcher_publishes_a_summary_of_its_own_ranks(healthy):
+    _, run_dir = healthy
+    for node in (0, 1):
+        summary = read_node_summary(RunDir(run_dir), node)
+        assert summary is not None and summary.node_rank == node
+        ranks = [r.rank for r in summary.ranks]
+        assert ranks and all(owner_of(run_dir, rank) == node for rank in ranks)
+        # its last summary, written as it ended, carries its ranks' exits
+        exits = [e for r in summary.ranks for _, e in r.events if e["kind"] == "exit"]
+        assert [e["code"] for e in exits] == [0] * len(ranks)
+
+
 # -- hang ------------------------------------------------------------------------------------
 
 
@@ -172,28 +185,30 @@ def test_launchers_stop_their_own_torchrun(hang):
     assert {n: r.exit_code for n, r in records.items()} == {0: 1, 1: 1}
 
 
-def test_the_culprits_stack_came_from_its_own_launcher_through_a_request(hang):
+def test_the_other_nodes_stack_came_from_its_own_launcher_through_node_0s_request(hang):
+    """Node 0's launcher leads: it dumps its own node's rank and asks for the other node's
+    (the culprit or its victim, as torchrun numbered the nodes), which that node's launcher
+    dumps: py-spy attaches on its own host only."""
     _, run_dir = hang
-    owner = owner_of(run_dir, 1)
-    other = 1 - owner
+    remote = next(rank for rank in (0, 1) if owner_of(run_dir, rank) == 1)
     requests_dir = run_dir / "requests"
     stack_requests = [  # requests/ also holds the monitors' flight-recorder requests (fr-*)
         json.loads(p.read_text())
         for p in requests_dir.glob("*.json")
         if not p.name.startswith("fr-")
     ]
-    asked = [r for r in stack_requests if r["asked_by"]["node"] == other]
-    assert len(asked) == 1 and asked[0]["ranks"] == [1]  # the other launcher asked for rank 1
+    asked = [r for r in stack_requests if r["asked_by"]["node"] == 0]
+    assert len(asked) == 1 and asked[0]["ranks"] == [remote]  # node 0 asked for node 1's rank
     request_id = asked[0]["id"]
-    answer = json.loads((requests_dir / f"{request_id}.node{owner}.done").read_text())
-    assert answer["ranks"] == [1] and answer["errors"] == {}
+    answer = json.loads((requests_dir / f"{request_id}.node1.done").read_text())
+    assert answer["ranks"] == [remote] and answer["errors"] == {}
     capture = run_dir / "stacks" / answer["capture_id"]
     summary = json.loads((capture / "capture.json").read_text())
-    assert summary["captured_by"]["node"] == owner
+    assert summary["captured_by"]["node"] == 1
     assert summary["captured_by"]["role"] == "launcher"
     assert summary["request_id"] == request_id
-    dump = json.loads((capture / "rank-1.json").read_text())
-    assert dump[0]["pid"] == hello(run_dir, 1)["pid"]
+    dump = json.loads((capture / f"rank-{remote}.json").read_text())
+    assert dump[0]["pid"] == hello(run_dir, remote)["pid"]
 
 
 # -- a node whose doctor fails ---------------------------------------------------------------

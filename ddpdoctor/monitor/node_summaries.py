@@ -1,0 +1,366 @@
+"""Node summaries: what a launcher publishes about its own ranks, and what watchers take from them.
+
+A job that spans nodes has one launcher per node. Each reads its own ranks' event files and
+publishes a NodeSummary (ddpdoctor/protocol/node_summary.py) once a second (`Publisher`). Every
+other watcher, node 0's launcher and `ddpdoctor watch` included, reads those summaries instead of
+the ranks' files (`SummaryFeed`): one file per node per second on the shared file system.
+
+A summary stands in for the rank files only while its node's launcher runs and keeps publishing:
+once the launcher has ended, or its summaries stop coming (a node whose launcher died or hangs),
+the watcher reads that node's rank files itself again, from their start, so the diagnosis then
+rests on every event the ranks wrote. The summaries that stopped coming are a finding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.launchers import proc_children
+from ddpdoctor.monitor.liveness import this_host
+from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.node_summary import (
+    NodeSummary,
+    RankEvents,
+    read_node_summary,
+    summary_mtime,
+    valid_event,
+    write_node_summary,
+)
+from ddpdoctor.protocol.rundir import RunDir
+
+PUBLISH_EVERY_S = 1.0
+# A summary unchanged this long (the watcher's own clock) no longer stands for its ranks: their
+# files are read again. Several periods: a launcher busy for a moment (a py-spy capture) is not gone.
+STALE_AFTER_S = 5.0
+# ... and this long, it is a finding: the node's launcher stopped reporting.
+STALE_FINDING_S = 10.0
+RECENT_COLLECTIVE_EVENTS = 16  # collective events kept per rank (the mismatch comparison)
+
+# The kinds where only the latest event matters to a watcher's state of the rank.
+_LATEST = frozenset(
+    {ev.HELLO, ev.HEARTBEAT, ev.STEP, ev.PHASE, ev.EPOCH, ev.METRICS, ev.FAULT, ev.ERROR, ev.EXIT}
+)
+_COLLECTIVE = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END})
+
+Line = tuple[int, dict[str, Any]]
+
+
+class RankDigest:
+    """The events of one rank that a summary carries: its state, not its history."""
+
+    __slots__ = ("collectives", "latest", "opens", "warnings")
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self.latest: dict[str, Line] = {}
+        self.warnings: dict[str, Line] = {}
+        self.opens: dict[tuple[Any, Any, Any], Line] = {}  # open collectives by (group, seq, peer)
+        self.collectives: deque[Line] = deque(maxlen=RECENT_COLLECTIVE_EVENTS)
+
+    def note(self, line_no: int, event: dict[str, Any]) -> None:
+        kind = event["kind"]
+        if kind in _LATEST:
+            hello = self.latest.get(ev.HELLO)
+            if kind == ev.HELLO and hello is not None and event.get("pid") != hello[1].get("pid"):
+                self._clear()  # a restarted rank: a new attempt, as the tracker sees it
+            self.latest[kind] = (line_no, event)
+        elif kind in _COLLECTIVE:
+            self.collectives.append((line_no, event))
+            key = (event.get("group"), event.get("seq"), event.get("peer"))
+            if kind == ev.COLLECTIVE_START:
+                self.opens[key] = (line_no, event)
+            else:
+                self.opens.pop(key, None)
+        elif kind == ev.WARNING:
+            code = str(event.get("code"))
+            if code in self.warnings or len(self.warnings) < 16:
+                self.warnings[code] = (line_no, event)
+
+    def lines(self) -> tuple[Line, ...]:
+        found: dict[int, dict[str, Any]] = {}
+        for group in (self.latest.values(), self.warnings.values(), self.opens.values()):
+            for n, e in group:
+                found[n] = e
+        for n, e in self.collectives:
+            found[n] = e
+        return tuple(sorted(found.items(), key=lambda item: item[0]))
+
+
+class Publisher:
+    """Node N's launcher: digests its own ranks' events, writes its summary once a second."""
+
+    def __init__(self, run: RunDir, node_rank: int) -> None:
+        self.run = run
+        self.node_rank = node_rank
+        self.digests: dict[int, RankDigest] = {}
+        self.seq = 0
+        self.written_t: float | None = None
+        self.host = this_host()
+        self.error: str | None = None
+
+    def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:
+        digest = self.digests.get(rank)
+        if digest is None:
+            digest = self.digests[rank] = RankDigest()
+        digest.note(line_no, event)
+
+    def maybe_publish(self, now: float, own: Iterable[int], *, force: bool = False) -> bool:
+        if not force and self.written_t is not None and 0 <= now - self.written_t < PUBLISH_EVERY_S:
+            return False
+        self.written_t = now
+        self.seq += 1
+        ranks = tuple(
+            RankEvents(rank, self.digests[rank].lines())
+            for rank in sorted(own)
+            if rank in self.digests
+        )
+        summary = NodeSummary(self.node_rank, self.host, os.getpid(), self.seq, now, ranks)
+        try:
+            write_node_summary(self.run, summary)
+            self.error = None
+        except OSError as exc:  # a summary lost: the others read this node's files instead
+            self.error = exc.strerror or str(exc)
+        return True
+
+
+@dataclass
+class _Seen:
+    mtime: int | None = None
+    seq: int | None = None
+    changed_t: float | None = None  # when this watcher last saw it change (its own clock)
+    ranks: tuple[int, ...] = ()
+
+
+class SummaryFeed:
+    """Other nodes' summaries, read when they change (one stat per node per poll)."""
+
+    def __init__(self, run: RunDir, own_node: int | None) -> None:
+        self.run = run
+        self.own_node = own_node
+        self.seen: dict[int, _Seen] = {}
+
+    def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, RankEvents]]:
+        """The (node, rank events) of every summary that changed since the last poll."""
+        changed: list[tuple[int, RankEvents]] = []
+        for node, record in nodes.items():
+            if node == self.own_node or record.ended:
+                continue
+            mtime = summary_mtime(self.run, node)
+            seen = self.seen.setdefault(node, _Seen())
+            if mtime is None or mtime == seen.mtime:
+                continue
+            seen.mtime = mtime
+            summary = read_node_summary(self.run, node)
+            if summary is None or summary.seq == seen.seq:
+                continue
+            if seen.seq is None and now >= summary.t:
+                # First sight (a watcher started late): as old as its writer says, up to the
+                # point where its files are read instead; its launcher is named only once this
+                # watcher has itself seen no new one for a while.
+                seen.changed_t = now - min(now - summary.t, STALE_AFTER_S)
+            else:
+                seen.changed_t = now
+            seen.seq = summary.seq
+            seen.ranks = tuple(r.rank for r in summary.ranks)
+            changed.extend((node, r) for r in summary.ranks)
+        return changed
+
+    def standing(self, now: float, nodes: Mapping[int, NodeRecord]) -> set[int]:
+        """The nodes whose summaries stand for their ranks now: launcher running, fresh summary."""
+        return {
+            node
+            for node, seen in self.seen.items()
+            if seen.changed_t is not None
+            and node in nodes
+            and not nodes[node].ended
+            and 0 <= now - seen.changed_t < STALE_AFTER_S
+        }
+
+    def stale_findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
+        """A node whose launcher published summaries, has not ended, and stopped publishing."""
+        found = []
+        for node, seen in sorted(self.seen.items()):
+            record = nodes.get(node)
+            if record is None or record.ended or seen.changed_t is None:
+                continue
+            age = now - seen.changed_t
+            if age < STALE_FINDING_S:
+                continue
+            found.append(
+                Finding(
+                    "node.stale",
+                    Severity.WARNING,
+                    f"node {node}'s launcher ({record.host}, pid {record.launcher_pid}) stopped "
+                    f"reporting {age:.0f} s ago: its ranks are read from their own files "
+                    "instead",
+                    f"See whether `ddpdoctor run` on node {node} still runs (ps -p "
+                    f"{record.launcher_pid} on {record.host}) and what it printed; its job goes "
+                    "on, watched from the run directory.",
+                    ranks=seen.ranks,
+                )
+            )
+        return found
+
+
+class NodeMerge:
+    """Which ranks a watcher follows through their node's summary, and the merging itself.
+
+    `state` is the watcher's RunState, `tailer` its RunTailer, `own_node` the launcher's node
+    (None for `watch`). Node 0's launcher and `watch` merge every node's summary, all the time:
+    a rank of another node goes over to its node's summary as soon as its hello names that node
+    (or the summary names the rank) and the summary stands, and its event file is paused. When
+    the summary stops standing (its launcher ended, or went quiet), the rank's record is started
+    again from its own file.
+
+    A launcher of node 1 and up reads its own ranks only (`held`: the others' files, paused),
+    and pulls the other nodes' summaries on demand: from the moment one of its ranks waits or
+    fails (`observe`), and at its end. Node 0 leads: it stops the job, and the others follow its
+    node record; so no node's launcher reads every other node's summary every second."""
+
+    def __init__(self, run: RunDir, state: Any, tailer: Any, own_node: int | None) -> None:
+        self.state = state
+        self.tailer = tailer
+        self.own_node = own_node
+        self.feed = SummaryFeed(run, own_node)
+        self.applied: dict[int, int] = {}  # rank -> the last line of its file applied
+        self.via: dict[int, int] = {}  # rank -> the node whose summary stands for it
+        self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
+        self.publisher = Publisher(run, own_node) if own_node is not None else None
+        self.follower = own_node is not None and own_node > 0
+        self.active = not self.follower  # whether other nodes' summaries are read
+        self.own_pids: dict[int, int] = {}  # a follower's own ranks (from its torchrun's children)
+
+    def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:
+        """An event read from a rank's own file."""
+        if line_no > self.applied.get(rank, 0):
+            self.applied[rank] = line_no
+        if self.publisher is not None:
+            self.publisher.note(rank, line_no, event)
+
+    def observe(self, waiting_or_failed: bool) -> None:
+        """A follower's own ranks wait in a collective or failed: time to see the others."""
+        if waiting_or_failed:
+            self.active = True
+
+    def merge(self, now: float, nodes: Mapping[int, NodeRecord], *, final: bool) -> None:
+        if final:
+            self.active = True
+        if not self.active:
+            self._hold_others(nodes)
+            return
+        changed = self.feed.poll(now, nodes) if nodes else []
+        standing = self.feed.standing(now, nodes) if self.feed.seen else set()
+        if standing:
+            for rank, tracker in self.state.ranks.items():
+                if rank in self.via or tracker.host is None:
+                    continue
+                node = self.state.node_of(rank)
+                if node is not None and node != self.own_node and node in standing:
+                    self._follow(rank, node)
+        for node, entry in changed:
+            if entry.rank not in self.via and node in standing:
+                known = self.state.node_of(entry.rank)
+                if known in (None, node):  # not read from its file yet, or read as node's
+                    self._follow(entry.rank, node)
+            if self.via.get(entry.rank) != node:
+                continue
+            rel = f"events/rank-{entry.rank}.jsonl"
+            last = self.applied.get(entry.rank, 0)
+            for pair in entry.events:
+                if type(pair) is list and len(pair) == 2 and type(pair[0]) is int:
+                    if pair[0] <= last:
+                        continue  # applied already: most of a summary, every second
+                    valid = valid_event(pair, entry.rank)
+                    if valid is not None:
+                        self.state.apply(valid[1], (rel, valid[0]))
+                        last = valid[0]
+            self.applied[entry.rank] = last
+        for rank, node in list(self.via.items()):
+            if node not in standing:
+                self._from_file(rank)
+        for rank in list(self.held):
+            self._from_file(rank)  # no summary stands for it: its file, then
+        if final:
+            # The final word rests on every event: node 0's launcher and a watcher read the
+            # files of the ranks followed through summaries once; a follower those of the
+            # ranks whose end its summaries have not shown yet.
+            for rank in list(self.via):
+                tracker = self.state.ranks.get(rank)
+                if not self.follower or tracker is None or tracker.exit_code is None:
+                    self._from_file(rank)
+
+    def _follow(self, rank: int, node: int) -> None:
+        self.via[rank] = node
+        self.held.discard(rank)
+        self.tailer.pause(rank)
+        self._forget_digest(rank)
+
+    def _forget_digest(self, rank: int) -> None:
+        if self.publisher is not None:
+            self.publisher.digests.pop(rank, None)  # another node's: never this one's to publish
+
+    def _hold_others(self, nodes: Mapping[int, NodeRecord]) -> None:
+        """A follower not (yet) merging: pause every other node's rank file it has found."""
+        record = nodes.get(self.own_node) if self.own_node is not None else None
+        if record is not None and record.torchrun_pid and len(self.own_pids) < (record.nproc or 1):
+            self.own_pids = ranks_of_children(record.torchrun_pid)
+        complete = record is not None and len(self.own_pids) >= (record.nproc or 1)
+        for rank in self.tailer.event_ranks():
+            if rank in self.held or rank in self.via or rank in self.own_pids:
+                continue
+            node = self.state.node_of(rank) if rank in self.state.ranks else None
+            if node is None and not complete:
+                continue  # not known yet: its hello will tell
+            if node != self.own_node:
+                # What its file said so far would age into a false "stalled": it is unknown
+                # here until pulled (its node's summary, or its file once more).
+                self.held.add(rank)
+                self.tailer.pause(rank)
+                self._forget_digest(rank)
+                self.applied[rank] = 0
+                self.state.restart_rank(rank)
+
+    def _from_file(self, rank: int) -> None:
+        """Read the rank's own file again, from its start, into a fresh record."""
+        self.via.pop(rank, None)
+        self.held.discard(rank)
+        self.applied[rank] = 0
+        self.state.restart_rank(rank)
+        self.tailer.resume(rank)
+
+    def publish(self, now: float, *, force: bool = False) -> None:
+        if self.publisher is None:
+            return
+        own = [r for r in self.publisher.digests if self.state.node_of(r) == self.own_node]
+        self.publisher.maybe_publish(now, own, force=force)
+
+    def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
+        return self.feed.stale_findings(now, nodes) if self.feed.seen else []
+
+
+def ranks_of_children(pid: int) -> dict[int, int]:
+    """rank -> pid of a local torchrun's workers, from their environment (RANK): which event
+    files are this node's before any of them is read. {} where /proc does not tell."""
+    found: dict[int, int] = {}
+    for child, _argv in proc_children(pid):
+        try:
+            with open(f"/proc/{child}/environ", "rb") as fh:
+                env = fh.read(1 << 20)
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(b"RANK="):
+                try:
+                    found[int(item[5:])] = child
+                except ValueError:
+                    pass
+                break
+    return found

@@ -1,0 +1,122 @@
+"""A job over two nodes read the hierarchical way: node 0's monitor follows node 1's rank through
+node 1's summary (its file paused), diagnoses the same hang, and goes back to the file, with a
+finding, once the summaries stop."""
+
+from __future__ import annotations
+
+import json
+
+from ddpdoctor.monitor import Monitor
+from ddpdoctor.monitor.node_summaries import STALE_AFTER_S, STALE_FINDING_S, RankDigest
+from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
+from ddpdoctor.protocol.node_summary import read_node_summary
+from ddpdoctor.protocol.rundir import RunDir
+from tests.unit.monitor.test_monitor_monitor import Clock, Writer, hang, train, wait
+
+TORCHRUN = 4_190_000  # no process of this host: no /proc answer for it
+KW = {"capture_stacks": False, "explain_logs": False, "write_diagnosis": False}
+
+
+def two_nodes(tmp_path):
+    run = RunDir.create(tmp_path / "run")
+    run.run_json.write_text(json.dumps({"world_size": 2, "nnodes": 2, "backend": "gloo"}))
+    for node, host in ((0, "nodeA"), (1, "nodeB")):
+        record = NodeRecord(node, host, 10 + node, torchrun_pid=TORCHRUN + node, nproc=1)
+        write_node_record(run, record)
+    clock = Clock()
+    w = Writer(run, clock)
+    for rank, host in ((0, "nodeA"), (1, "nodeB")):
+        w.ev(
+            rank,
+            "hello",
+            local_rank=0,
+            world_size=2,
+            host=host,
+            pid=5000 + rank,
+            ppid=TORCHRUN + rank,
+        )
+        w.ev(rank, "phase", phase="train")
+    return run, clock, w
+
+
+def tail_offset(monitor: Monitor, rank: int) -> int:
+    return monitor.tailer._events[str(monitor.run.events_file(rank))][0].offset
+
+
+def test_node_0_follows_node_1_through_its_summary_and_finds_the_hang(tmp_path):
+    run, clock, w = two_nodes(tmp_path)
+    seq = train(w, clock, 8)
+    follower = Monitor(run, node_rank=1, clock=clock, **KW)
+    lead = Monitor(run, node_rank=0, clock=clock, **KW)
+    follower.poll()
+    summary = read_node_summary(run, 1)
+    assert summary is not None and [r.rank for r in summary.ranks] == [1]
+    assert lead.poll().ranks[1].step == 8
+    assert lead.merge.via == {1: 1}  # rank 1 is followed through node 1's summary
+    paused_at = tail_offset(lead, 1)
+    seq = train(w, clock, 8, seq)
+    clock.t += 1.0
+    follower.poll()
+    assert follower.merge.held == {0} and not follower.merge.active  # its own rank only
+    held_at = tail_offset(follower, 0)
+    snap = lead.poll()
+    assert snap.ranks[1].step == 16 and snap.ranks[1].state is RankState.RUNNING
+    assert tail_offset(lead, 1) == paused_at  # its file was not read again
+    follower.poll()
+    assert tail_offset(follower, 0) == held_at
+    fault_t = hang(w, clock, seq + 1, 3.0)
+    for _ in range(6):
+        wait(w, clock, seq + 1, fault_t, 0.5)
+        follower.poll()
+        snap = lead.poll()
+    assert snap.verdict is Verdict.HANG and snap.culprits == {1}
+    assert snap.ranks[0].waiting_on == (1,)
+    assert tail_offset(lead, 1) == paused_at
+    # node 1's rank stopped progressing: node 1 pulled node 0's summary, and sees the same
+    assert follower.merge.active and follower.merge.via == {0: 0}
+    seen_by_follower = follower.poll()
+    assert seen_by_follower.verdict is Verdict.HANG and seen_by_follower.culprits == {1}
+    assert not [f for f in snap.findings if f.id == "node.stale"]
+    # node 1's launcher stops publishing: its rank is read from its file again, then named
+    wait(w, clock, seq + 1, fault_t, STALE_AFTER_S + 0.5)
+    snap = lead.poll()
+    assert lead.merge.via == {} and tail_offset(lead, 1) > paused_at
+    assert snap.verdict is Verdict.HANG and snap.culprits == {1}
+    assert snap.ranks[1].step == seq  # the whole file read again: the same state
+    wait(w, clock, seq + 1, fault_t, STALE_FINDING_S - STALE_AFTER_S)
+    stale = [f for f in lead.poll().findings if f.id == "node.stale"]
+    assert len(stale) == 1 and "node 1's launcher (nodeB, pid 11) stopped reporting" in (
+        stale[0].summary
+    )
+
+
+def test_the_final_word_reads_every_file_once(tmp_path):
+    run, clock, w = two_nodes(tmp_path)
+    train(w, clock, 5)
+    follower = Monitor(run, node_rank=1, clock=clock, **KW)
+    lead = Monitor(run, node_rank=0, clock=clock, **KW)
+    follower.poll()
+    lead.poll()
+    assert lead.merge.via == {1: 1}
+    for rank in (0, 1):
+        w.ev(rank, "exit", code=0, reason="normal")
+    final = lead.close(job_ended=True)
+    assert lead.merge.via == {} and final.verdict is Verdict.HEALTHY
+    assert [v.step for v in final.ranks] == [5, 5]
+
+
+def test_a_digest_keeps_the_state_not_the_history():
+    digest = RankDigest()
+    line = 0
+    for seq in range(1, 30):
+        for kind in ("collective_start", "collective_end", "step"):
+            line += 1
+            digest.note(line, {"rank": 0, "kind": kind, "seq": seq, "step": seq, "group": "g"})
+    line += 1
+    digest.note(line, {"rank": 0, "kind": "collective_start", "seq": 30, "group": "g"})
+    kept = digest.lines()
+    assert [n for n, _ in kept] == sorted(n for n, _ in kept)
+    steps = [e for _, e in kept if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [29]
+    assert kept[-1][1]["seq"] == 30 and len(kept) <= 17

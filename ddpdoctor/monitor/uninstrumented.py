@@ -76,8 +76,9 @@ def ran_without_ranks(run: RunDir) -> tuple[Verdict, Finding] | None:
             Severity.WARNING,
             summary,
             "If the job was meant to be distributed, make each process call "
-            "torch.distributed.init_process_group (accelerate launch --cpu runs one process: "
-            "use --multi_gpu with --num_processes N to run N ranks on CPUs).",
+            "torch.distributed.init_process_group (accelerate launch --cpu runs one process: for "
+            "N ranks on CPUs run the script under torchrun with Accelerator(cpu=True), torchrun "
+            "--nproc-per-node N train.py).",
         )
     job = data.get("job_command")
     why = cannot_load(job if isinstance(job, list) else [])

@@ -4,8 +4,8 @@ Trainer, run for real as `ddpdoctor run --no-tui --json -- COMMAND` (2 gloo rank
 Healthy jobs must end healthy with no warning and their training steps counted on every rank
 (step times included: what straggler detection and the adaptive hang threshold feed on), with
 Lightning's phases and epochs. A rank that stalls in Lightning's `training_step` is named as a
-hang of rank 1, a rank that is slow in it as a straggler. The other planted faults have their expected results written down here too; where
-ddpdoctor does not deliver them yet the test is an expected failure naming what is missing.
+hang of rank 1, a rank that is slow in it as a straggler; every other planted fault gets its
+verdict, its culprit and the user's line.
 
 All jobs start in one module fixture, a few at a time (Lightning's import is most of their time).
 """
@@ -40,29 +40,6 @@ RUN_TIMEOUT_S = 240
 # a stalled rank is named within this many seconds of the stall (the hang floor once training
 # started is 5 s; the rest is the monitor's confirmation on a loaded machine)
 HANG_BOUND_S = 30.0
-
-# What this checkout does not deliver yet, per job: the behaviour that is missing.
-NO_CALL_SITES = "call sites through framework code: the user's line of a mismatch (issue 19, 3)"
-PENDING_VERDICT = {
-    "lightning-log-rank0": "call sites: gloo pairs rank 0's extra all_reduce with rank 1's next "
-    "collective, so without them the culprit comes out as rank 1 (issue 19, 3)",
-    "lightning-barrier-rank0": "call sites: gloo pairs rank 0's extra barrier with Lightning's "
-    "next one, so without them the culprit comes out as rank 1 (issue 19, 3)",
-    "lightning-stall-rank1": "the stop never rewrites the verdict: Lightning's SIGTERM handler "
-    "runs a collective after the stop (issue 19, 2)",
-    "gpu-code-on-cpu": "GPU code on a CPU-only machine: the first rank's exception as the "
-    "headline, never 'not started' (issue 19, 5)",
-}
-PENDING_LINE = {
-    "lightning-log-rank0": NO_CALL_SITES,
-    "lightning-barrier-rank0": NO_CALL_SITES,
-    "lightning-stall-rank1": "the stalled rank's own line in the hang's evidence through "
-    "Lightning's frames (issue 19, 3)",
-    "gpu-code-on-cpu": PENDING_VERDICT["gpu-code-on-cpu"],
-}
-PENDING_ENDING = (
-    "an ending without a process group says so, with the command's exit code (issue 19, 6)"
-)
 
 
 def command_of(job: dict) -> list[str]:
@@ -137,11 +114,6 @@ def results(tmp_path_factory) -> dict[str, Result]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _pending(names: dict[str, str], name: str) -> list:
-    reason = names.get(name)
-    return [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
-
-
 @pytest.mark.parametrize("name", list(HEALTHY))
 def test_healthy_framework_job_is_healthy_with_its_steps_counted(results, name):
     r = results[name]
@@ -180,9 +152,22 @@ def test_hf_trainer_and_accelerate_steps_carry_their_epochs_and_phases(results):
             assert phases == ["train", "eval"] * 2, name
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_pending(PENDING_VERDICT, n)) for n in FAULTY]
+# Lightning syncs a metric logged in validation_step at the end of the validation epoch, from its
+# own loop: no frame of the user's code is on the stack then, and both ranks sync from the same
+# Lightning sites, so neither the call sites nor the ops tell which rank made the extra call. The
+# preflight's script checkup names the line before launch (tests/unit/checks/
+# test_scriptcheck_frameworks.py); the run itself does not yet.
+DEFERRED_SYNC = pytest.mark.xfail(
+    strict=True,
+    reason="a validation metric synced at epoch end carries no user frame (Lightning defers it)",
 )
+
+
+def _known_gaps(name: str) -> list:
+    return [DEFERRED_SYNC] if name == "lightning-log-rank0" else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_known_gaps(n)) for n in FAULTY])
 def test_planted_fault_gets_its_verdict_and_culprit(results, name):
     r = results[name]
     doc = r.document()
@@ -190,13 +175,17 @@ def test_planted_fault_gets_its_verdict_and_culprit(results, name):
     context = f"{name}: {doc.get('verdict')} {doc.get('culprits')}\n{r.stderr[-3000:]}"
     assert r.returncode == 1, context
     assert doc["verdict"] == expected["verdict"], context
-    assert doc["culprits"] == expected["culprits"], context
+    if expected.get("culprits_any"):  # every rank fails alike: the first one torchrun saw
+        assert doc["culprits"] and set(doc["culprits"]) <= set(expected["culprits"]), context
+    else:
+        assert doc["culprits"] == expected["culprits"], context
     assert job_processes(r.run_dir) == []
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_pending(PENDING_LINE, n)) for n in FAULTY])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_known_gaps(n)) for n in FAULTY])
 def test_planted_fault_is_traced_to_the_users_line(results, name):
-    """The planted line is cited: in an error finding's evidence, or in a culprit's stack."""
+    """The planted line is cited: in an error finding's evidence or summary, or in a culprit's
+    stack."""
     doc = results[name].document()
     where = FAULTY[name]["line"]
     cited = {
@@ -212,12 +201,14 @@ def test_planted_fault_is_traced_to_the_users_line(results, name):
         if culprits & set(stack["ranks"])
         for frame in stack["frames"]
     ]
-    assert where in cited or where in frames, (sorted(cited), frames)
+    said = any(where in f["summary"] for f in doc["findings"] if f["severity"] == "error")
+    assert where in cited or where in frames or said, (sorted(cited), frames)
 
 
 def test_lightning_stalled_rank_is_named_as_a_hang_of_rank_1(results):
     """What ddpdoctor said live, before it stopped the job: HANG, culprit rank 1, within
-    HANG_BOUND_S of the stall (the final verdict after the stop is pending: see above)."""
+    HANG_BOUND_S of the stall; the final verdict is the hang it stopped for, whatever Lightning's
+    SIGTERM handler did afterwards."""
     r = results["lightning-stall-rank1"]
     assert r.document()["job"]["stopped_for"] == "hang", r.stderr[-3000:]
     named = re.search(r"HANG: culprit rank 1 \(detected ([0-9.]+) s after it started\)", r.stderr)
@@ -240,7 +231,6 @@ def test_a_slow_lightning_rank_is_named_a_straggler(results, name):
     assert sorted(rank["step"] for rank in doc["ranks"]) == [steps, steps]
 
 
-@pytest.mark.xfail(strict=False, reason=PENDING_ENDING)
 @pytest.mark.parametrize("name", list(UNDISTRIBUTED))
 def test_a_launch_without_a_process_group_says_so_with_the_commands_exit_code(results, name):
     r = results[name]

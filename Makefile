@@ -27,7 +27,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 
 test: lint docs
-	$(BIN)/python -m pytest -q --durations=10
+	$(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup
 
 # The documentation site (mkdocs-material), built strictly: a broken link or a page missing from
 # the navigation fails the build, and so `make test`.

@@ -272,3 +272,30 @@ def run_jobs(jobs: Sequence[Job], base: Path) -> dict[str, Result]:
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory) -> SharedRuns:
     return SharedRuns(run_jobs(JOBS, tmp_path_factory.mktemp("shared-runs")))
+
+
+# -- running the suite on two workers (make test: pytest -n 2 --dist loadgroup) ------------------
+# Each integration module runs whole on one worker (its module fixtures start its jobs once),
+# except where modules share something that two workers must not use at once: the shared runs
+# above (one session fixture), Slurm's one node (srun steps would queue behind each other) and
+# the lab's hosts (one module's firewall rules would cut another's traffic).
+def _worker_group(items: list[pytest.Item]) -> str:
+    if any(item.get_closest_marker("lab") for item in items):
+        return "lab"
+    if any(
+        "shared_runs" in item.fixturenames or item.get_closest_marker("slurm") for item in items
+    ):
+        return "shared-runs-and-slurm"
+    return items[0].nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    modules: dict[str, list[pytest.Item]] = {}
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.path)).parent == here:
+            modules.setdefault(str(item.path), []).append(item)
+    for members in modules.values():
+        group = pytest.mark.xdist_group(_worker_group(members))
+        for item in members:
+            item.add_marker(group)

@@ -33,7 +33,7 @@ from typing import Any
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
 from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.rundir import ENV_RUN_DIR
-from ddpdoctor.runtime.import_hooks import _AfterImport, when_imported
+from ddpdoctor.runtime.import_hooks import _AfterImport, warn, when_imported
 from ddpdoctor.runtime.info import ENV_FILLED, ENV_FILLED_FROM
 
 __all__ = ["_AfterImport", "on_startup", "when_imported", "wrap_init_process_group"]
@@ -98,7 +98,7 @@ def fill_from_slurm(env: MutableMapping[str, str]) -> tuple[str, ...]:
     try:
         mapped = torch_env_from_slurm(env)
     except SlurmEnvError as exc:
-        _warn(f"Slurm's variables were not translated: {exc}")
+        warn(f"Slurm's variables were not translated: {exc}")
         return ()
     filled = tuple(name for name in SLURM_FILLED if name in mapped and name not in env)
     for name in filled:
@@ -202,11 +202,3 @@ def _start_runtime() -> Any:
 def _script_label() -> str | None:
     argv = list(getattr(sys, "argv", []) or [])
     return argv[0] if argv and argv[0] not in ("-c", "") else None
-
-
-def _warn(message: str) -> None:
-    try:
-        sys.stderr.write(f"ddpdoctor: warning: {message}\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001
-        pass

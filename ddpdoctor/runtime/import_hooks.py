@@ -48,7 +48,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         try:
             self.callback(module)
         except Exception as exc:  # noqa: BLE001 - the import itself must succeed
-            _warn(f"event recording is off: {type(exc).__name__}: {exc}")
+            warn(f"event recording is off: {type(exc).__name__}: {exc}")
 
 
 class _CallbackLoader(importlib.abc.Loader):
@@ -78,7 +78,8 @@ def when_imported(name: str, callback: Callable[[Any], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """One `ddpdoctor: warning:` line on the process's stderr (never raises: the job goes on)."""
     try:
         sys.stderr.write(f"ddpdoctor: warning: {message}\n")
         sys.stderr.flush()

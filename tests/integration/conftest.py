@@ -28,6 +28,7 @@ from tests.procs import PYTHON, REPO, clean_env, ddpdoctor_cmd, free_port, run_i
 
 PARALLEL = 4
 RUN_TIMEOUT_S = 150
+SHARED_RUNS_TIMEOUT_S = 900  # every shared job, PARALLEL at a time, each within RUN_TIMEOUT_S
 SAMPLES = REPO / "sample_jobs"
 LAUNCH_JOBS = REPO / "tests" / "launch_jobs"
 REFERENCE = ("--backend", "gloo", "--steps", "8")
@@ -295,7 +296,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.path)).parent == here:
             modules.setdefault(str(item.path), []).append(item)
+    # The first test that asks for the shared runs waits for all of them: on a busy worker that
+    # takes longer than one test's usual limit.
+    shared_setup = pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
     for members in modules.values():
         group = pytest.mark.xdist_group(_worker_group(members))
         for item in members:
             item.add_marker(group)
+            if "shared_runs" in item.fixturenames:
+                item.add_marker(shared_setup)

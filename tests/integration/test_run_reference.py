@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+import statistics
 from pathlib import Path
 
 import pytest
@@ -204,10 +205,15 @@ def test_slow_trail_is_compute_time_on_the_slow_rank(crash):
     faults = [(f["fault"], f["step"]) for f in of_kind(events(run_dir, 1), "fault")]
     assert faults == [("slow", 2), ("crash", 12)]
     slow = {s["step"]: s for s in of_kind(events(run_dir, 1), "step")}
-    # The sleep is the slow rank's own work in every step from step 2 on (the peer's share of
-    # the same wall time is waiting for it: how the runtime splits that is its own test's job).
-    assert slow[2]["compute_time_s"] >= 0.19 and slow[3]["compute_time_s"] >= 0.19
-    assert slow[2]["step_time_s"] >= slow[2]["compute_time_s"]
+    # The sleep is inside every step of the slow rank from step 2 on, as its own work (the peer's
+    # share of the same wall time is waiting for it: how the runtime splits that is its own
+    # test's job). The all-reduce wait comes from DDP's timers, sampled rather than read each
+    # step: on a busy machine one step's split can carry a wait sampled in another, so the split
+    # is read as the median of the slow steps.
+    trail = [slow[step] for step in sorted(slow) if step >= 2]
+    assert len(trail) >= 2 and all(s["step_time_s"] >= 0.19 for s in trail)
+    assert statistics.median(s["compute_time_s"] for s in trail) >= 0.19
+    assert all(s["step_time_s"] >= s["compute_time_s"] for s in trail)
 
 
 # -- collective mismatches ---------------------------------------------------------------------

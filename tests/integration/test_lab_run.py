@@ -107,6 +107,11 @@ def test_the_hung_rank_and_its_host_are_named_with_its_stack(runs):
     stacks = run.diagnosis["stacks"]
     frames = next(g["frames"] for g in stacks if 1 in g["ranks"])
     assert any("_inject_hang" in f for f in frames)
+    # the verdict the job was stopped for stays the final one: rank 0's all-reduce failing once
+    # h2 stopped rank 1 is a consequence of the stop, never a crash of its own
+    diagnosis = run.diagnosis
+    assert diagnosis["verdict"] == "hang" and diagnosis["culprits"] == [1], run.explain()
+    assert diagnosis["stopped_for"] == {"verdict": "hang", "culprits": [1]}
 
 
 def test_the_crashed_rank_and_its_host_are_named(runs):

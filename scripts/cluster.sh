@@ -18,7 +18,8 @@ log() { echo "cluster: $*"; }
 
 idle() {
   # the node answers and is idle (or mixed/allocated by a test still running: it is up)
-  sinfo -h -N -o '%T' 2>/dev/null | grep -Eq '^(idle|mixed|allocated)'
+  # (bounded: sinfo waits about 10 s for a controller that is not there)
+  timeout 3 sinfo -h -N -o '%T' 2>/dev/null | grep -Eq '^(idle|mixed|allocated)'
 }
 
 install() {
@@ -91,7 +92,9 @@ running() {
   file=$(pidfile "$1")
   [ -s "$file" ] || return 1
   pid=$(cat "$file")
-  [ -d "/proc/$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ]
+  # a dead daemon not yet reaped (state Z) keeps its name: it is not running
+  [ -d "/proc/$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] \
+    && ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
 }
 stop_one() {
   if running "$1"; then
@@ -120,12 +123,12 @@ start() {
   fi
   for _ in $(seq 1 60); do
     if idle; then
-      scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
-      log "up: $(sinfo -h -N -o '%N %T %c CPUs')"
+      timeout 3 scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
+      log "up: $(timeout 3 sinfo -h -N -o '%N %T %c CPUs')"
       return 0
     fi
     # a node left down or drained by an earlier run comes back
-    scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
+    timeout 3 scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
     sleep 1
   done
   log "the node never became idle:"

@@ -261,7 +261,9 @@ CONF
 slurm_idle() {  # every lab host is an idle (or busy) Slurm node
   local want states
   want=$(hosts | wc -l)
-  states=$(SLURM_CONF=$SLURM_DIR/slurm.conf run_on h1 sinfo -h -N -o '%T' 2>/dev/null \
+  # sinfo waits about 10 s for a controller that is not there: bounded, so that the wait below
+  # stays about 30 s whatever happens.
+  states=$(SLURM_CONF=$SLURM_DIR/slurm.conf run_on h1 timeout 3 sinfo -h -N -o '%T' 2>/dev/null \
     | grep -cE '^(idle|mixed|allocated)' || true)
   [ "$states" = "$want" ]
 }
@@ -287,8 +289,21 @@ mount_cgroups() {  # mount_cgroups HOST: the same cgroup hierarchies in HOST's m
     done' "$list"
 }
 
-daemon_up() {  # daemon_up HOST NAME: NAME's pid file names a live process on HOST (its own pids)
-  [ -s "$SLURM_DIR/$2.pid" ] && run_on "$1" sh -c 'kill -0 "$(cat "$0")"' "$SLURM_DIR/$2.pid" 2>/dev/null
+daemon_up() {  # daemon_up HOST NAME: NAME's pid file names a live slurm daemon on HOST (its own pids)
+  # A pid file left by an earlier lab (a host's pid namespace starts again at 1) may name any
+  # process now, even this check's own shell: only a slurmctld or slurmd under that pid counts.
+  [ -s "$SLURM_DIR/$2.pid" ] && run_on "$1" sh -c \
+    'pid=$(cat "$0") && case "$(cat "/proc/$pid/comm" 2>/dev/null)" in slurmctld|slurmd) ;; *) exit 1 ;; esac
+      ! grep -q "^State:[[:space:]]*Z" "/proc/$pid/status"' \
+    "$SLURM_DIR/$2.pid" 2>/dev/null
+}
+
+stop_daemon() {  # stop_daemon HOST NAME: end the slurm daemon NAME's pid file names, if it runs
+  daemon_up "$1" "$2" || return 0
+  # A slurmd still retrying its registration ignores SIGTERM: SIGKILL after 3 s.
+  run_on "$1" sh -c 'pid=$(cat "$0"); kill "$pid"; for _ in $(seq 1 30); do
+      [ -e "/proc/$pid" ] || exit 0; sleep 0.1; done; kill -9 "$pid"; sleep 0.2' \
+    "$SLURM_DIR/$2.pid" 2>/dev/null || true
 }
 
 daemons_up() {  # daemons_up HOST...: slurmctld on h1 and a slurmd on each HOST are running
@@ -299,7 +314,7 @@ daemons_up() {  # daemons_up HOST...: slurmctld on h1 and a slurmd on each HOST 
 
 cmd_slurm() {
   need_root
-  local names n host k
+  local names n host deadline
   names=$(hosts)
   [ -n "$names" ] || die "the lab is not up (make lab)"
   command -v slurmd >/dev/null && command -v slurmctld >/dev/null \
@@ -313,15 +328,21 @@ cmd_slurm() {
   mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/log"
   slurm_conf "$n" > "$SLURM_DIR/slurm.conf"
   for host in $names; do mount_cgroups "$host"; done
-  daemon_up h1 slurmctld || run_on h1 slurmctld -f "$SLURM_DIR/slurm.conf"
+  if ! daemon_up h1 slurmctld; then
+    # A slurmd that found no controller retries after minutes: start them again after it.
+    for host in $names; do stop_daemon "$host" "slurmd-$host"; done
+    run_on h1 slurmctld -f "$SLURM_DIR/slurm.conf"
+  fi
   for host in $names; do
     daemon_up "$host" "slurmd-$host" || run_on "$host" slurmd -f "$SLURM_DIR/slurm.conf" -N "$host"
   done
-  for k in $(seq 1 60); do
+  deadline=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     slurm_idle && { log "Slurm is up on the lab: SLURM_CONF=$SLURM_DIR/slurm.conf"; return; }
     sleep 0.5
   done
-  die "the lab's Slurm nodes did not become idle (see $SLURM_DIR/log)"
+  tail -n 5 "$SLURM_DIR/log/slurmctld.log" >&2 2>/dev/null || true
+  die "the lab's Slurm nodes did not become idle in 60 s (see $SLURM_DIR/log)"
 }
 
 cmd_status() {

@@ -175,6 +175,10 @@ def _directory_files(root: Path) -> Iterator[tuple[Path, FileContext]]:
         for sub in ("logs", "nccl"):
             for path in _files_under(root / sub):
                 yield path, _run_dir_context(root, path, hello)
+        # the flight-recorder dumps the monitor collected (one per rank, JSON): read as dumps
+        for path in _files_under(root / "flight_recorder"):
+            if is_dump_file(path):
+                yield path, _plain_context(str(path))
         return
     for path in _files_under(root):
         yield path, _plain_context(str(path))

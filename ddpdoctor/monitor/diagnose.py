@@ -106,6 +106,18 @@ def reports_the_stop(finding: Finding) -> bool:
 def _after_stop(snap: Snapshot, held: RuleOutcome) -> tuple[RuleOutcome, RuleOutcome | None]:
     """(the held outcome, the crash outcome of the ranks that failed other than its culprits)."""
     if held.verdict is not Verdict.CRASH:
+        failures = crash_rule.failures(snap)
+        stopped_t = held.stopped_t
+        if (
+            failures
+            and stopped_t is not None
+            and all(v.failed_t is not None and v.failed_t >= stopped_t for v in failures)
+        ):
+            # every rank that failed did so once ddpdoctor had stopped the job: the stop's effect
+            # (a rank killed in its collective "vanished"), never a death of its own
+            after = f"the {held.verdict.value if held.verdict else 'problem'} (ddpdoctor stopped the job)"
+            stop = crash_rule.consequences(failures, None, after=after)
+            return held, RuleOutcome(rule="stop", findings=(stop,))
         return held, crash_rule.detect(snap)
     others = [v for v in crash_rule.failures(snap) if v.rank not in held.culprits]
     if not others:

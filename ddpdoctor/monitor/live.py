@@ -192,7 +192,7 @@ class Monitor:
             if self._held is not None:
                 return
             outcome = self._confirmed.get(verdict) or stopped_by_peer(verdict)
-            self._held = outcome
+            self._held = replace(outcome, stopped_t=time.time())
 
     @property
     def held(self) -> Verdict | None:

@@ -116,6 +116,7 @@ def _site(value: Any) -> CallSite | None:
         _frame_text(value.get("issuer"), base=False),
         file=value["file"],
         line=line if isinstance(line, int) and not isinstance(line, bool) else None,
+        deferred=value.get("deferred") is True,
     )
 
 

@@ -49,6 +49,9 @@ class CallSite:
     issuer: str = ""
     file: str = ""  # the user's file, as the rank named it (for evidence)
     line: int | None = None
+    # the user's call was carried out later by the framework, from its own loop (a metric
+    # logged with sync_dist that Lightning reduces at the epoch's end)
+    deferred: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -64,10 +67,19 @@ class CallSite:
             text += f" via {via}"
             if issuer and issuer != via:
                 text += f" > {issuer}"
+        if self.deferred:
+            text += ", synced later by the framework"
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"user": self.user, "via": self.via or None, "issuer": self.issuer or None}
+        out: dict[str, Any] = {
+            "user": self.user,
+            "via": self.via or None,
+            "issuer": self.issuer or None,
+        }
+        if self.deferred:
+            out["deferred"] = True
+        return out
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -35,6 +36,12 @@ _MAX_DEPTH = 96  # frames walked at most: a site deeper than that is not worth t
 _SITES: dict[tuple[int, ...], tuple[Any, Any, Any, str]] = {}
 MAX_SITES = 1024
 _PACKAGE_DIRS = ("site-packages", "dist-packages")
+# Framework functions that run a collective for a call the user made earlier (Lightning computes a
+# metric logged with `sync_dist=True` at the epoch's end, with no user frame that logged it on the
+# stack): id of the code object -> (the code object, what names the earlier call's site as the
+# JSON text site_of returns, or None to go on walking). Looked up only for framework frames.
+SiteOrigin = Callable[[FrameType], "str | None"]
+_ORIGINS: dict[int, tuple[Any, SiteOrigin]] = {}
 
 
 def kind_of(filename: str) -> int:
@@ -96,6 +103,12 @@ def site_of(frame: FrameType | None) -> str | None:
             via = frame
             if issuer is None:
                 issuer = frame
+            if _ORIGINS:
+                origin = _ORIGINS.get(id(code))
+                if origin is not None and origin[0] is code:
+                    text = _origin_site(origin[1], frame)
+                    if text is not None:
+                        return text
         frame = frame.f_back
         depth += 1
     else:
@@ -139,6 +152,25 @@ def _encode(user: FrameType, via: FrameType | None, issuer: FrameType | None) ->
     if issuer is not None and issuer is not via:
         site["issuer"] = _frame_fields(issuer, package=True)
     return fields_text({"site": site})
+
+
+def _origin_site(origin: SiteOrigin, frame: FrameType) -> str | None:
+    try:
+        return origin(frame)
+    except Exception:  # noqa: BLE001 - a framework that changed: walk on as for any frame
+        return None
+
+
+def register_origin(code: Any, origin: SiteOrigin) -> None:
+    """Calls made under `code` (a framework function's code object) take the site `origin` names,
+    when it names one: the user's earlier call that this one carries out."""
+    _ORIGINS[id(code)] = (code, origin)
+
+
+def unregister_origin(code: Any) -> None:
+    entry = _ORIGINS.get(id(code))
+    if entry is not None and entry[0] is code:
+        del _ORIGINS[id(code)]
 
 
 def caller_site(skip: int) -> str | None:

@@ -27,11 +27,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.runtime import core
+from ddpdoctor.runtime import core, lightning_metrics
 from ddpdoctor.runtime.import_hooks import when_imported
+from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
 LIGHTNING_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
-WRAPPED_MARK = "__ddpdoctor_original__"
 
 # Lightning's callback hooks that move the rank into a phase.
 LIGHTNING_PHASES = {
@@ -78,7 +78,7 @@ def wrap_lightning(package: Any, runtime: core.Runtime) -> None:
                     pass
         return original(trainer, hook_name, *args, **kwargs)
 
-    _patch(runtime, call, "_call_callback_hooks", _call_callback_hooks, original)
+    patch(runtime, call, "_call_callback_hooks", _call_callback_hooks, original)
 
 
 # The HF Trainer's callback events that say what the rank does. It evaluates the bare model (not
@@ -121,18 +121,12 @@ def wrap_hf_trainer(module: Any, runtime: core.Runtime) -> None:
                     pass
         return original(self, event, args, state, control, **kw)
 
-    _patch(runtime, handler, "call_event", call_event, original)
+    patch(runtime, handler, "call_event", call_event, original)
 
 
-def _patch(runtime: core.Runtime, owner: Any, name: str, new: Any, old: Any) -> None:
-    setattr(new, WRAPPED_MARK, old)
-    setattr(owner, name, new)
-    runtime.on_deactivate(functools.partial(_restore, owner, name, new, old))
-
-
-def _restore(owner: Any, name: str, new: Any, old: Any) -> None:
-    if getattr(owner, name, None) is new:
-        setattr(owner, name, old)
+def _wrap_lightning_all(package: Any, runtime: core.Runtime) -> None:
+    wrap_lightning(package, runtime)
+    lightning_metrics.wrap(package, runtime)  # the user's line behind metrics synced later
 
 
 def install(runtime: core.Runtime) -> None:
@@ -148,5 +142,5 @@ def install(runtime: core.Runtime) -> None:
         return apply
 
     for package in LIGHTNING_PACKAGES:
-        when_imported(package, later(wrap_lightning))
+        when_imported(package, later(_wrap_lightning_all))
     when_imported("transformers.trainer_callback", later(wrap_hf_trainer))

@@ -15,11 +15,11 @@ from typing import Any
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback once the named module has been executed (the first import of it)."""
+    """Runs its callbacks once the named module has been executed (the first import of it)."""
 
     def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
         self.name = name
-        self.callback = callback
+        self.callbacks = [callback]
         self._busy = threading.local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -45,10 +45,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def fire(self, module: Any) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        try:
-            self.callback(module)
-        except Exception as exc:  # noqa: BLE001 - the import itself must succeed
-            warn(f"event recording is off: {type(exc).__name__}: {exc}")
+        for callback in self.callbacks:
+            try:
+                callback(module)
+            except Exception as exc:  # noqa: BLE001 - the import itself must succeed
+                warn(f"event recording is off: {type(exc).__name__}: {exc}")
 
 
 class _CallbackLoader(importlib.abc.Loader):
@@ -74,8 +75,12 @@ def when_imported(name: str, callback: Callable[[Any], None]) -> None:
     if module is not None:
         callback(module)
         return
-    if not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
+    for finder in sys.meta_path:
+        if isinstance(finder, _AfterImport) and finder.name == name:
+            if callback not in finder.callbacks:  # the same callback registered again: once
+                finder.callbacks.append(callback)
+            return
+    sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def warn(message: str) -> None:

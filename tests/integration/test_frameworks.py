@@ -152,22 +152,7 @@ def test_hf_trainer_and_accelerate_steps_carry_their_epochs_and_phases(results):
             assert phases == ["train", "eval"] * 2, name
 
 
-# Lightning syncs a metric logged in validation_step at the end of the validation epoch, from its
-# own loop: no frame of the user's code is on the stack then, and both ranks sync from the same
-# Lightning sites, so neither the call sites nor the ops tell which rank made the extra call. The
-# preflight's script checkup names the line before launch (tests/unit/checks/
-# test_scriptcheck_frameworks.py); the run itself does not yet.
-DEFERRED_SYNC = pytest.mark.xfail(
-    strict=True,
-    reason="a validation metric synced at epoch end carries no user frame (Lightning defers it)",
-)
-
-
-def _known_gaps(name: str) -> list:
-    return [DEFERRED_SYNC] if name == "lightning-log-rank0" else []
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_known_gaps(n)) for n in FAULTY])
+@pytest.mark.parametrize("name", list(FAULTY))
 def test_planted_fault_gets_its_verdict_and_culprit(results, name):
     r = results[name]
     doc = r.document()
@@ -182,7 +167,7 @@ def test_planted_fault_gets_its_verdict_and_culprit(results, name):
     assert job_processes(r.run_dir) == []
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_known_gaps(n)) for n in FAULTY])
+@pytest.mark.parametrize("name", list(FAULTY))
 def test_planted_fault_is_traced_to_the_users_line(results, name):
     """The planted line is cited: in an error finding's evidence or summary, or in a culprit's
     stack."""

@@ -28,6 +28,7 @@ class RuleOutcome:
     # Certain enough to stop the job on: the launcher's stop policy acts on nothing less.
     confirmed: bool = False
     waits: tuple[WaitView, ...] = ()  # who waits for whom (the wait rule)
+    stopped_t: float | None = None  # when the launcher stopped the job for it (a held outcome)
 
 
 def fmt_s(seconds: float | None) -> str:

@@ -229,8 +229,8 @@ def test_a_method_named_log_elsewhere_is_not_a_collective(tmp_path):
 
 def test_a_validation_metric_synced_on_rank_0_alone_is_named_before_launch():
     """The framework corpus's lit_log_rank0.py: Lightning syncs this metric at the end of the
-    validation epoch, where no frame of the user's code is on the stack, so the preflight is where
-    its line is named (tests/integration/test_frameworks.py, DEFERRED_SYNC)."""
+    validation epoch, where no frame of the user's code is on the stack; the preflight names its
+    line before launch (and the run names it too: tests/integration/test_frameworks.py)."""
     path = CORPUS.parent / "frameworks" / "lit_log_rank0.py"
     findings = [f for f in check_scripts([str(path)]) if f.rule == RULE]
     assert [(f.line, f.severity) for f in findings] == [(23, Severity.ERROR)]

@@ -157,3 +157,35 @@ def test_a_rank_that_failed_in_an_extra_call_after_its_peer_ended_is_named_at_it
         "RuntimeError: [pair.cc:561] Connection closed by peer"
     ), summary
     assert out.findings[0].evidence[0].line == 27
+
+
+def test_a_metric_synced_later_on_rank_0_alone_is_named_at_its_log_line():
+    """lit_log_rank0.py: `self.log("val_loss", loss, sync_dist=True)` under `if self.global_rank
+    == 0` in validation_step. Lightning syncs it at the validation epoch's end: rank 0's barrier
+    carries the log line (deferred), rank 1 has gone on to the next epoch's first broadcast, which
+    rank 0 made too before. Without the deferred site both barriers read `main via Trainer.fit >
+    _sync_ddp` and the ranks looked alike."""
+    sigterm = CallSite("lit.py:47 <module>", "trainer.py:584 Trainer.fit", "loop.py:265 _broadcast")
+    logged = CallSite(
+        "lit.py:23 Model.validation_step", "module.py:531 LightningModule.log",
+        file="/home/me/lit.py", line=23, deferred=True,
+    )  # fmt: skip
+    r0_recent = calls(("barrier", SYNC), ("all_reduce", SYNC), ("broadcast", sigterm))
+    r1_recent = calls(("barrier", SYNC), ("all_reduce", SYNC), ("broadcast", sigterm))
+    r0_open = coll("barrier", 13, 2.0, site=logged)
+    r1_open = coll("broadcast", 13, 2.0, site=sigterm)
+    r0 = view(0, RankState.WAITING, recent_collectives=r0_recent, collective=r0_open, seq=13)
+    r1 = view(1, RankState.WAITING, recent_collectives=r1_recent, collective=r1_open, seq=13)
+    out = mismatch.detect(snap([r0, r1]))
+    assert out is not None and out.culprits == {0}
+    summary = out.findings[0].summary
+    assert (
+        "rank 0 called barrier #13 from lit.py:23 Model.validation_step via LightningModule.log"
+        in (summary)
+    )
+    assert ", synced later by the framework; rank 1 never did" in summary
+    assert (out.findings[0].evidence[0].file, out.findings[0].evidence[0].line) == (
+        "/home/me/lit.py",
+        23,
+    )
+    assert logged.to_json()["deferred"] is True and "deferred" not in SYNC.to_json()

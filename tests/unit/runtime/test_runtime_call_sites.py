@@ -94,3 +94,45 @@ def test_a_site_is_encoded_once_and_reused(recording):
 
 def test_no_user_frame_means_no_site():
     assert call_sites.site_of(None) is None
+
+
+def test_a_lightning_metric_synced_later_takes_the_line_that_logged_it(recording):
+    """`self.log(name, value, sync_dist=True)` in validation_step: Lightning reduces it when it
+    computes the epoch's value, from its own loop (no frame of the user's on the stack). Lightning's
+    real result collection and sync function, on the one-rank gloo group: the barrier and the
+    all-reduce take the site of the log call, marked deferred."""
+    result = pytest.importorskip("lightning.pytorch.trainer.connectors.logger_connector.result")
+    from lightning.fabric.utilities.distributed import _sync_ddp_if_available
+
+    results = result._ResultCollection(training=False)
+    results.log(
+        "validation_step", "val_loss", torch.tensor(2.0), sync_dist=True,
+        sync_dist_fn=_sync_ddp_if_available, batch_size=1,
+    )  # fmt: skip
+    logged = sys._getframe().f_lineno - 4
+    before = len(events(recording, "collective_start"))
+    computed = results.metrics(on_step=False)  # what the epoch's end does: compute, sync
+    assert float(computed["callback"]["val_loss"]) == 2.0
+    syncs = events(recording, "collective_start")[before:]
+    assert [e["op"] for e in syncs] == ["barrier", "all_reduce"] * 2  # the value and its batch size
+    for event in syncs:
+        site = event["site"]
+        assert (site["file"], site["line"], site["deferred"]) == (__file__, logged, True)
+        assert site["via"] is None  # logged here directly (LightningModule.log in a real job)
+
+
+def test_the_metric_wrapper_comes_out_with_the_runtime(tmp_path, monkeypatch):
+    result = pytest.importorskip("lightning.pytorch.trainer.connectors.logger_connector.result")
+    from ddpdoctor.runtime import deactivate
+    from ddpdoctor.runtime.patching import WRAPPED_MARK
+    from tests.runtime_helpers import start_recording
+
+    original = result._ResultCollection.log
+    start_recording(tmp_path, monkeypatch)
+    try:
+        assert getattr(result._ResultCollection.log, WRAPPED_MARK) is original
+        assert call_sites._ORIGINS
+    finally:
+        deactivate()
+    assert result._ResultCollection.log is original
+    assert not call_sites._ORIGINS

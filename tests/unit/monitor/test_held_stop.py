@@ -1,0 +1,43 @@
+"""A job ddpdoctor stopped for a mismatch or a hang: the ranks its stop ended are the stop's
+effect, never "rank N died" (which told the user to look for an OOM kill or a crash)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ddpdoctor.monitor.diagnose import diagnose
+from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.verdict_rules import mismatch
+from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view
+
+
+def mismatched(failed_t: float):
+    """Rank 0 in a barrier, rank 1 in a broadcast at #13, then rank 0 gone at `failed_t`."""
+    r0 = view(0, RankState.WAITING, collective=coll("barrier", 13, 2.0), seq=12)
+    r1 = view(1, RankState.WAITING, collective=coll("broadcast", 13, 2.0), seq=12)
+    held = mismatch.detect(snap([r0, r1]))
+    assert held is not None and held.verdict is Verdict.MISMATCH
+    gone = replace(r0, state=RankState.GONE, alive=False, failed_t=failed_t)
+    return held, snap([gone, r1])
+
+
+def ids(diagnosis):
+    return [(f.id, f.severity.value) for f in diagnosis.findings]
+
+
+def test_a_rank_that_vanished_once_ddpdoctor_stopped_the_job_did_not_die():
+    held, after = mismatched(failed_t=NOW + 1.0)
+    out = diagnose(after, held=replace(held, stopped_t=NOW))
+    assert out.verdict is Verdict.MISMATCH
+    assert ("died", "error") not in ids(out)
+    stop = next(f for f in out.findings if f.id == "crash.consequence")
+    assert (
+        stop.summary == "rank 0 failed as a consequence of the mismatch (ddpdoctor stopped the job)"
+    )
+
+
+def test_a_rank_that_died_before_the_stop_is_still_reported():
+    held, after = mismatched(failed_t=NOW - 1.0)
+    out = diagnose(after, held=replace(held, stopped_t=NOW))
+    assert out.verdict is Verdict.MISMATCH
+    assert ("died", "error") in ids(out)

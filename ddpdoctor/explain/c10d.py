@@ -140,6 +140,22 @@ RULES = (
         ),
     ),
     rule(
+        "c10d.host_unknown",
+        ERROR,
+        r"gaierror: \[Errno -?\d+\] (?:Name or service not known|Temporary failure in name "
+        r"resolution|No address associated with hostname|nodename nor servname provided)",
+        ["gaierror"],
+        "A host name could not be resolved: the rendezvous endpoint (--rdzv-endpoint, "
+        "--master-addr, MASTER_ADDR) names a host this machine's resolver does not know",
+        "Give the rendezvous host as an address every node can reach, or a name each node "
+        "resolves (`getent hosts NAME` on every node; /etc/hosts or DNS); under Slurm, "
+        "`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1` gives node 0's name.",
+        examples=(
+            "socket.gaierror: [Errno -2] Name or service not known",
+            "socket.gaierror: [Errno -3] Temporary failure in name resolution",
+        ),
+    ),
+    rule(
         "c10d.connect_failed",
         ERROR,
         r"failed to connect to any network address of|The client socket has failed to connect to",

@@ -66,6 +66,7 @@ DESCRIPTIONS: dict[str, str] = {
     "c10d.port_in_use": "the rendezvous port is taken (EADDRINUSE)",
     "c10d.connect_timeout": "the store at MASTER_ADDR:MASTER_PORT could not be reached in time",
     "c10d.connect_failed": "connecting to the store failed on every address",
+    "c10d.host_unknown": "a host name (the rendezvous endpoint) could not be resolved",
     "c10d.numeric_hostname": "an all-digit master host name read as an IPv4 number",
     "c10d.store_timeout": "`N/M clients joined`: ranks missing from the rendezvous",
     "c10d.rendezvous_timeout": "torchrun's rendezvous gave up: a node never joined in time",

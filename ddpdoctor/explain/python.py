@@ -116,7 +116,11 @@ RULES = (
 )
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_EXCEPTION = re.compile(r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?P<msg>.*))?$")
+# An exception's class: capitalised, or one of the lower-case ones of the standard library
+# (`socket.gaierror`, `socket.timeout`, `select.error`).
+_EXCEPTION = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*|(?:[a-z]\w*)?(?:error|timeout)))(?::(?P<msg>.*))?$"
+)
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 _STARTS = ("Traceback (most recent call last)", "  File ", *_CHAIN)
 _NOT_MESSAGE = re.compile(r"^(?:\[?[EWIF]\d{4} |\[[EWIF] |frame #|Exception raised from )")

@@ -307,3 +307,34 @@ def test_a_file_given_twice_is_read_once(tmp_path):
     )
     (finding,) = explain_files([log, tmp_path, log])
     assert len(finding.evidence) == 1
+
+
+def test_torchrun_that_cannot_resolve_its_rendezvous_host_is_explained(tmp_path):
+    """torchrun --rdzv-endpoint=NAME:PORT where NAME does not resolve on this node: its own
+    traceback ends in `socket.gaierror` (a lower-case exception class), which said nothing before."""
+    log = tmp_path / "torchrun.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/usr/bin/torchrun", line 8, in <module>\n'
+        "    sys.exit(main())\n"
+        '  File "/site-packages/torch/distributed/elastic/rendezvous/utils.py", line 189, in '
+        "_matches_machine_hostname\n"
+        "    host_addr_list = socket.getaddrinfo(\n"
+        "socket.gaierror: [Errno -2] Name or service not known\n"
+    )
+    (finding,) = explain_files([log])
+    assert finding.id == "c10d.host_unknown" and finding.severity.value == "error"
+    assert finding.evidence[-1].line == 6
+
+
+def test_a_lower_case_exception_class_ends_a_traceback(tmp_path):
+    log = tmp_path / "rank.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/home/me/train.py", line 12, in main\n'
+        "    conn.recv(4)\n"
+        "socket.timeout: timed out\n"
+    )
+    (finding,) = explain_files([log])
+    assert finding.id == "python.exception"
+    assert "socket.timeout: timed out" in finding.summary and "train.py:12" in finding.summary

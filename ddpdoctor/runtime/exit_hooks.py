@@ -183,13 +183,13 @@ def _install_faulthandler(runtime: core.Runtime) -> None:
 def release_gloo_group(runtime: core.Runtime) -> None:
     """At a clean exit, destroy a gloo process group the script left standing.
 
-    torch's flight recorder, which `ddpdoctor run` turns on for gloo (TORCH_FR_BUFFER_SIZE), keeps
-    a C++ thread that the interpreter's teardown can destroy while it still runs: the process then
-    aborts after it finished ("terminate called without an active exception", SIGABRT; 1 in 6 runs
-    of a Lightning job under torchrun on a busy machine, none once the group was destroyed).
-    Lightning and the HF Trainer never destroy the group. Only after a clean exit and only for
-    gloo, whose destroy is local: an exception or a signal may leave collectives pending, and NCCL's
-    teardown can wait on them."""
+    Lightning and the HF Trainer never destroy the group, and torch's teardown of a gloo group
+    at interpreter exit can abort a process that finished ("terminate called without an active
+    exception", SIGABRT). Destroying it first is what a script should do; it does not remove that
+    abort, which comes from torch's teardown with or without ddpdoctor (docs/frameworks.md, "At
+    exit", has the figures), but it leaves nothing of ddpdoctor's making. Only after a clean exit
+    and only for gloo, whose destroy is local: an exception or a signal may leave collectives
+    pending, and NCCL's teardown can wait on them."""
     hint = runtime.exit_hint
     if hint is not None and not core.ends_cleanly(hint.code, hint.reason):
         return

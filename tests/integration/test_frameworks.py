@@ -63,6 +63,25 @@ class Result:
         assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
         return json.loads(self.stdout)
 
+    def aborted_in_teardown(self, doc: dict) -> bool:
+        """Every rank recorded a clean exit, and then one aborted in torch's C++ teardown (what
+        its log says: the abort's message, and torchrun's SIGABRT for it)."""
+        if not all(rank["exit_code"] == 0 for rank in doc["ranks"]):
+            return False
+        logs = "\n".join(
+            path.read_text(errors="replace") for path in (self.run_dir / "logs").rglob("*.log")
+        )
+        return "terminate called without an active exception" in logs and "SIGABRT" in logs
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the job's logs (a rank's fatal-error dump is there), for failure messages."""
+        out = []
+        for path in sorted((self.run_dir / "logs").rglob("*.log")):
+            text = path.read_text(errors="replace").splitlines()
+            kept = [line for line in text if "find_unused_parameters" not in line]
+            out.append(f"--- {path.name}\n" + "\n".join(kept[-lines:]))
+        return "\n".join(out)
+
     def events(self, rank: int, kind: str) -> list[dict]:
         path = self.run_dir / "events" / f"rank-{rank}.jsonl"
         found = (parse_event_line(line) for line in path.read_text().splitlines())
@@ -118,11 +137,19 @@ def results(tmp_path_factory) -> dict[str, Result]:
 def test_healthy_framework_job_is_healthy_with_its_steps_counted(results, name):
     r = results[name]
     doc = r.document()
-    context = f"{name}: {r.stderr[-3000:]}"
-    assert r.returncode == 0, context
-    assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
-    loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
-    assert loud == [], context
+    context = f"{name}: {r.stderr[-3000:]}\n{r.log_tail()}"
+    if r.aborted_in_teardown(doc):
+        # torch's teardown aborted a rank that had finished (docs/frameworks.md, "At exit": with
+        # or without ddpdoctor, now and then on a loaded machine): the job failed, and ddpdoctor
+        # says so, without blaming its training
+        assert r.returncode == 1 and doc["verdict"] == "crash", context
+        ids = [f["id"] for f in doc["findings"] if f["severity"] == "error"]
+        assert ids[:1] == ["run.launcher_failed"], context
+    else:
+        assert r.returncode == 0, context
+        assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
+        loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
+        assert loud == [], context
     assert doc["job"]["stopped_for"] is None
     assert job_processes(r.run_dir) == []
     expected = HEALTHY[name]["steps"]

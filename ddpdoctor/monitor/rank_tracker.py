@@ -143,6 +143,8 @@ class RankTracker:
         self.rss_bytes: int | None = None
         self.gpu_mem_bytes: int | None = None
         self.events_seen = 0
+        # counts every change (an event, an error line): a view of it is rebuilt only then
+        self.version = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
         self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
         self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
@@ -202,6 +204,7 @@ class RankTracker:
             self._calls_key = None
         t = num(event.get("t"))
         self.events_seen += 1
+        self.version += 1
         if t is not None:
             if self.first_t is None:
                 self.first_t = t
@@ -506,6 +509,7 @@ class RankTracker:
 
     def add_error_line(self, line: LogLine) -> None:
         self.error_lines.append(line)
+        self.version += 1
 
 
 # Events that can change the latest calls of a rank.

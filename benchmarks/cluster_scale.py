@@ -18,6 +18,10 @@ Reported per N:
   node 0 CPU  node 0's launcher (% of one core): it merges every node's summary
   detect      seconds from the hang to node 0's verdict (hang threshold `--hang-after`, 5 s)
 
+CLUSTER_SCALE_PROFILE=FILE writes a cProfile of node 0's launcher over the measured window to FILE
+(read it with `python -m pstats FILE`; the profiler slows what it measures, so the CPU figures of
+that run are not comparable).
+
 Run it with an older ddpdoctor on PYTHONPATH to see the flat design (every launcher reads every
 rank's file) on the same machine.
 """

@@ -3,7 +3,10 @@
 A job that spans nodes has one launcher per node. Each reads its own ranks' event files and
 publishes a NodeSummary (ddpdoctor/protocol/node_summary.py) once a second (`Publisher`). Every
 other watcher, node 0's launcher and `ddpdoctor watch` included, reads those summaries instead of
-the ranks' files (`SummaryFeed`): one file per node per second on the shared file system.
+the ranks' files (`SummaryFeed`): one file per node per second on the shared file system. A
+summary's first line holds what is new since the previous one; a watcher that keeps up applies
+that alone, and one that is behind on a rank takes the rank's whole digest from the second line
+(`NodeMerge._apply_summary`), so node 0 parses a few events per rank a second, not every state.
 
 A summary stands in for the rank files only while its node's launcher runs and keeps publishing:
 once the launcher has ended, or its summaries stop coming (a node whose launcher died or hangs),

@@ -18,6 +18,10 @@ Reported per N:
   node 0 CPU  node 0's launcher (% of one core): it merges every node's summary
   detect      seconds from the hang to node 0's verdict (hang threshold `--hang-after`, 5 s)
 
+CLUSTER_SCALE_PROFILE=FILE writes a cProfile of node 0's launcher over the measured window to FILE
+(read it with `python -m pstats FILE`; the profiler slows what it measures, so the CPU figures of
+that run are not comparable).
+
 Run it with an older ddpdoctor on PYTHONPATH to see the flat design (every launcher reads every
 rank's file) on the same machine.
 """
@@ -93,6 +97,8 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
     with ready.get_lock():
         ready.value += 1
     marks: dict[str, tuple[float, int]] = {}
+    profile_to = os.environ.get("CLUSTER_SCALE_PROFILE") if node == 0 else None
+    profiler = None
     while time.time() < stop_at and not (done.is_set() and "end" in marks):
         began = time.time()
         snap = monitor.poll()
@@ -101,6 +107,15 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
         for name, at in (("start", window[0]), ("end", window[1])):
             if name not in marks and 0 < at <= now:
                 marks[name] = (time.process_time(), ops[0])
+                if profile_to and name == "start":  # node 0's measured window, profiled
+                    import cProfile
+
+                    profiler = cProfile.Profile()
+                    profiler.enable()
+                elif profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(profile_to)
+                    profiler = None
         time.sleep(max(0.0, POLL_S - (time.time() - began)))
     if "start" not in marks or "end" not in marks:  # this machine could not keep up
         out.put((node, None, None))

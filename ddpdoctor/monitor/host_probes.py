@@ -10,11 +10,15 @@ RecordedGpuProbe (recorded values) in tests, NoGpu where there is none.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
 from ddpdoctor.launchers.proc_tree import descendants
+
+if TYPE_CHECKING:
+    from ddpdoctor.monitor.snapshot import Snapshot
+    from ddpdoctor.monitor.state import RunState
 
 PROBE_EVERY_S = 1.0
 MAX_PROBED = 8  # ranks probed per poll: the ranks waited on are few (rank 0, a straggler)
@@ -109,3 +113,44 @@ class ChildCpu:
             return None
         used = sum(max(0.0, cpu - previous[1][c]) for c, cpu in now.items() if c in previous[1])
         return 100.0 * used / (t - previous[0])
+
+
+class HostProbes:
+    """Children's CPU and GPU utilization of the local ranks that others waited on at the last
+    poll: what tells a rank whose workers or GPU do the work from a blocked one."""
+
+    def __init__(self, gpu_probe: GpuProbe) -> None:
+        self.gpu_probe = gpu_probe
+        self.child_cpu = ChildCpu()
+        self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
+
+    def probe(self, state: RunState, last: Snapshot | None, now: float) -> None:
+        """`last`: the monitor's previous snapshot (None at its first poll)."""
+        if last is None:
+            return
+        targets: set[int] = set()
+        for wait in last.waits:
+            targets.update(wait.on)
+        for view in last.ranks:
+            targets.update(view.waiting_on)
+        pids: dict[int, int] = {}
+        for rank in sorted(targets):
+            tracker = state.ranks.get(rank)
+            if tracker is None or tracker.pid is None or state.alive.get(rank) is not True:
+                continue  # not on this host (the heartbeats speak for it), or not alive
+            if 0 <= now - self._probed.get(rank, float("-inf")) < PROBE_EVERY_S:
+                continue
+            pids[rank] = tracker.pid
+            if len(pids) >= MAX_PROBED:
+                break
+        if not pids:
+            return
+        try:
+            gpu = self.gpu_probe.utilization(list(pids.values()))
+        except Exception:  # noqa: BLE001 - a GPU fact is a bonus, never a reason to fail
+            gpu = {}
+        for rank, pid in pids.items():
+            self._probed[rank] = now
+            progress = state.ranks[rank].progress
+            progress.set_children(now, self.child_cpu.sample(pid, now))
+            progress.set_gpu(now, gpu.get(pid))

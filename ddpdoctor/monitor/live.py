@@ -29,16 +29,11 @@ from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.disk_space import DiskWatch
 from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.held import held_by_launcher, stop_record, stopped_by_peer
-from ddpdoctor.monitor.host_probes import (
-    MAX_PROBED,
-    PROBE_EVERY_S,
-    ChildCpu,
-    GpuProbe,
-    NvmlProbe,
-)
+from ddpdoctor.monitor.host_probes import GpuProbe, HostProbes, NvmlProbe
 from ddpdoctor.monitor.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.log_findings import LogFindings
 from ddpdoctor.monitor.node_summaries import NodeMerge
+from ddpdoctor.monitor.node_watch import NODES_EVERY_S, NodeWatch
 from ddpdoctor.monitor.run_end import (
     ended_with_ranks,
     interrupted_snapshot,
@@ -52,7 +47,7 @@ from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.node_records import NodeRecord, read_node_record, read_node_records
+from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
@@ -60,8 +55,6 @@ from ddpdoctor.stacks.collector import StackCollector
 _PULL_STATES = frozenset({RankState.WAITING, RankState.STALLED, RankState.FAILED, RankState.GONE})
 # With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
 LIVE_WINDOW_S = 30.0
-NODES_EVERY_S = 1.0  # how often the node records (RUN_DIR/nodes/) are read again
-NODES_FULL_EVERY_S = 30.0  # ... all of them, by a launcher of node 1 and up (see _node_records)
 
 
 def _classifier() -> Callable[[str], Any] | None:
@@ -113,11 +106,10 @@ class Monitor:
         # other nodes' summaries in place of their ranks' files; this node's own summary
         self.merge = NodeMerge(self.run, self.state, self.tailer, node_rank)
         self.nodes: dict[int, NodeRecord] = {}
+        self.node_watch = NodeWatch(self.run)
         # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
         # wrote a thing is then over, not starting.
         self.job_ended = False
-        self._nodes_read_t: float | None = None
-        self._nodes_full_t: float | None = None
         self._checkup_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
@@ -155,9 +147,7 @@ class Monitor:
         # The launcher's exit status as whoever ran it saw it, and its name (close()).
         self._job_exit: tuple[int | None, str | None] = (None, None)
         self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
-        self.gpu_probe: GpuProbe = gpu_probe if gpu_probe is not None else NvmlProbe()
-        self.child_cpu = ChildCpu()
-        self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
+        self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
 
     # -- public API ------------------------------------------------------------------------
 
@@ -279,7 +269,7 @@ class Monitor:
                     note(event["rank"], line_no, event)
         self.merge.publish(now, force=final)
         self._check_liveness(first_look=True)
-        self._probe_hosts(now)
+        self.host_probes.probe(self.state, self._last, now)
         interesting = False
         for log in batch.logs:
             if self.state.apply_log_lines(log.source, log.lines):
@@ -460,39 +450,6 @@ class Monitor:
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
 
-    def _probe_hosts(self, now: float) -> None:
-        """Children's CPU and GPU utilization of the local ranks that others waited on at the
-        last poll: what tells a rank whose workers or GPU do the work from a blocked one."""
-        last = self._last
-        if last is None:
-            return
-        targets: set[int] = set()
-        for wait in last.waits:
-            targets.update(wait.on)
-        for view in last.ranks:
-            targets.update(view.waiting_on)
-        pids: dict[int, int] = {}
-        for rank in sorted(targets):
-            tracker = self.state.ranks.get(rank)
-            if tracker is None or tracker.pid is None or self.state.alive.get(rank) is not True:
-                continue  # not on this host (the heartbeats speak for it), or not alive
-            if 0 <= now - self._probed.get(rank, float("-inf")) < PROBE_EVERY_S:
-                continue
-            pids[rank] = tracker.pid
-            if len(pids) >= MAX_PROBED:
-                break
-        if not pids:
-            return
-        try:
-            gpu = self.gpu_probe.utilization(list(pids.values()))
-        except Exception:  # noqa: BLE001 - a GPU fact is a bonus, never a reason to fail
-            gpu = {}
-        for rank, pid in pids.items():
-            self._probed[rank] = now
-            progress = self.state.ranks[rank].progress
-            progress.set_children(now, self.child_cpu.sample(pid, now))
-            progress.set_gpu(now, gpu.get(pid))
-
     def _is_live(self, now: float) -> bool:
         if any(a is True for a in self.state.alive.values()):
             return True
@@ -517,35 +474,14 @@ class Monitor:
 
     def _read_nodes(self, now: float) -> None:
         """The launchers' node records (a job that spans nodes), at most once a second."""
-        if self._nodes_read_t is not None and 0 <= now - self._nodes_read_t < NODES_EVERY_S:
-            return
-        self._nodes_read_t = now
-        records = self._node_records(now)
-        if records != self.nodes:
+        quiet = bool(self.node_rank and self.state.ranks and not self.merge.active)
+        records = self.node_watch.refresh(
+            now, quiet_follower=quiet, expected=self.state.info.nnodes
+        )
+        if records is not None:
             self.nodes = records
             self.state.set_nodes(records)
             self.state.info = with_nodes(self.state.info, records)
-
-    def _node_records(self, now: float) -> dict[int, NodeRecord]:
-        """Every node's record; for a launcher of node 1 and up, once every node has recorded
-        itself and the job has started, only node 0's (the lead it follows) every second and all
-        of them now and then: N launchers each reading N records a second would load a shared
-        file system as N x N. (Before the start, a node whose launcher ends without starting
-        its part must be seen at once: see launch/supervise.py.)"""
-        full = self._nodes_full_t
-        expected = self.state.info.nnodes or 0
-        if (
-            self.node_rank
-            and self.state.ranks
-            and not self.merge.active
-            and full is not None
-            and 0 <= now - full < NODES_FULL_EVERY_S
-            and len(self.nodes) >= expected
-        ):
-            lead = read_node_record(self.run, 0)
-            return {**self.nodes, 0: lead} if lead is not None else dict(self.nodes)
-        self._nodes_full_t = now
-        return read_node_records(self.run)
 
     def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
         """The script checkup's findings: each doctor.json is read once as it appears (a watcher

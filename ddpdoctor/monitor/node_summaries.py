@@ -3,7 +3,10 @@
 A job that spans nodes has one launcher per node. Each reads its own ranks' event files and
 publishes a NodeSummary (ddpdoctor/protocol/node_summary.py) once a second (`Publisher`). Every
 other watcher, node 0's launcher and `ddpdoctor watch` included, reads those summaries instead of
-the ranks' files (`SummaryFeed`): one file per node per second on the shared file system.
+the ranks' files (`SummaryFeed`): one file per node per second on the shared file system. A
+summary's first line holds what is new since the previous one; a watcher that keeps up applies
+that alone, and one that is behind on a rank takes the rank's whole digest from the second line
+(`NodeMerge._apply_summary`), so node 0 parses a few events per rank a second, not every state.
 
 A summary stands in for the rank files only while its node's launcher runs and keeps publishing:
 once the launcher has ended, or its summaries stop coming (a node whose launcher died or hangs),
@@ -13,6 +16,7 @@ rests on every event the ranks wrote. The summaries that stopped coming are a fi
 
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -24,13 +28,13 @@ from ddpdoctor.monitor.launchers import proc_children
 from ddpdoctor.monitor.liveness import this_host
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.node_summary import SCHEMA_VERSION as SUMMARY_SCHEMA
 from ddpdoctor.protocol.node_summary import (
     NodeSummary,
-    RankEvents,
     read_node_summary,
-    summary_mtime,
+    summary_stamp,
     valid_event,
-    write_node_summary,
+    write_summary_text,
 )
 from ddpdoctor.protocol.rundir import RunDir
 
@@ -95,12 +99,17 @@ class RankDigest:
 
 
 class Publisher:
-    """Node N's launcher: digests its own ranks' events, writes its summary once a second."""
+    """Node N's launcher: digests its own ranks' events, writes its summary once a second.
+
+    Each event is encoded to JSON once, when first published, and kept with its digest: the
+    summary is rewritten every second, mostly of events already written in the previous one."""
 
     def __init__(self, run: RunDir, node_rank: int) -> None:
         self.run = run
         self.node_rank = node_rank
         self.digests: dict[int, RankDigest] = {}
+        self.published: dict[int, int] = {}  # rank -> the last line its previous summary had
+        self.texts: dict[int, dict[int, str]] = {}  # rank -> line -> the event as JSON
         self.seq = 0
         self.written_t: float | None = None
         self.host = this_host()
@@ -110,31 +119,59 @@ class Publisher:
         digest = self.digests.get(rank)
         if digest is None:
             digest = self.digests[rank] = RankDigest()
+            self.published.pop(rank, None)  # (a digest started again: its head starts at 0)
         digest.note(line_no, event)
+
+    def forget(self, rank: int) -> None:
+        self.digests.pop(rank, None)
+        self.published.pop(rank, None)
+        self.texts.pop(rank, None)
 
     def maybe_publish(self, now: float, own: Iterable[int], *, force: bool = False) -> bool:
         if not force and self.written_t is not None and 0 <= now - self.written_t < PUBLISH_EVERY_S:
             return False
         self.written_t = now
         self.seq += 1
-        ranks = tuple(
-            RankEvents(rank, self.digests[rank].lines())
-            for rank in sorted(own)
-            if rank in self.digests
+        heads, fulls = [], []
+        for rank in sorted(own):
+            digest = self.digests.get(rank)
+            if digest is None:
+                continue
+            lines = digest.lines()
+            known = self.texts.get(rank, {})
+            texts = {n: known.get(n) or _event_text(e) for n, e in lines}
+            self.texts[rank] = texts
+            last = lines[-1][0] if lines else 0
+            after = self.published.get(rank, 0)
+            self.published[rank] = last
+            new = ",".join(f"[{n},{texts[n]}]" for n, _ in lines if n > after)
+            heads.append(f'{{"rank":{rank},"last":{last},"after":{after},"events":[{new}]}}')
+            every = ",".join(f"[{n},{texts[n]}]" for n, _ in lines)
+            fulls.append(f'{{"rank":{rank},"events":[{every}]}}')
+        text = (
+            f'{{"schema_version":{SUMMARY_SCHEMA},"node_rank":{self.node_rank},'
+            f'"host":{json.dumps(self.host, ensure_ascii=False)},"pid":{os.getpid()},'
+            f'"seq":{self.seq},"t":{json.dumps(now)},"ranks":[{",".join(heads)}]}}\n'
+            f'{{"ranks":[{",".join(fulls)}]}}\n'
         )
-        summary = NodeSummary(self.node_rank, self.host, os.getpid(), self.seq, now, ranks)
         try:
-            write_node_summary(self.run, summary)
+            write_summary_text(self.run, self.node_rank, text)
             self.error = None
         except OSError as exc:  # a summary lost: the others read this node's files instead
             self.error = exc.strerror or str(exc)
         return True
 
 
+def _event_text(event: dict[str, Any]) -> str:
+    # (plain json: the events were read with json.loads, and only ddpdoctor reads this file)
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
 @dataclass
 class _Seen:
-    mtime: int | None = None
+    stamp: tuple[int, int, int] | None = None
     seq: int | None = None
+    pid: int | None = None  # its writer (a launcher started again counts its summaries anew)
     changed_t: float | None = None  # when this watcher last saw it change (its own clock)
     ranks: tuple[int, ...] = ()
 
@@ -147,19 +184,19 @@ class SummaryFeed:
         self.own_node = own_node
         self.seen: dict[int, _Seen] = {}
 
-    def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, RankEvents]]:
-        """The (node, rank events) of every summary that changed since the last poll."""
-        changed: list[tuple[int, RankEvents]] = []
+    def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, NodeSummary]]:
+        """The (node, summary) of every summary that changed since the last poll."""
+        changed: list[tuple[int, NodeSummary]] = []
         for node, record in nodes.items():
             if node == self.own_node or record.ended:
                 continue
-            mtime = summary_mtime(self.run, node)
+            stamp = summary_stamp(self.run, node)
             seen = self.seen.setdefault(node, _Seen())
-            if mtime is None or mtime == seen.mtime:
+            if stamp is None or stamp == seen.stamp:
                 continue
-            seen.mtime = mtime
+            seen.stamp = stamp
             summary = read_node_summary(self.run, node)
-            if summary is None or summary.seq == seen.seq:
+            if summary is None or (summary.seq, summary.pid) == (seen.seq, seen.pid):
                 continue
             if seen.seq is None and now >= summary.t:
                 # First sight (a watcher started late): as old as its writer says, up to the
@@ -168,9 +205,9 @@ class SummaryFeed:
                 seen.changed_t = now - min(now - summary.t, STALE_AFTER_S)
             else:
                 seen.changed_t = now
-            seen.seq = summary.seq
+            seen.seq, seen.pid = summary.seq, summary.pid
             seen.ranks = tuple(r.rank for r in summary.ranks)
-            changed.extend((node, r) for r in summary.ranks)
+            changed.append((node, summary))
         return changed
 
     def standing(self, now: float, nodes: Mapping[int, NodeRecord]) -> set[int]:
@@ -265,24 +302,8 @@ class NodeMerge:
                 node = self.state.node_of(rank)
                 if node is not None and node != self.own_node and node in standing:
                     self._follow(rank, node)
-        for node, entry in changed:
-            if entry.rank not in self.via and node in standing:
-                known = self.state.node_of(entry.rank)
-                if known in (None, node):  # not read from its file yet, or read as node's
-                    self._follow(entry.rank, node)
-            if self.via.get(entry.rank) != node:
-                continue
-            rel = f"events/rank-{entry.rank}.jsonl"
-            last = self.applied.get(entry.rank, 0)
-            for pair in entry.events:
-                if type(pair) is list and len(pair) == 2 and type(pair[0]) is int:
-                    if pair[0] <= last:
-                        continue  # applied already: most of a summary, every second
-                    valid = valid_event(pair, entry.rank)
-                    if valid is not None:
-                        self.state.apply(valid[1], (rel, valid[0]))
-                        last = valid[0]
-            self.applied[entry.rank] = last
+        for node, summary in changed:
+            self._apply_summary(node, summary, standing)
         for rank, node in list(self.via.items()):
             if node not in standing:
                 self._from_file(rank)
@@ -297,6 +318,46 @@ class NodeMerge:
                 if not self.follower or tracker is None or tracker.exit_code is None:
                     self._from_file(rank)
 
+    def _apply_summary(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
+        """Apply what is new to this watcher in a node's summary: each rank's events after the
+        line it has applied. The head has what the previous summary did not; a rank this
+        watcher is behind on (it missed a summary, or just began to follow the rank) takes
+        them from the whole digest, the summary's second line, parsed only then."""
+        full: dict[int, list] | None = None
+        for entry in summary.ranks:
+            rank = entry.rank
+            if rank not in self.via and node in standing:
+                known = self.state.node_of(rank)
+                if known in (None, node):  # not read from its file yet, or read as node's
+                    self._follow(rank, node)
+            if self.via.get(rank) != node:
+                continue
+            have = self.applied.get(rank, 0)
+            if have >= entry.last:
+                continue  # nothing new to it: most ranks of most summaries, when healthy
+            events = entry.events
+            if have < entry.after:
+                if full is None:
+                    full = {r.rank: r.events for r in summary.full() or ()}
+                if rank not in full:
+                    continue  # the second line torn or missing: the next summary has it
+                events = full[rank]
+            applied = self._apply_events(rank, events, have)
+            self.applied[rank] = max(applied, entry.last)
+
+    def _apply_events(self, rank: int, events: list, last: int) -> int:
+        """Apply, in order, the rank's summary events after line `last`; the last line applied."""
+        rel = f"events/rank-{rank}.jsonl"
+        for pair in events:
+            if type(pair) is list and len(pair) == 2 and type(pair[0]) is int:
+                if pair[0] <= last:
+                    continue  # applied already
+                valid = valid_event(pair, rank)
+                if valid is not None:
+                    self.state.apply(valid[1], (rel, valid[0]))
+                    last = valid[0]
+        return last
+
     def _follow(self, rank: int, node: int) -> None:
         self.via[rank] = node
         self.held.discard(rank)
@@ -305,7 +366,7 @@ class NodeMerge:
 
     def _forget_digest(self, rank: int) -> None:
         if self.publisher is not None:
-            self.publisher.digests.pop(rank, None)  # another node's: never this one's to publish
+            self.publisher.forget(rank)  # another node's: never this one's to publish
 
     def _hold_others(self, nodes: Mapping[int, NodeRecord]) -> None:
         """A follower not (yet) merging: pause every other node's rank file it has found."""

@@ -7,7 +7,6 @@ a rank's file may be torn or written by another ddpdoctor version.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from typing import Any
 
@@ -120,6 +119,13 @@ def _site(value: Any) -> CallSite | None:
     )
 
 
+def _median(values: list[float]) -> float:
+    """statistics.median, without its overhead: a rank's means are made again every step."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def _ints(value: Any) -> tuple[int, ...] | None:
     if not isinstance(value, list):
         return None
@@ -144,6 +150,8 @@ class RankTracker:
         self.rss_bytes: int | None = None
         self.gpu_mem_bytes: int | None = None
         self.events_seen = 0
+        # counts every change (an event, an error line): a view of it is rebuilt only then
+        self.version = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
         self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
         self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
@@ -203,6 +211,7 @@ class RankTracker:
             self._calls_key = None
         t = num(event.get("t"))
         self.events_seen += 1
+        self.version += 1
         if t is not None:
             if self.first_t is None:
                 self.first_t = t
@@ -481,7 +490,7 @@ class RankTracker:
             for i, value in enumerate(values):
                 if value is not None:
                     columns[i].append(value)
-        typical = [statistics.median(c) if c else None for c in columns]
+        typical = [_median(c) if c else None for c in columns]
         return typical[0], typical[1], typical[2], len(self.own_work)
 
     def calls_key(self) -> int:
@@ -507,6 +516,7 @@ class RankTracker:
 
     def add_error_line(self, line: LogLine) -> None:
         self.error_lines.append(line)
+        self.version += 1
 
 
 # Events that can change the latest calls of a rank.

@@ -49,6 +49,8 @@ MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank
 _TEE_PREFIX = "[default"
 _CLASSIFIED_LEVELS = ("error", "warn")
 
+_FINISHED = frozenset(state for state in RankState if state.finished)
+
 Classifier = Callable[[str], Any]  # text -> LineClass(level, finding_id) | None
 
 
@@ -70,6 +72,8 @@ class RunState:
         self.nodes: dict[int, NodeRecord] = {}  # the launchers of a job that spans nodes
         self._by_node_local: dict[tuple[str, int, int], int] | None = None
         self._node_index: dict[tuple[str, int], int] = {}
+        # rank -> (its tracker, the tracker's version, the view fields made from it)
+        self._settled: dict[int, tuple[RankTracker, int, dict[str, Any]]] = {}
         self.events_applied = 0
         self.hello_world = 0  # the largest world size a hello event stated (bounded)
         # events whose rank lies outside the world: how many, and the first (file, line, rank)
@@ -309,12 +313,13 @@ class RunState:
         if tracker is None:
             tracker = RankTracker(rank)  # no events yet: starting (or never started)
         state, failed_t, exit_code, exit_signal = self._state(tracker, now, live, th)
+        finished = state in _FINISHED
         collective = tracker.current_collective()
-        if collective is None and state.finished and tracker.failed_collective is not None:
+        if collective is None and finished and tracker.failed_collective is not None:
             collective = tracker.failed_collective  # what it waited in when it failed
         elif collective is not None:
             end = now
-            if state.finished:
+            if finished:
                 end = failed_t or tracker.exit_t or tracker.last_event_t or now
             since = collective.since_t if collective.since_t is not None else end
             collective = CollectiveView(  # (not dataclasses.replace: this runs per rank per poll)
@@ -332,7 +337,7 @@ class RunState:
         if tracker.last_heartbeat_t is not None:
             hb_age = max(0.0, now - tracker.last_heartbeat_t)
         doing = None
-        if not state.finished and (hb_age is None or hb_age <= th.heartbeat_stale_s):
+        if not finished and (hb_age is None or hb_age <= th.heartbeat_stale_s):
             # a silent heartbeat says nothing about now: the rank stays unknown (stalled)
             doing = activity(
                 tracker.progress.judge(),
@@ -340,60 +345,74 @@ class RunState:
                 in_collective=collective is not None,
                 in_collective_since=collective.since_t if collective is not None else None,
             )
-        data, compute, comm, n = tracker.own_work_means()
         return build_frozen(
             RankView,
-            dict(
-                rank=rank,
-                state=state,
-                host=tracker.host,
-                pid=tracker.pid,
-                local_rank=tracker.local_rank,
-                phase=tracker.phase,
-                step=tracker.step,
-                total_steps=self.info.total_steps,
-                epoch=tracker.epoch,
-                loss=tracker.loss,
-                step_time_s=tracker.step_time_s,
-                data_time_s=tracker.data_time_s,
-                compute_time_s=tracker.compute_time_s,
-                comm_wait_s=tracker.comm_wait_s,
-                samples_per_s=tracker.samples_per_s,
-                collective=collective,
-                collectives_done=tracker.collectives_done,
-                heartbeat_age_s=hb_age,
-                alive=self.alive.get(rank),
-                exit_code=exit_code,
-                error=tracker.error,
-                last_event=tracker.last_event,
-                rss_bytes=tracker.rss_bytes,
-                gpu_mem_bytes=tracker.gpu_mem_bytes,
-                step_times=tuple(tracker.step_times),
-                group_seqs=tuple(tracker.group_seqs.items()),
-                recent_collectives=tuple(tracker.recent),
-                traceback=tracker.traceback,
-                failed_t=failed_t,
-                exit_signal=exit_signal,
-                exit_reason=tracker.exit_reason,
-                last_event_t=tracker.last_event_t,
-                last_progress_t=tracker.last_progress_t,
-                last_heartbeat_t=tracker.last_heartbeat_t,
-                fault=tracker.fault,
-                warnings=tuple(tracker.warnings.items()),
-                epoch_batches=tracker.epoch_batches,
-                loader_batches=tuple(tracker.loader_batches.items()),
-                avg_data_time_s=data,
-                avg_compute_time_s=compute,
-                avg_comm_wait_s=comm,
-                avg_steps=n,
-                error_at=tracker.error_at,
-                error_line=tracker.error_line,
-                error_lines=tuple(tracker.error_lines),
-                calls_key=tracker.calls_key(),
-                activity=doing,
-                reports_progress=bool(tracker.progress.samples),
-            ),
+            {
+                **self._settled_fields(tracker),
+                "rank": rank,
+                "state": state,
+                "total_steps": self.info.total_steps,
+                "collective": collective,
+                "heartbeat_age_s": hb_age,
+                "alive": self.alive.get(rank),
+                "exit_code": exit_code,
+                "failed_t": failed_t,
+                "exit_signal": exit_signal,
+                "activity": doing,
+                "reports_progress": bool(tracker.progress.samples),
+            },
         )
+
+    def _settled_fields(self, tracker: RankTracker) -> dict[str, Any]:
+        """A rank's view fields that only its events and log lines change (not to be changed):
+        made again only after it changed, for a rank of another node once a second at most, not
+        per poll."""
+        cached = self._settled.get(tracker.rank)
+        if cached is not None and cached[0] is tracker and cached[1] == tracker.version:
+            return cached[2]
+        data, compute, comm, n = tracker.own_work_means()
+        fields = dict(
+            host=tracker.host,
+            pid=tracker.pid,
+            local_rank=tracker.local_rank,
+            phase=tracker.phase,
+            step=tracker.step,
+            epoch=tracker.epoch,
+            loss=tracker.loss,
+            step_time_s=tracker.step_time_s,
+            data_time_s=tracker.data_time_s,
+            compute_time_s=tracker.compute_time_s,
+            comm_wait_s=tracker.comm_wait_s,
+            samples_per_s=tracker.samples_per_s,
+            collectives_done=tracker.collectives_done,
+            error=tracker.error,
+            last_event=tracker.last_event,
+            rss_bytes=tracker.rss_bytes,
+            gpu_mem_bytes=tracker.gpu_mem_bytes,
+            step_times=tuple(tracker.step_times),
+            group_seqs=tuple(tracker.group_seqs.items()),
+            recent_collectives=tuple(tracker.recent),
+            traceback=tracker.traceback,
+            exit_reason=tracker.exit_reason,
+            last_event_t=tracker.last_event_t,
+            last_progress_t=tracker.last_progress_t,
+            last_heartbeat_t=tracker.last_heartbeat_t,
+            fault=tracker.fault,
+            warnings=tuple(tracker.warnings.items()),
+            epoch_batches=tracker.epoch_batches,
+            loader_batches=tuple(tracker.loader_batches.items()),
+            avg_data_time_s=data,
+            avg_compute_time_s=compute,
+            avg_comm_wait_s=comm,
+            avg_steps=n,
+            error_at=tracker.error_at,
+            error_line=tracker.error_line,
+            error_lines=tuple(tracker.error_lines),
+            calls_key=tracker.calls_key(),
+        )
+        if tracker.events_seen:  # (a rank not yet heard of gets a fresh tracker every poll)
+            self._settled[tracker.rank] = (tracker, tracker.version, fields)
+        return fields
 
     def _state(
         self, tracker: RankTracker, now: float, live: bool, th: Thresholds

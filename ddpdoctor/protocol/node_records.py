@@ -118,6 +118,50 @@ def read_node_records(run: RunDir) -> dict[int, NodeRecord]:
     return records
 
 
+class NodeRecordReader:
+    """Every node's record, read again only when its file was replaced: one stat per node, not
+    one read and parse, for a watcher that looks at every node's record once a second. A
+    record is written by renaming a new file over it, so its inode tells a new one even where
+    the file system keeps times to the second (NFS)."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._known: dict[int, tuple[tuple[int, int, int], NodeRecord]] = {}
+
+    def read_all(self) -> dict[int, NodeRecord]:
+        records: dict[int, NodeRecord] = {}
+        try:
+            with os.scandir(self.run.nodes_dir) as it:
+                folders = [e.name for e in it if e.is_dir()]
+        except OSError:
+            return records
+        for name in folders:
+            match = _NODE_FOLDER.match(name)
+            if match is not None:
+                node = int(match.group(1))
+                record = self.read(node)
+                if record is not None:
+                    records[node] = record
+        return records
+
+    def read(self, node: int) -> NodeRecord | None:
+        try:
+            st = os.stat(self.run.node_json(node))
+        except OSError:
+            self._known.pop(node, None)
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._known.get(node)
+        if known is not None and known[0] == key:
+            return known[1]
+        record = read_node_record(self.run, node)
+        if record is None:
+            self._known.pop(node, None)
+        else:
+            self._known[node] = (key, record)
+        return record
+
+
 def node_of(
     records: Mapping[int, NodeRecord],
     *,

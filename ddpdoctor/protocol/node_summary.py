@@ -13,25 +13,33 @@ the same events the rank wrote, fewer of the routine ones (every step), so a dia
 same. Details (a rank's every event, its stacks, its flight-recorder dump) stay on the node and
 are pulled on demand.
 
-    {"schema_version": 1, "node_rank": N, "host": "...", "pid": <launcher pid>, "seq": <count>,
-     "t": <unix time written>, "ranks": [{"rank": R, "events": [[line_no, {event}], ...]}, ...]}
+The file has two lines. The first, the head, is what a reader that keeps up needs: per rank the
+last line the summary covers (`last`), the last line the previous summary covered (`after`) and
+the events between them. The second holds every rank's whole digest, for a reader that is behind
+(it started late, missed a summary, or just began to follow a rank): it parses the second line
+only then, so a reader in step parses a few events per rank a second, not the whole state.
+
+    {"schema_version": 2, "node_rank": N, "host": "...", "pid": <launcher pid>, "seq": <count>,
+     "t": <unix time written>,
+     "ranks": [{"rank": R, "last": L, "after": A, "events": [[line_no, {event}], ...]}, ...]}
+    {"ranks": [{"rank": R, "events": [[line_no, {event}], ...]}, ...]}
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SUMMARY_NAME = "summary.json"
+MAX_SUMMARY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -39,54 +47,74 @@ class RankEvents:
     rank: int
     # [line number in the rank's file, event] pairs, as read: see valid_event
     events: Any
+    # the head's bounds: the events cover the rank's lines after `after` up to `last`
+    last: int = 0
+    after: int = 0
 
 
 @dataclass(frozen=True)
 class NodeSummary:
+    """One summary as read: its head (`ranks`: what is new since the previous summary), and
+    `full`, every rank's whole digest, parsed on first use."""
+
     node_rank: int
     host: str
     pid: int
     seq: int
     t: float
     ranks: tuple[RankEvents, ...]
+    rest: bytes = b""  # the second line, unparsed
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "node_rank": self.node_rank,
-            "host": self.host,
-            "pid": self.pid,
-            "seq": self.seq,
-            "t": self.t,
-            "ranks": [
-                {"rank": r.rank, "events": [[n, e] for n, e in r.events]} for r in self.ranks
-            ],
-        }
+    def full(self) -> tuple[RankEvents, ...] | None:
+        """Every rank's whole digest (None when the second line is missing or torn)."""
+        try:
+            data = jsontext.loads(self.rest)
+        except ValueError:
+            return None
+        if not isinstance(data, Mapping):
+            return None
+        bounds = {r.rank: r for r in self.ranks}
+        out = []
+        for rank, events in _rank_entries(data.get("ranks")):
+            head = bounds.get(rank)
+            out.append(RankEvents(rank, events, head.last if head else 0, 0))
+        return tuple(out)
 
     @classmethod
-    def from_json(cls, data: Any) -> NodeSummary:
+    def from_head(cls, data: Any, rest: bytes = b"") -> NodeSummary:
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError("not a node summary")
         node, seq, t = data.get("node_rank"), data.get("seq"), data.get("t")
-        if not (isinstance(node, int) and isinstance(seq, int) and isinstance(t, (int, float))):
-            raise ValueError("bad node summary")
-        if isinstance(node, bool) or isinstance(seq, bool):
+        if not (_is_int(node) and _is_int(seq) and jsontext.is_number(t)):
             raise ValueError("bad node summary")
         ranks = []
         for entry in data.get("ranks") or ():
             if not isinstance(entry, Mapping) or not _is_int(entry.get("rank")):
                 continue
-            events = entry.get("events")
-            if not isinstance(events, list):
+            last, after = entry.get("last"), entry.get("after", 0)
+            events = entry.get("events", [])
+            if not (_is_int(last) and _is_int(after) and isinstance(events, list)):
                 continue
-            # Each pair is checked where it is used (`valid_event`): most are events a reader
-            # has applied already, and a node's summary is read every second.
-            ranks.append(RankEvents(entry["rank"], events))
-        host = data.get("host")
-        pid = data.get("pid")
-        host = host if isinstance(host, str) else ""
-        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else 0
-        return cls(node, host, pid, seq, float(t), tuple(ranks))
+            # Each pair is checked where it is used (`valid_event`).
+            ranks.append(RankEvents(entry["rank"], events, last, after))
+        host, pid = data.get("host"), data.get("pid")
+        return cls(
+            node,
+            host if isinstance(host, str) else "",
+            pid if _is_int(pid) else 0,
+            seq,
+            float(t),
+            tuple(ranks),
+            rest,
+        )
+
+
+def _rank_entries(value: Any) -> Iterable[tuple[int, list]]:
+    for entry in value if isinstance(value, list) else ():
+        if isinstance(entry, Mapping) and _is_int(entry.get("rank")):
+            events = entry.get("events")
+            if isinstance(events, list):
+                yield entry["rank"], events
 
 
 def valid_event(pair: Any, rank: int) -> tuple[int, dict[str, Any]] | None:
@@ -104,7 +132,7 @@ def valid_event(pair: Any, rank: int) -> tuple[int, dict[str, Any]] | None:
     return line, event
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -112,20 +140,19 @@ def summary_path(run: RunDir, node_rank: int):
     return run.node_dir(node_rank) / SUMMARY_NAME
 
 
-def write_node_summary(run: RunDir, summary: NodeSummary) -> None:
-    """Replace the node's summary at once (a temporary file renamed: never read half written);
-    compact JSON, as it is written every second."""
-    path = summary_path(run, summary.node_rank)
-    # (plain json: the events were read with json.loads, and only ddpdoctor reads this file)
-    text = json.dumps(summary.to_json(), separators=(",", ":"), ensure_ascii=False)
+def write_summary_text(run: RunDir, node_rank: int, text: str) -> None:
+    """Replace the node's summary at once (a temporary file renamed: never read half written).
+    `text`: the two lines, made by the publisher (ddpdoctor.monitor.node_summaries), which
+    encodes each event once, not once a second."""
+    path = summary_path(run, node_rank)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{SUMMARY_NAME}.", dir=path.parent)
     except FileNotFoundError:  # the node's folder is made with its record; not there yet
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{SUMMARY_NAME}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text + "\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -133,18 +160,25 @@ def write_node_summary(run: RunDir, summary: NodeSummary) -> None:
         raise
 
 
-def summary_mtime(run: RunDir, node_rank: int) -> int | None:
-    """The summary file's change time (ns): one stat, to tell whether to read it again."""
+def summary_stamp(run: RunDir, node_rank: int) -> tuple[int, int, int] | None:
+    """(inode, change time in ns, size) of the summary file: one stat, to tell whether to read
+    it again. Each summary is a new file renamed over the last, so its inode tells a new one
+    even where the file system keeps times to the second (NFS)."""
     try:
-        return os.stat(summary_path(run, node_rank)).st_mtime_ns
+        st = os.stat(summary_path(run, node_rank))
     except OSError:
         return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def read_node_summary(run: RunDir, node_rank: int) -> NodeSummary | None:
-    """Node N's summary, or None when it has none or it cannot be read."""
+    """Node N's summary (its head parsed, the rest kept for `full()`), or None when it has none
+    or its head cannot be read."""
     try:
-        summary = NodeSummary.from_json(jsontext.read(summary_path(run, node_rank)))
+        with open(summary_path(run, node_rank), "rb") as fh:
+            data = fh.read(MAX_SUMMARY_BYTES)
+        head, _, rest = data.partition(b"\n")
+        summary = NodeSummary.from_head(jsontext.loads(head), rest)
     except (OSError, ValueError):
         return None
     return summary if summary.node_rank == node_rank else None

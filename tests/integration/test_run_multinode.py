@@ -149,9 +149,15 @@ def test_each_launcher_publishes_a_summary_of_its_own_ranks(healthy):
         assert summary is not None and summary.node_rank == node
         ranks = [r.rank for r in summary.ranks]
         assert ranks and all(owner_of(run_dir, rank) == node for rank in ranks)
-        # its last summary, written as it ended, carries its ranks' exits
-        exits = [e for r in summary.ranks for _, e in r.events if e["kind"] == "exit"]
+        # its last summary, written as it ended, carries its ranks' exits (in the whole digest;
+        # the head has only what the summary before it did not)
+        full = summary.full()
+        assert full is not None and [r.rank for r in full] == ranks
+        exits = [e for r in full for _, e in r.events if e["kind"] == "exit"]
         assert [e["code"] for e in exits] == [0] * len(ranks)
+        assert all(
+            r.last == max(n for n, _ in f.events) for r, f in zip(summary.ranks, full, strict=True)
+        )
 
 
 # -- hang ------------------------------------------------------------------------------------

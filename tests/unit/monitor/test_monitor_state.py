@@ -296,3 +296,24 @@ def test_views_are_frozen_and_compare_like_any_dataclass():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.step = 3
     assert dataclasses.replace(a, step=3).step == 3
+
+
+def test_a_view_is_made_again_when_its_rank_changes_and_only_then():
+    from ddpdoctor.monitor.snapshot import LogLine
+
+    s = Stream()
+    s.hello()
+    t = s.steps(3)
+    s.heartbeats(0, t, t + 0.1, step=3, phase="train", open=None)
+    state = state_of(s)
+    first = state.snapshot(NOW + t + 0.2).ranks[0]
+    again = state.snapshot(NOW + t + 0.7).ranks[0]
+    assert again.heartbeat_age_s != first.heartbeat_age_s  # what time changes, every snapshot
+    assert again.recent_collectives is first.recent_collectives  # what only events change: kept
+    line = LogLine("rank 0 stderr", "RuntimeError: boom", 0, "error")
+    state.ranks[0].add_error_line(line)  # a log line, no event
+    assert state.snapshot(NOW + t + 0.8).ranks[0].error_lines == (line,)
+    state.apply({"v": 1, "t": NOW + t + 0.8, "rank": 0, "kind": "step", "step": 4}, None)
+    assert state.snapshot(NOW + t + 0.9).ranks[0].step == 4
+    state.restart_rank(0)  # read again from its start: a fresh record, no view of the old one
+    assert state.snapshot(NOW + t + 1.0).ranks[0].step is None

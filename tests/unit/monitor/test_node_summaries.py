@@ -120,3 +120,82 @@ def test_a_digest_keeps_the_state_not_the_history():
     steps = [e for _, e in kept if e["kind"] == "step"]
     assert [e["step"] for e in steps] == [29]
     assert kept[-1][1]["seq"] == 30 and len(kept) <= 17
+
+
+def in_step(tmp_path):
+    """Node 0's launcher following node 1's rank through node 1's summaries."""
+    run, clock, w = two_nodes(tmp_path)
+    seq = train(w, clock, 3)
+    follower = Monitor(run, node_rank=1, clock=clock, **KW)
+    lead = Monitor(run, node_rank=0, clock=clock, **KW)
+    follower.poll()
+    assert lead.poll().ranks[1].step == 3 and lead.merge.via == {1: 1}
+    return run, clock, w, follower, lead, seq
+
+
+def publish(follower: Monitor, clock) -> None:
+    clock.t += 1.0  # a summary a second
+    follower.poll()
+
+
+def tear_second_line(run: RunDir) -> None:
+    path = run.node_dir(1) / "summary.json"
+    head, _, rest = path.read_bytes().partition(b"\n")
+    path.write_bytes(head + b"\n" + rest[: len(rest) // 2])
+
+
+def test_a_reader_in_step_applies_the_head_only(tmp_path):
+    run, clock, w, follower, lead, seq = in_step(tmp_path)
+    seq = train(w, clock, 2, seq)
+    publish(follower, clock)
+    summary = read_node_summary(run, 1)
+    assert summary is not None
+    (head,) = summary.ranks
+    # the head carries what is new since the previous summary, not the rank's whole state
+    assert head.after > 0 and {e["kind"] for _, e in head.events} <= {
+        "collective_start",
+        "collective_end",
+        "step",
+    }
+    assert all(n > head.after for n, _ in head.events) and head.last == head.events[-1][0]
+    tear_second_line(run)  # a reader in step never needs it
+    assert lead.poll().ranks[1].step == seq == 5
+
+
+def test_a_reader_that_missed_summaries_rebuilds_from_the_whole_digest(tmp_path):
+    run, clock, w, follower, lead, seq = in_step(tmp_path)
+    w.ev(1, "warning", code="sampler.missing", message="no DistributedSampler")
+    seq = train(w, clock, 2, seq)
+    publish(follower, clock)  # the warning is in this summary's head only ...
+    seq = train(w, clock, 2, seq)
+    publish(follower, clock)  # ... and this one's second line
+    summary = read_node_summary(run, 1)
+    assert summary is not None and "warning" not in {e["kind"] for _, e in summary.ranks[0].events}
+    snap = lead.poll()
+    assert snap.ranks[1].step == seq == 7
+    assert dict(snap.ranks[1].warnings) == {"sampler.missing": "no DistributedSampler"}
+    assert lead.state.ranks[1].collectives_done == 7  # none of the missed ones lost either
+
+
+def test_a_torn_summary_is_skipped_and_the_next_one_rebuilds(tmp_path):
+    run, clock, w, follower, lead, seq = in_step(tmp_path)
+    path = run.node_dir(1) / "summary.json"
+    seq = train(w, clock, 2, seq)
+    publish(follower, clock)
+    path.write_bytes(path.read_bytes()[:40])  # a head torn (a copy cut short)
+    assert read_node_summary(run, 1) is None
+    assert lead.poll().ranks[1].step == 3  # unchanged, no error
+    seq = train(w, clock, 2, seq)
+    publish(follower, clock)
+    tear_second_line(run)  # behind, and the whole digest unreadable: nothing half applied
+    assert lead.poll().ranks[1].step == 3 and lead.merge.applied[1] < 20
+    seq = train(w, clock, 1, seq)
+    publish(follower, clock)
+    snap = lead.poll()
+    assert snap.ranks[1].step == seq == 8 and lead.state.ranks[1].collectives_done == 8
+    # a launcher started again on node 1 counts its summaries from 1: read as new ones
+    restarted = Monitor(run, node_rank=1, clock=clock, **KW)
+    seq = train(w, clock, 1, seq)
+    publish(restarted, clock)
+    assert read_node_summary(run, 1).seq == 1  # type: ignore[union-attr]
+    assert lead.poll().ranks[1].step == seq == 9

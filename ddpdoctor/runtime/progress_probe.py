@@ -24,6 +24,7 @@ only the run directory).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import sysconfig
@@ -79,11 +80,29 @@ def describe_frame(frame: FrameType) -> str:
     return f"{os.path.basename(code.co_filename)}:{frame.f_lineno} {code.co_name}"
 
 
+def current_frames() -> dict[int, FrameType]:
+    """`sys._current_frames()`, safe to call from a background thread.
+
+    Before Python 3.13 it builds its dict while holding the interpreter's thread-list lock; an
+    allocation there can start a garbage collection whose finalizers need that lock again, and
+    the thread then waits forever holding the GIL: the whole process hangs (seen in a test
+    process: the heartbeat thread in `gc_collect_main` under `_PyThread_CurrentFrames`, the main
+    thread unable to return from `Thread.start`). CPython 3.13 turns the collector off for the
+    call; so does this, for those microseconds, and only if the job had it on."""
+    if sys.version_info >= (3, 13) or not gc.isenabled():
+        return sys._current_frames()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        gc.enable()
+
+
 def main_thread_frames(frames: dict[int, FrameType] | None = None) -> dict[str, Any]:
     """where / frame of the main thread (empty when it cannot be seen)."""
     ident = threading.main_thread().ident
     try:
-        frame = (frames if frames is not None else sys._current_frames()).get(ident or -1)
+        frame = (frames if frames is not None else current_frames()).get(ident or -1)
     except Exception:  # noqa: BLE001
         return {}
     if frame is None:

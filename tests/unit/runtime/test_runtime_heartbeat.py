@@ -236,3 +236,33 @@ def test_children_cpu_counts_the_workers_of_the_main_thread():
     finally:
         child.kill()
         child.wait(5)
+
+
+def test_current_frames_turns_the_collector_off_for_the_call_only(monkeypatch):
+    """Before Python 3.13, sys._current_frames() from the heartbeat thread can start a garbage
+    collection inside CPython's thread-list lock and hang the process: the probe turns the
+    collector off around it, and leaves it as the job had it."""
+    import gc
+    import sys
+    import threading
+
+    from ddpdoctor.runtime import progress_probe
+
+    seen: list[bool] = []
+    real = sys._current_frames
+
+    def spying():
+        seen.append(gc.isenabled())
+        return real()
+
+    monkeypatch.setattr(sys, "_current_frames", spying)
+    assert gc.isenabled()
+    frames = progress_probe.current_frames()
+    assert threading.main_thread().ident in frames
+    assert seen == [sys.version_info >= (3, 13)] and gc.isenabled()
+    gc.disable()
+    try:
+        progress_probe.current_frames()
+        assert seen[-1] is False and not gc.isenabled()  # the job's choice stays
+    finally:
+        gc.enable()

@@ -175,10 +175,9 @@ def _directory_files(root: Path) -> Iterator[tuple[Path, FileContext]]:
         for sub in ("logs", "nccl"):
             for path in _files_under(root / sub):
                 yield path, _run_dir_context(root, path, hello)
-        # the flight-recorder dumps the monitor collected (one per rank, JSON): read as dumps
-        for path in _files_under(root / "flight_recorder"):
-            if is_dump_file(path):
-                yield path, _plain_context(str(path))
+        # RUN_DIR/flight_recorder/ is left out: the monitor asks for dumps whenever a rank waits
+        # a while, so they hold moments of a healthy run too (rank 1 in a barrier while rank 0
+        # evaluates); the run's diagnosis.json says what they meant
         return
     for path in _files_under(root):
         yield path, _plain_context(str(path))

@@ -83,13 +83,13 @@ def describe_frame(frame: FrameType) -> str:
 def current_frames() -> dict[int, FrameType]:
     """`sys._current_frames()`, safe to call from a background thread.
 
-    Before Python 3.13 it builds its dict while holding the interpreter's thread-list lock; an
-    allocation there can start a garbage collection whose finalizers need that lock again, and
-    the thread then waits forever holding the GIL: the whole process hangs (seen in a test
-    process: the heartbeat thread in `gc_collect_main` under `_PyThread_CurrentFrames`, the main
-    thread unable to return from `Thread.start`). CPython 3.13 turns the collector off for the
-    call; so does this, for those microseconds, and only if the job had it on."""
-    if sys.version_info >= (3, 13) or not gc.isenabled():
+    CPython builds its dict while holding the interpreter's thread-list lock; an allocation there
+    can start a garbage collection whose finalizers need that lock again, and the thread then
+    waits forever holding the GIL: the whole process hangs (CPython gh-106883, fixed in 3.11.9
+    and later releases by turning the collector off for the call; on 3.11.7 it hung a
+    test process so, the heartbeat in `gc_collect_main` under `_PyThread_CurrentFrames`). The
+    same is done here, for those microseconds, and only if the job had the collector on."""
+    if not gc.isenabled():
         return sys._current_frames()
     gc.disable()
     try:

@@ -132,10 +132,11 @@ def test_with_torchruns_own_line_kept_a_cut_table_still_names_the_first_failure(
     assert head.ranks == (0,) and "the first failure torchrun observed" in head.summary
 
 
-def test_a_run_directory_is_explained_with_the_dumps_its_monitor_collected(tmp_path):
-    """`ddpdoctor explain RUN_DIR`: the monitor keeps each rank's flight-recorder dump in
-    RUN_DIR/flight_recorder/ (the ddpdoctor run of a gloo mismatch); explain reads them with the
-    logs, as it reads dumps given by name."""
+def test_a_run_directory_leaves_the_dumps_its_monitor_collected_out(tmp_path):
+    """The monitor asks for dumps whenever a rank waits a while: in a healthy run, rank 1 in a
+    barrier while rank 0 evaluates. Read after the run they would say "rank 0 never reached
+    barrier #46" of a job that ended healthy, so `explain RUN_DIR` leaves them out (the run's
+    diagnosis.json says what they meant); given by name they are read."""
     run = tmp_path / "run"
     (run / "logs" / "vm").mkdir(parents=True)
     (run / "logs" / "vm" / "torchrun.log").write_text("starting\n")
@@ -144,7 +145,5 @@ def test_a_run_directory_is_explained_with_the_dumps_its_monitor_collected(tmp_p
     (run / "flight_recorder").mkdir()
     for dump in recorded.glob("rank-*.json"):
         (run / "flight_recorder" / dump.name).write_bytes(dump.read_bytes())
-    given = errors(explain_files([recorded]))
-    from_run = errors(explain_files([run]))
-    assert given and [f.summary for f in from_run] == [f.summary for f in given]
-    assert from_run[0].id == "fr.mismatch"
+    assert errors(explain_files([run])) == []
+    assert errors(explain_files([run / "flight_recorder"]))

@@ -20,9 +20,8 @@ from typing import Any
 from ddpdoctor.protocol.events import DEFAULT_GROUP, WARNING
 from ddpdoctor.runtime import call_sites, completion, core
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
+from ddpdoctor.runtime.patching import WRAPPED_MARK
 from ddpdoctor.runtime.records import CollectiveDesc
-
-WRAPPED_MARK = "__ddpdoctor_original__"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ddpdoctor.protocol.events import EPOCH, WARNING
 from ddpdoctor.runtime import core
+from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
 EPOCH_ATTR = "_ddpdoctor_epoch"
 SET_EPOCH_MISSING = "sampler.set_epoch_missing"
@@ -183,7 +184,7 @@ def install(runtime: core.Runtime) -> None:
     original_iter = DataLoader.__iter__
     original_sampler_iter = DistributedSampler.__iter__
     original_set_epoch = DistributedSampler.set_epoch
-    if hasattr(original_next, "__ddpdoctor_original__"):
+    if hasattr(original_next, WRAPPED_MARK):
         return
 
     @functools.wraps(original_next)
@@ -243,11 +244,4 @@ def install(runtime: core.Runtime) -> None:
         (DistributedSampler, "__iter__", sampler_iter, original_sampler_iter),
         (DistributedSampler, "set_epoch", set_epoch, original_set_epoch),
     ):
-        new.__dict__["__ddpdoctor_original__"] = old
-        setattr(cls, name, new)
-        runtime.on_deactivate(functools.partial(_restore, cls, name, new, old))
-
-
-def _restore(cls: type, name: str, new: Any, old: Any) -> None:
-    if cls.__dict__.get(name) is new:
-        setattr(cls, name, old)
+        patch(runtime, cls, name, new, old)

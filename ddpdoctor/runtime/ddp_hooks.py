@@ -42,6 +42,7 @@ from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
 from ddpdoctor.runtime.flight_recorder import recorder_status
+from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 from ddpdoctor.runtime.records import CollectiveDesc
 
 # "1": a Python comm hook records every gradient bucket as events (`ddpdoctor run --ddp-buckets`);
@@ -284,7 +285,7 @@ def install(runtime: core.Runtime) -> None:
     original_forward = DDP.forward
     original_register = DDP.register_comm_hook
     original_builtin = DDP._register_builtin_comm_hook
-    if hasattr(original_forward, "__ddpdoctor_original__"):
+    if hasattr(original_forward, WRAPPED_MARK):
         return
 
     record_buckets, runtime.bucket_recording = bucket_mode()
@@ -408,9 +409,7 @@ def install(runtime: core.Runtime) -> None:
         ("register_comm_hook", register_comm_hook, original_register),
         ("_register_builtin_comm_hook", _register_builtin_comm_hook, original_builtin),
     ):
-        new.__dict__["__ddpdoctor_original__"] = old
-        setattr(DDP, name, new)
-        runtime.on_deactivate(functools.partial(_restore, DDP, name, new, old))
+        patch(runtime, DDP, name, new, old)
 
 
 def _python_equivalent(comm_hook_type: Any) -> Callable[..., Any] | None:
@@ -422,8 +421,3 @@ def _python_equivalent(comm_hook_type: Any) -> Callable[..., Any] | None:
     if comm_hook_type == dist.BuiltinCommHookType.FP16_COMPRESS:
         return default_hooks.fp16_compress_hook
     return None
-
-
-def _restore(cls: Any, name: str, new: Any, old: Any) -> None:
-    if cls.__dict__.get(name) is new:
-        setattr(cls, name, old)

@@ -18,5 +18,6 @@ def patch(runtime: core.Runtime, owner: Any, name: str, new: Any, old: Any) -> N
 
 
 def _restore(owner: Any, name: str, new: Any, old: Any) -> None:
-    if getattr(owner, name, None) is new:  # unless something else replaced it since
+    # unless something else replaced it since (the owner's own attribute: a class or a module)
+    if vars(owner).get(name) is new:
         setattr(owner, name, old)

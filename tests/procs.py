@@ -7,6 +7,7 @@ its whole group on teardown, so a test of a hang can never hang the suite or lea
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -196,3 +197,25 @@ def job_processes(run_dir: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+# torch's C++ teardown of a process group now and then aborts a rank that has finished its
+# script, with or without ddpdoctor (docs/frameworks.md, "At exit"): std::terminate's message.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def exited_cleanly_then_aborted(run_dir: Path, text: str, ranks: Sequence[int]) -> bool:
+    """Whether every rank in `ranks` recorded a clean exit in `run_dir` and `text` (the job's
+    output or logs) shows torch's teardown abort: a job that finished, then failed in teardown."""
+    if TEARDOWN_ABORT not in text or "SIGABRT" not in text:
+        return False
+    for rank in ranks:
+        path = run_dir / "events" / f"rank-{rank}.jsonl"
+        try:
+            events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return False
+        exits = [e for e in events if e.get("kind") == "exit"]
+        if not exits or exits[-1].get("code") != 0:
+            return False
+    return True

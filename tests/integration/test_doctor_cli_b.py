@@ -173,7 +173,8 @@ def test_interrupted_doctor_leaves_no_smoke_rank(tmp_path):
         ranks = wait_for(lambda: _smoke_ranks(proc.pid), timeout=45, what="smoke ranks")
         pids = [p.pid for p in ranks]
         os.kill(proc.pid, signal.SIGINT)  # Ctrl-C on the doctor
-        assert proc.wait(timeout=30) == 130
+        code = proc.wait(timeout=30)
+        assert code == 130, log.read_text()[-3000:]
     assert "ddpdoctor: error: interrupted" in log.read_text()
     # The doctor ends and reaps its ranks before it exits; the ranks' own guard (exit when the
     # doctor is gone) would leave them alive for a moment after it, which this would catch.

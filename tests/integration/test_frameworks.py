@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.protocol.events import parse_event_line
-from tests.procs import REPO, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
+from tests.procs import (
+    REPO,
+    TEARDOWN_ABORT,
+    clean_env,
+    ddpdoctor_cmd,
+    job_processes,
+    run_in_parallel,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -71,7 +78,7 @@ class Result:
         logs = "\n".join(
             path.read_text(errors="replace") for path in (self.run_dir / "logs").rglob("*.log")
         )
-        return "terminate called without an active exception" in logs and "SIGABRT" in logs
+        return TEARDOWN_ABORT in logs and "SIGABRT" in logs
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of the job's logs (a rank's fatal-error dump is there), for failure messages."""

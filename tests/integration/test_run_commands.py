@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Result, SharedRuns
-from tests.procs import PYTHON, REPO, Finished, clean_env, ddpdoctor_cmd, free_port, job_processes
+from tests.procs import (
+    PYTHON,
+    REPO,
+    Finished,
+    clean_env,
+    ddpdoctor_cmd,
+    exited_cleanly_then_aborted,
+    free_port,
+    job_processes,
+)
 from tests.procs import run as run_proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -183,7 +192,10 @@ def test_a_script_run_by_the_bootstrap_without_rank_variables_is_no_rank_itself(
     env = clean_env({"TEST_PORT": str(free_port()), "DDPDOCTOR_RUN_DIR": str(run_dir)})
     cmd = [PYTHON, "-m", "ddpdoctor.runtime.bootstrap", script.name, "1", "1"]
     done = run_proc(cmd, timeout=180, cwd=tmp_path, env=env)
-    assert done.returncode == 0, explain(done)
+    if not exited_cleanly_then_aborted(run_dir, done.stderr, (0, 1)):
+        # (torch's teardown aborts a finished rank now and then, with or without ddpdoctor:
+        # mp.spawn then raises for it; every rank's events are there all the same)
+        assert done.returncode == 0, explain(done)
     assert event_files(run_dir) == ["rank-0.jsonl", "rank-1.jsonl"]
     pids = {hellos(run_dir, r)[-1]["pid"] for r in (0, 1)}
     assert len(pids) == 2 and all(hellos(run_dir, r)[-1]["world_size"] == 2 for r in (0, 1))

@@ -63,7 +63,8 @@ class Watchers:
     """What watches the job, supplied by the command: the launcher sits below the monitor and the
     TUI in the layers and never imports them.
 
-    monitor(run_dir, hang_after=, node_rank=)   a Monitor: .poll() .request_stacks() .close()
+    monitor(run_dir, hang_after=, node_rank=, follow_all_nodes=)
+                                                a Monitor: .poll() .request_stacks() .close()
     headless(console, live=)                    the plain-text view: .update() .job_output() .close()
     tui(source, mode=, job=, title=)            runs the Textual app until the job ends or the user quits
     """
@@ -254,7 +255,14 @@ def run_job(
         run_root=run_dir.path,
     )
     node = plan.node_rank
-    monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=node)
+    # A follower's view someone looks at (the TUI, a live terminal view) shows every node's ranks.
+    watched = use_tui or console.is_terminal
+    monitor = watchers.monitor(
+        run_dir,
+        hang_after=plan.hang_after,
+        node_rank=node,
+        follow_all_nodes=watched and node not in (None, 0),
+    )
     policy = StopPolicy(keep_running=plan.keep_running, follower=node not in (None, 0))
     supervised = SupervisedRun(
         monitor,

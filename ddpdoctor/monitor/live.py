@@ -87,11 +87,14 @@ class Monitor:
         node_rank: int | None = None,
         ask_remote: bool = True,
         gpu_probe: GpuProbe | None = None,
+        follow_all_nodes: bool = False,
     ) -> None:
         """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
         ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
         of ranks this process cannot reach. `gpu_probe`: the GPU utilization of local ranks that
-        others wait on (NVML by default; ddpdoctor.monitor.host_probes)."""
+        others wait on (NVML by default; ddpdoctor.monitor.host_probes). `follow_all_nodes`: a
+        follower launcher whose view someone looks at reads every node's summary all along, as
+        node 0 does (NodeMerge), so that view shows every rank."""
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
         self.node_rank = node_rank
         self.clock = clock
@@ -104,7 +107,9 @@ class Monitor:
         if node_rank is not None:  # a launcher of a job over several nodes: its own logs
             self.tailer.log_roots = (self.run.node_logs_dir(node_rank),)
         # other nodes' summaries in place of their ranks' files; this node's own summary
-        self.merge = NodeMerge(self.run, self.state, self.tailer, node_rank)
+        self.merge = NodeMerge(
+            self.run, self.state, self.tailer, node_rank, follow_all=follow_all_nodes
+        )
         self.nodes: dict[int, NodeRecord] = {}
         self.node_watch = NodeWatch(self.run)
         # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never

@@ -259,10 +259,19 @@ class NodeMerge:
 
     A launcher of node 1 and up reads its own ranks only (`held`: the others' files, paused),
     and pulls the other nodes' summaries on demand: from the moment one of its ranks waits or
-    fails (`observe`), and at its end. Node 0 leads: it stops the job, and the others follow its
+    fails (`observe`), and at its end, or all along when someone looks at its view
+    (`follow_all`). Node 0 leads: it stops the job, and the others follow its
     node record; so no node's launcher reads every other node's summary every second."""
 
-    def __init__(self, run: RunDir, state: Any, tailer: Any, own_node: int | None) -> None:
+    def __init__(
+        self,
+        run: RunDir,
+        state: Any,
+        tailer: Any,
+        own_node: int | None,
+        *,
+        follow_all: bool = False,
+    ) -> None:
         self.state = state
         self.tailer = tailer
         self.own_node = own_node
@@ -272,7 +281,11 @@ class NodeMerge:
         self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
         self.follower = own_node is not None and own_node > 0
-        self.active = not self.follower  # whether other nodes' summaries are read
+        # Whether other nodes' summaries are read. A follower whose view a person looks at (its
+        # TUI, its live terminal view) reads them from the start, as node 0 does: otherwise the
+        # other nodes' ranks would show there as never heard of. One such follower adds one stat
+        # per node per second; followers nobody looks at (srun's, mostly) still add nothing.
+        self.active = not self.follower or follow_all
         self.own_pids: dict[int, int] = {}  # a follower's own ranks (from its torchrun's children)
 
     def note(self, rank: int, line_no: int, event: dict[str, Any]) -> None:

@@ -91,6 +91,31 @@ def test_node_0_follows_node_1_through_its_summary_and_finds_the_hang(tmp_path):
     )
 
 
+def test_a_follower_someone_watches_shows_every_node_through_the_summaries(tmp_path):
+    """A follower launcher with a TUI or a live terminal view: node 0's rank shows as node 0's
+    summary says, all along (not as never heard of), and its file stays unread there."""
+    run, clock, w = two_nodes(tmp_path)
+    seq = train(w, clock, 6)
+    lead = Monitor(run, node_rank=0, clock=clock, **KW)
+    watched = Monitor(run, node_rank=1, clock=clock, follow_all_nodes=True, **KW)
+    unwatched = Monitor(run, node_rank=1, clock=clock, **KW)
+    lead.poll()
+    clock.t += 1.0
+    for monitor in (watched, unwatched):
+        monitor.poll()
+    train(w, clock, 4, seq)
+    clock.t += 1.0
+    lead.poll()
+    snap = watched.poll()
+    assert watched.merge.active and watched.merge.via == {0: 0}
+    assert snap.ranks[0].state is RankState.RUNNING and snap.ranks[0].step == 10
+    assert snap.ranks[1].step == 10 and snap.verdict is Verdict.RUNNING
+    # (the rank's file was paused when the summary took over: only its hello was read)
+    assert tail_offset(watched, 0) < tail_offset(lead, 0)
+    quiet = unwatched.poll()
+    assert not unwatched.merge.active and quiet.ranks[0].state is RankState.STARTING
+
+
 def test_the_final_word_reads_every_file_once(tmp_path):
     run, clock, w = two_nodes(tmp_path)
     train(w, clock, 5)

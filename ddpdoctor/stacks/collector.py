@@ -52,6 +52,7 @@ class _Round:
     remote_findings: list[Finding] = field(default_factory=list)
     by_node: dict[int, int] = field(default_factory=dict)  # rank -> node that captured it
     expired: bool = False
+    local_error: str | None = None  # why the capture here failed (other nodes' answers stand)
 
     @property
     def waiting_for(self) -> list[int]:
@@ -172,6 +173,7 @@ class StackCollector:
                 self.status = f"stack capture failed: {type(task.error).__name__}: {task.error}"
                 if rnd is None or rnd.request is None:
                     return True
+                rnd.local_error = self.status  # kept in the round's status, beside the answers
             else:
                 capture, groups = task.result
                 self.captures += 1
@@ -294,6 +296,8 @@ class StackCollector:
         missing = rnd.waiting_for if rnd.expired else []
         if missing:
             text += f"; no answer for rank(s) {_rank_list(missing)}"
+        if rnd.local_error:
+            text += f"; here: {rnd.local_error}"
         self.status = text
 
     def wait(self, timeout: float) -> bool:

@@ -178,7 +178,7 @@ def test_hang_is_diagnosed_and_both_launchers_exit_1_leaving_nothing(hang):
     diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
     assert diagnosis["verdict"] == "hang" and diagnosis["culprits"] == [1]
     stacked = sorted(r for group in diagnosis["stacks"] for r in group["ranks"])
-    assert stacked == [0, 1]  # stacks of both nodes' ranks, in one view
+    assert stacked == [0, 1], explain(nodes)  # both nodes' ranks, in one view (its "stacks:" line)
     culprit_frames = next(g["frames"] for g in diagnosis["stacks"] if 1 in g["ranks"])
     assert any("_inject_hang" in frame for frame in culprit_frames)
     assert_nothing_left(run_dir, nodes)

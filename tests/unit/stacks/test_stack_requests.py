@@ -228,3 +228,22 @@ def test_a_post_mortem_shows_the_whole_round_of_several_nodes(run):
     assert collector.load_latest()
     assert sorted(r for g in collector.groups for r in g.ranks) == [0, 1]
     assert answer_id in collector.status and " + " in collector.status  # "capture A + B"
+
+
+def test_a_failed_capture_here_stays_in_the_status_beside_the_answers(run, monkeypatch):
+    """py-spy failing on this node (a timeout on a loaded host) while another node answered:
+    the round's status says both, not "captured 1 rank" alone."""
+
+    def failing(run, targets, **kw):
+        raise TimeoutError("py-spy did not answer within 10 s")
+
+    monkeypatch.setattr(stacks_module, "capture_stacks", failing)
+    collector = StackCollector(run, asker=WATCH, request_timeout_s=30)
+    collector.start({0: 1000}, remote={1: 1})
+    settle_local(collector)
+    answer_from_node(run, collector.last_request.id, 1, {1: 1001})
+    collector.collect()
+    assert not collector.busy
+    assert sorted(r for g in collector.groups for r in g.ranks) == [1]
+    assert collector.status.startswith("captured 1 rank")
+    assert "here: stack capture failed: TimeoutError: py-spy did not answer" in collector.status

@@ -1,12 +1,20 @@
 from __future__ import annotations
 
 import functools
+import signal
 
 import pytest
 
 from tests.procs import REPO, free_port  # noqa: F401 - re-exported for tests
 
 FIXTURES = REPO / "tests" / "fixtures" / "logs"  # copied from the shared catalog
+
+# A suite started in the background of a non-interactive shell (`make test &`, `nohup ... &`)
+# inherits SIGINT ignored, and so would every process it starts: a test's Ctrl-C then reaches a
+# doctor that ignores it, which no user's terminal does. A handled SIGINT is reset to the
+# default in every process the tests start, as a terminal's would be.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.cache

@@ -83,18 +83,6 @@ def users_torchrun(*options: str) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-FRAMEWORK_FAULTS = REPO / "tests" / "corpus" / "framework_faults"
-# the user's own command, as a Lightning user runs it (test_call_sites_jobs)
-LIGHTNING_BARRIER_RANK0 = tuple(ddpdoctor_cmd(
-    "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}",
-    "--", PYTHON, str(FRAMEWORK_FAULTS / "lit_barrier_rank0.py"),
-))  # fmt: skip
-# GPU code as published, under the user's own torchrun on this GPU-less machine
-GPU_CODE_WITHOUT_GPU = tuple(ddpdoctor_cmd(
-    "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}",
-    "--", PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-    str(FRAMEWORK_FAULTS / "gpu_published.py"),
-))  # fmt: skip
 SIGTERM_COLLECTIVE_HANG = (
     *ddpdoctor_cmd(
         "run", "--no-doctor", "--no-tui", "--json", "--run-dir", "{run_dir}", "--hang-after", "2"
@@ -130,8 +118,6 @@ JOBS = [
     # rank 0 prints a torchrun failure table naming rank 1 killed (test_run_trust): the job is
     # healthy for longer than a crash's stop takes (15 s), so a stop on that text would show
     Job("forged-table", command=FORGED_TABLE),
-    Job("lightning-barrier-rank0", command=LIGHTNING_BARRIER_RANK0),  # test_call_sites_jobs
-    Job("gpu-code-without-gpu", command=GPU_CODE_WITHOUT_GPU),  # test_call_sites_jobs
     # a hang whose ranks run one more collective in their SIGTERM handler as they are stopped
     # (as Lightning's do): the stop keeps the hang (test_run_commands)
     Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG),

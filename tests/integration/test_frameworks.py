@@ -224,6 +224,35 @@ def test_planted_fault_is_traced_to_the_users_line(results, name):
     assert where in cited or where in frames or said, (sorted(cited), frames)
 
 
+def test_a_rank_zero_only_lightning_barrier_is_rank_0s_at_its_call_site(results):
+    """gloo pairs rank 0's extra `strategy.barrier()` with Lightning's next barrier on rank 1:
+    the mismatch names the user's line, the hook it runs in and Lightning's frame below it."""
+    r = results["lightning-barrier-rank0"]
+    finding = next(f for f in r.document()["findings"] if f["id"] == "mismatch")
+    line = int(FAULTY["lightning-barrier-rank0"]["line"].rpartition(":")[2])
+    assert "rank 0 called barrier #" in finding["summary"], finding["summary"]
+    assert (
+        f"from lit_barrier_rank0.py:{line} LitRegressor.on_train_epoch_end via "
+        "DDPStrategy.barrier; rank 1 never did" in finding["summary"]
+    ), finding["summary"]
+    evidence = finding["evidence"][0]
+    assert evidence["file"].endswith("lit_barrier_rank0.py") and evidence["line"] == line
+
+
+def test_gpu_code_on_a_machine_without_a_gpu_crashes_at_its_line(results):
+    """GPU code as published, on this GPU-less machine: a crash headed by the ranks' exception
+    at their line, before joining a process group, never "not started"."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here: the published GPU code runs")
+    doc = results["gpu-code-on-cpu"].document()
+    first = doc["findings"][0]
+    assert first["id"] == "crash.before_init", doc["findings"]
+    assert "Found no NVIDIA driver" in first["summary"]
+    where = FAULTY["gpu-code-on-cpu"]["line"]
+    assert f"{where} in ddp_setup, before joining a process group" in first["summary"]
+
+
 def test_lightning_stalled_rank_is_named_as_a_hang_of_rank_1(results):
     """What ddpdoctor said live, before it stopped the job: HANG, culprit rank 1, within
     HANG_BOUND_S of the stall; the final verdict is the hang it stopped for, whatever Lightning's

@@ -229,17 +229,23 @@ class Monitor:
             return snap
 
     def _lead_wrote_the_final(self) -> bool:
-        """On node 1 and up of a job spanning nodes: node 0's launcher has ended, so the final
-        diagnosis.json it wrote stands (node 0 leads, as in run.json). Its stop waited for the
+        """On node 1 and up of a job spanning nodes: node 0's launcher wrote its final
+        diagnosis.json, which stands (node 0 leads, as in run.json). Its stop waited for the
         stacks of every node; a follower that stops after it may have asked node 0 for stacks
-        once its ranks were gone, and its diagnosis would then lack them."""
+        once its ranks were gone, and its diagnosis would then lack them.
+
+        The document names its writer: node 0 writes its final one before its node record says
+        it ended, and a follower that went by the record alone wrote over it in between."""
         if not self.node_rank:  # one node (None), or node 0 itself
             return False
-        lead = read_node_records(self.run).get(0)
-        if lead is None or not lead.ended:
-            return False
         previous = self._read_previous_diagnosis()
-        return bool(previous and previous.get("final") is True)
+        if not previous or previous.get("final") is not True:
+            return False
+        writer = previous.get("writer")
+        if isinstance(writer, dict):
+            return writer.get("node_rank") == 0
+        lead = read_node_records(self.run).get(0)  # written by a ddpdoctor before "writer"
+        return lead is not None and lead.ended
 
     @property
     def writes_diagnosis(self) -> bool:
@@ -548,6 +554,7 @@ class Monitor:
             document = snap.diagnosis_json()
             document["final"] = self._final
             document["stopped_for"] = stop_record(self._held)
+            document["writer"] = {"node_rank": self.node_rank, "pid": os.getpid()}
             write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:

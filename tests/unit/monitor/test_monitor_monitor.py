@@ -329,19 +329,38 @@ def _hung_run_over_two_nodes(tmp_path):
 
 
 @pytest.mark.parametrize("lead_ended", [True, False])
-def test_a_follower_leaves_the_final_diagnosis_of_node_0_once_node_0_ended(tmp_path, lead_ended):
+def test_a_follower_leaves_the_final_diagnosis_of_node_0(tmp_path, lead_ended):
+    """Node 0's final diagnosis stands, also in the moment between its writing it and its node
+    record saying it ended (a follower ending then wrote over it: a full run caught the stacks
+    of node 0's ranks missing from diagnosis.json)."""
     run, clock, lead = _hung_run_over_two_nodes(tmp_path)
     kw = {"clock": clock, "capture_stacks": False, "explain_logs": False}
     assert Monitor(run, node_rank=0, **kw).close(job_ended=True).verdict is Verdict.HANG
     # what node 0's launcher wrote, marked so that a rewrite shows
     written = json.loads(run.diagnosis_json.read_text())
-    assert written["final"] is True
-    run.diagnosis_json.write_text(json.dumps({**written, "written_by": "node 0"}))
+    assert written["final"] is True and written["writer"]["node_rank"] == 0
+    run.diagnosis_json.write_text(json.dumps({**written, "marked": "node 0's"}))
     if lead_ended:
         lead.ended(1, -15, NOW)
     follower = Monitor(run, node_rank=1, **kw).close(job_ended=True)
     assert follower.verdict is Verdict.HANG  # its own verdict (and exit code) stays its own
     after = json.loads(run.diagnosis_json.read_text())
+    assert after.get("marked") == "node 0's" and after["writer"]["node_rank"] == 0
+
+
+@pytest.mark.parametrize("lead_ended", [True, False])
+def test_a_final_diagnosis_without_a_writer_stands_once_node_0_ended(tmp_path, lead_ended):
+    """A diagnosis.json of a ddpdoctor that did not name its writer: node 0's record tells."""
+    run, clock, lead = _hung_run_over_two_nodes(tmp_path)
+    kw = {"clock": clock, "capture_stacks": False, "explain_logs": False}
+    Monitor(run, node_rank=0, **kw).close(job_ended=True)
+    written = json.loads(run.diagnosis_json.read_text())
+    del written["writer"]
+    run.diagnosis_json.write_text(json.dumps({**written, "marked": "node 0's"}))
+    if lead_ended:
+        lead.ended(1, -15, NOW)
+    Monitor(run, node_rank=1, **kw).close(job_ended=True)
+    after = json.loads(run.diagnosis_json.read_text())
     # node 0 ended: its final diagnosis stands; still running: the follower's is the latest
-    assert ("written_by" in after) is lead_ended
+    assert (after.get("marked") == "node 0's") is lead_ended
     assert after["verdict"] == "hang" and after["final"] is True

@@ -119,8 +119,11 @@ def _site(value: Any) -> CallSite | None:
     )
 
 
-def _median(values: list[float]) -> float:
-    """statistics.median, without its overhead: a rank's means are made again every step."""
+def _median(values: list[float]) -> float | None:
+    """statistics.median, without its overhead: a rank's means are made again every step.
+    None for no values."""
+    if not values:
+        return None
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
@@ -170,8 +173,10 @@ class RankTracker:
         self.comm_wait_s: float | None = None
         self.samples_per_s: float | None = None
         self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
-        self.own_work: deque[tuple[float | None, float | None, float | None]] = deque(
-            maxlen=OWN_WORK_WINDOW
+        # data time, compute time and comm wait of the recent steps, a column each (None where
+        # a step did not say): medians of each are taken after every step of every rank
+        self.own_work: tuple[deque[float | None], ...] = tuple(
+            deque(maxlen=OWN_WORK_WINDOW) for _ in range(3)
         )
         self._means: tuple[float | None, float | None, float | None, int] | None = None
         self.opens: dict[tuple[str, int], CollectiveView] = {}
@@ -382,7 +387,10 @@ class RankTracker:
         self.samples_per_s = num(e.get("samples_per_s"))
         if self.step_time_s is not None:
             self.step_times.append(self.step_time_s)
-        self.own_work.append((self.data_time_s, self.compute_time_s, self.comm_wait_s))
+        for column, value in zip(
+            self.own_work, (self.data_time_s, self.compute_time_s, self.comm_wait_s), strict=True
+        ):
+            column.append(value)
         self._means = None
         self.last_event = f"step {step}"
 
@@ -483,15 +491,11 @@ class RankTracker:
         return self._means
 
     def _compute_means(self) -> tuple[float | None, float | None, float | None, int]:
-        if not self.own_work:
+        steps = len(self.own_work[0])
+        if not steps:
             return None, None, None, 0
-        columns: list[list[float]] = [[], [], []]
-        for values in self.own_work:
-            for i, value in enumerate(values):
-                if value is not None:
-                    columns[i].append(value)
-        typical = [_median(c) if c else None for c in columns]
-        return typical[0], typical[1], typical[2], len(self.own_work)
+        typical = [_median([v for v in column if v is not None]) for column in self.own_work]
+        return typical[0], typical[1], typical[2], steps
 
     def calls_key(self) -> int:
         """A fingerprint of the latest calls (see RankView.calls_key), recomputed after a change."""

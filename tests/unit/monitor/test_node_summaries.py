@@ -224,3 +224,16 @@ def test_a_torn_summary_is_skipped_and_the_next_one_rebuilds(tmp_path):
     publish(restarted, clock)
     assert read_node_summary(run, 1).seq == 1  # type: ignore[union-attr]
     assert lead.poll().ranks[1].step == seq == 9
+
+
+def test_readers_find_the_summary_where_the_writer_puts_it(tmp_path):
+    """Readers stat the summary by a path made once per node: the writer's path, as text."""
+    from ddpdoctor.protocol import node_summary
+
+    run = RunDir.create(tmp_path / "run")
+    for node in (0, 7, 1023):
+        path = node_summary.summary_path(run, node)
+        assert node_summary._summary_file(run.path, node) == str(path)
+    assert node_summary.summary_stamp(run, 7) is None
+    node_summary.write_summary_text(run, 7, '{"schema_version": 2}\n{}\n')
+    assert node_summary.summary_stamp(run, 7) is not None

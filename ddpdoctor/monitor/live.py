@@ -26,6 +26,7 @@ from typing import Any
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.checkup import CheckupReader
 from ddpdoctor.monitor.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.diagnosis_file import lead_wrote_the_final, writer_record
 from ddpdoctor.monitor.disk_space import DiskWatch
 from ddpdoctor.monitor.fr_collector import FrCollector
 from ddpdoctor.monitor.held import held_by_launcher, stop_record, stopped_by_peer
@@ -47,7 +48,7 @@ from ddpdoctor.monitor.tail import RunTailer
 from ddpdoctor.monitor.verdict_rules import RuleOutcome
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
+from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
@@ -227,25 +228,6 @@ class Monitor:
             snap = self._poll(final=True)
             self._write(snap, force=True)
             return snap
-
-    def _lead_wrote_the_final(self) -> bool:
-        """On node 1 and up of a job spanning nodes: node 0's launcher wrote its final
-        diagnosis.json, which stands (node 0 leads, as in run.json). Its stop waited for the
-        stacks of every node; a follower that stops after it may have asked node 0 for stacks
-        once its ranks were gone, and its diagnosis would then lack them.
-
-        The document names its writer: node 0 writes its final one before its node record says
-        it ended, and a follower that went by the record alone wrote over it in between."""
-        if not self.node_rank:  # one node (None), or node 0 itself
-            return False
-        previous = self._read_previous_diagnosis()
-        if not previous or previous.get("final") is not True:
-            return False
-        writer = previous.get("writer")
-        if isinstance(writer, dict):
-            return writer.get("node_rank") == 0
-        lead = read_node_records(self.run).get(0)  # written by a ddpdoctor before "writer"
-        return lead is not None and lead.ended
 
     @property
     def writes_diagnosis(self) -> bool:
@@ -547,14 +529,14 @@ class Monitor:
             and not snap.findings
         ):
             return  # nothing to say yet: do not litter a fresh run directory
-        if self._lead_wrote_the_final():
+        if lead_wrote_the_final(self.run, self.node_rank, self._read_previous_diagnosis()):
             self._written_key = key
             return
         try:
             document = snap.diagnosis_json()
             document["final"] = self._final
             document["stopped_for"] = stop_record(self._held)
-            document["writer"] = {"node_rank": self.node_rank, "pid": os.getpid()}
+            document["writer"] = writer_record(self.node_rank)
             write_json_atomic(self.run.diagnosis_json, document)
             self._written_key = key
         except OSError as exc:

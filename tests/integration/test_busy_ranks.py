@@ -5,6 +5,9 @@ stopped.
 `--hang-after 4` puts the hang threshold well below each job's wait, so the jobs stay short
 while the waits are long enough to have been called a hang (and stopped) before the progress
 model: what decides now is whether rank 0 is busy or blocked.
+
+The four jobs run at once, in one module fixture: most of each job is a wait, and a busy rank 0
+is still judged busy on a loaded machine (its run-queue wait counts as work).
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.procs import REPO, clean_env, ddpdoctor_cmd, kill_group
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 RUN_TIMEOUT_S = 90
 
@@ -129,8 +133,32 @@ def findings(seen: list[dict], finding_id: str) -> list[dict]:
     return [f for d in seen for f in d["findings"] if f["id"] == finding_id]
 
 
-def test_rank0_busy_before_a_barrier_is_a_wait_and_the_job_finishes(tmp_path):
-    code, out, seen, _ = run_job(tmp_path, BUSY_BEFORE_BARRIER)
+JOBS = {
+    "busy-before-barrier": (BUSY_BEFORE_BARRIER, ()),
+    "busy-eval-flight-recorder": (BUSY_EVAL_BETWEEN_EPOCHS, ()),
+    "busy-eval-ddp-buckets": (BUSY_EVAL_BETWEEN_EPOCHS, ("--ddp-buckets",)),
+    "blocked-in-sleep": (BLOCKED_BEFORE_BARRIER, ()),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[int, str, list[dict], float]]:
+    """Every job of this module, run at once: name -> run_job's result."""
+    base = tmp_path_factory.mktemp("busy-ranks")
+
+    def one(name: str):
+        work = base / name
+        work.mkdir()
+        source, options = JOBS[name]
+        return run_job(work, source, *options)
+
+    with ThreadPoolExecutor(max_workers=len(JOBS)) as pool:
+        ended = {name: pool.submit(one, name) for name in JOBS}
+        return {name: future.result() for name, future in ended.items()}
+
+
+def test_rank0_busy_before_a_barrier_is_a_wait_and_the_job_finishes(runs):
+    code, out, seen, _ = runs["busy-before-barrier"]
     final = seen[-1]
     assert code == 0, out
     assert final["verdict"] == "healthy" and not final["culprits"]
@@ -155,10 +183,8 @@ def test_rank0_busy_before_a_barrier_is_a_wait_and_the_job_finishes(tmp_path):
 
 
 @pytest.mark.parametrize("buckets", [False, True], ids=["flight-recorder", "ddp-buckets"])
-def test_rank0_busy_evaluating_between_epochs_is_healthy(tmp_path, buckets):
-    code, out, seen, _ = run_job(
-        tmp_path, BUSY_EVAL_BETWEEN_EPOCHS, *(["--ddp-buckets"] if buckets else [])
-    )
+def test_rank0_busy_evaluating_between_epochs_is_healthy(runs, buckets):
+    code, out, seen, _ = runs["busy-eval-ddp-buckets" if buckets else "busy-eval-flight-recorder"]
     final = seen[-1]
     assert code == 0, out
     assert final["verdict"] == "healthy" and "stopped the job" not in out
@@ -175,8 +201,8 @@ def test_rank0_busy_evaluating_between_epochs_is_healthy(tmp_path, buckets):
     assert final["thresholds"]["pg_timeout_s"] == 1800.0  # gloo's default
 
 
-def test_rank0_blocked_in_sleep_is_a_hang_named_and_stopped(tmp_path):
-    code, out, seen, elapsed = run_job(tmp_path, BLOCKED_BEFORE_BARRIER)
+def test_rank0_blocked_in_sleep_is_a_hang_named_and_stopped(runs):
+    code, out, seen, elapsed = runs["blocked-in-sleep"]
     final = seen[-1]
     assert code == 1, out
     assert final["verdict"] == "hang" and final["culprits"] == [0] and final["confirmed"]

@@ -48,6 +48,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/detect.py
 	$(BIN)/python benchmarks/false_alarms.py
 	$(BIN)/python benchmarks/monitor_scale.py
+	$(BIN)/python benchmarks/merge_scale.py
 	$(BIN)/python benchmarks/tui.py
 
 # A one-host Slurm (Debian's slurm-wlm and munge; needs root) for the tests marked `slurm`, which

@@ -20,7 +20,8 @@ Reported per N:
 
 CLUSTER_SCALE_PROFILE=FILE writes a cProfile of node 0's launcher over the measured window to FILE
 (read it with `python -m pstats FILE`; the profiler slows what it measures, so the CPU figures of
-that run are not comparable).
+that run are not comparable). CLUSTER_SCALE_NODE0_PID=FILE writes node 0's pid to FILE, for a
+sampling profiler that does not (`py-spy record -p PID -f raw`).
 
 Run it with an older ddpdoctor on PYTHONPATH to see the flat design (every launcher reads every
 rank's file) on the same machine.
@@ -85,6 +86,10 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
 
     ops = [0]
     count_ops(run_dir, ops)
+    if not os.environ.get("CLUSTER_SCALE_DEFAULT_GC"):
+        from ddpdoctor.monitor.gc_pacing import pace_for_watching
+
+        pace_for_watching()  # as `ddpdoctor run` does
     monitor = Monitor(
         run_dir,
         node_rank=node,
@@ -98,6 +103,8 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
         ready.value += 1
     marks: dict[str, tuple[float, int]] = {}
     profile_to = os.environ.get("CLUSTER_SCALE_PROFILE") if node == 0 else None
+    if node == 0 and os.environ.get("CLUSTER_SCALE_NODE0_PID"):  # for a sampling profiler
+        Path(os.environ["CLUSTER_SCALE_NODE0_PID"]).write_text(str(os.getpid()))
     profiler = None
     while time.time() < stop_at and not (done.is_set() and "end" in marks):
         began = time.time()

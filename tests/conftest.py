@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import signal
 
 import pytest
@@ -39,6 +40,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _collector_pace_restored():
+    """`ddpdoctor run` and `watch` set their process's collector pace (gc_pacing): tests that call
+    them in this process get the suite's pace back."""
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
 
 
 @pytest.fixture

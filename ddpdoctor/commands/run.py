@@ -11,12 +11,15 @@ import argparse
 
 from ddpdoctor.launch.launcher import Watchers, launch
 from ddpdoctor.launch.plan import plan_from_args
+from ddpdoctor.monitor.gc_pacing import pace_for_watching
 from ddpdoctor.monitor.headless import HeadlessView
 from ddpdoctor.monitor.live import Monitor
 
 
 def main(args: argparse.Namespace) -> int:
-    return launch(plan_from_args(args), watchers())
+    plan = plan_from_args(args)
+    pace_for_watching()
+    return launch(plan, watchers())
 
 
 def watchers() -> Watchers:

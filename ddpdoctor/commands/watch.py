@@ -15,6 +15,7 @@ import time
 from ddpdoctor.console import make_console, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.monitor import Monitor
+from ddpdoctor.monitor.gc_pacing import pace_for_watching
 from ddpdoctor.monitor.headless import HeadlessView
 from ddpdoctor.monitor.snapshot import Snapshot
 from ddpdoctor.protocol import jsontext
@@ -29,6 +30,7 @@ def exit_code_for(snap: Snapshot) -> int:
 
 def main(args: argparse.Namespace) -> int:
     run = RunDir.open(args.run_dir)  # not a run directory: UsageError, exit 2
+    pace_for_watching()
     if args.json:
         snap = Monitor(run, hang_after=args.hang_after, capture_stacks=False).close()
         sys.stdout.write(jsontext.dumps(snap.diagnosis_json(), indent=2) + "\n")

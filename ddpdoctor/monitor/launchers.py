@@ -91,17 +91,13 @@ class LauncherView:
         }
 
 
-def launcher_views(
-    ranks: Mapping[int, Any],
-    *,
-    live: bool = False,
-    children: ChildLister = proc_children,
-    host: str | None = None,
-) -> tuple[LauncherView, ...]:
-    """One view per (host, parent pid) of the ranks' trackers (they carry .host, .ppid, .pid and
-    .parent_argv from the hello event), ordered by their lowest rank. `live`: also count each
-    local launcher's children that are no rank (a rank that has not called init_process_group)."""
-    found: dict[tuple[str | None, int], tuple[tuple[str, ...], list[int]]] = {}
+# (host, parent pid) -> (the parent's argv, its ranks)
+LauncherGroups = dict[tuple[str | None, int], tuple[tuple[str, ...], list[int]]]
+
+
+def launcher_groups(ranks: Mapping[int, Any]) -> LauncherGroups:
+    """The ranks' trackers grouped by the process that started them (host, parent pid)."""
+    found: LauncherGroups = {}
     for rank, tracker in ranks.items():
         ppid = getattr(tracker, "ppid", None)
         if ppid is None:
@@ -112,12 +108,31 @@ def launcher_views(
         entry[1].append(rank)
         if argv and not entry[0]:
             found[key] = (argv, entry[1])
+    return found
+
+
+def launcher_views(
+    ranks: Mapping[int, Any],
+    *,
+    live: bool = False,
+    children: ChildLister = proc_children,
+    host: str | None = None,
+    groups: LauncherGroups | None = None,
+) -> tuple[LauncherView, ...]:
+    """One view per (host, parent pid) of the ranks' trackers (they carry .host, .ppid, .pid and
+    .parent_argv from the hello event), ordered by their lowest rank. `live`: also count each
+    local launcher's children that are no rank (a rank that has not called init_process_group).
+    `groups`: what `launcher_groups(ranks)` returned, when the caller kept it (it changes only
+    with a hello; the snapshot asks for the views every poll)."""
+    found = launcher_groups(ranks) if groups is None else groups
     here = host or (socket.gethostname() if live else None)
-    rank_pids = {getattr(t, "pid", None) for t in ranks.values()}
+    rank_pids: set[Any] | None = None  # (made once a local launcher needs it)
     views = []
     for (where, pid), (argv, members) in found.items():
         not_joined = None
         if live and where == here and argv and current_argv(pid) == argv:
+            if rank_pids is None:
+                rank_pids = {getattr(t, "pid", None) for t in ranks.values()}
             not_joined = tuple(
                 sorted(
                     child

@@ -131,6 +131,7 @@ class Monitor:
         # the preflight's script checkup findings (doctor.json), which diagnoses cite
         self.checkup = CheckupReader(self.run)
         self.local_host = this_host()
+        self._local_hosts: dict[str | None, bool] = {}  # host -> whether it is this one
         self._lock = threading.RLock()
         self._run_json_mtime = self._mtime(self.run.run_json)
         self._previous = self._read_previous_diagnosis()
@@ -429,17 +430,22 @@ class Monitor:
         """Whether each local rank's process lives. `first_look`: only ranks seen for the first
         time in this poll, and a dead one reads as unknown until the next poll checks it before
         reading (its exit event may have been written after this poll read the file)."""
+        alive = self.state.alive
+        local = self._local_hosts
         for rank, tracker in self.state.ranks.items():
             if tracker.exit_code is not None or tracker.pid is None:
                 continue
+            here = local.get(tracker.host)
+            if here is None:  # (one answer per host: this runs per rank, twice a poll)
+                here = local[tracker.host] = is_local(tracker.host, self.local_host)
             if first_look:
-                if rank not in self.state.alive and is_local(tracker.host, self.local_host):
+                if here and rank not in alive:
                     self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t) or None)
                 continue
-            if self.state.alive.get(rank) is False:
+            if alive.get(rank) is False:
                 continue  # dead stays dead (a pid can be reused)
-            if not is_local(tracker.host, self.local_host):
-                self.state.set_alive(rank, None)
+            if not here:
+                alive[rank] = None  # another host's process: not this watcher's to tell
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
 

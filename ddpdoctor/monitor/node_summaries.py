@@ -6,7 +6,7 @@ other watcher, node 0's launcher and `ddpdoctor watch` included, reads those sum
 the ranks' files (`SummaryFeed`): one file per node per second on the shared file system. A
 summary's first line holds what is new since the previous one; a watcher that keeps up applies
 that alone, and one that is behind on a rank takes the rank's whole digest from the second line
-(`NodeMerge._apply_summary`), so node 0 parses a few events per rank a second, not every state.
+(`NodeMerge.apply_summary`), so node 0 parses a few events per rank a second, not every state.
 
 A summary stands in for the rank files only while its node's launcher runs and keeps publishing:
 once the launcher has ended, or its summaries stop coming (a node whose launcher died or hangs),
@@ -316,7 +316,7 @@ class NodeMerge:
                 if node is not None and node != self.own_node and node in standing:
                     self._follow(rank, node)
         for node, summary in changed:
-            self._apply_summary(node, summary, standing)
+            self.apply_summary(node, summary, standing)
         for rank, node in list(self.via.items()):
             if node not in standing:
                 self._from_file(rank)
@@ -331,7 +331,7 @@ class NodeMerge:
                 if not self.follower or tracker is None or tracker.exit_code is None:
                     self._from_file(rank)
 
-    def _apply_summary(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
+    def apply_summary(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
         """Apply what is new to this watcher in a node's summary: each rank's events after the
         line it has applied. The head has what the previous summary did not; a rank this
         watcher is behind on (it missed a summary, or just began to follow the rank) takes

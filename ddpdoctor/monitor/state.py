@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ddpdoctor.monitor.launchers import launcher_views
+from ddpdoctor.monitor.launchers import LauncherGroups, launcher_groups, launcher_views
 from ddpdoctor.monitor.progress import activity
 from ddpdoctor.monitor.rank_tracker import RankTracker, num
 from ddpdoctor.monitor.snapshot import (
@@ -75,6 +75,9 @@ class RunState:
         # rank -> (its tracker, the tracker's version, the view fields made from it)
         self._settled: dict[int, tuple[RankTracker, int, dict[str, Any]]] = {}
         self.events_applied = 0
+        # the ranks grouped by the process that started them: made again after a hello only
+        self._launcher_groups: LauncherGroups | None = None
+        self._grouped_ranks = 0
         self.hello_world = 0  # the largest world size a hello event stated (bounded)
         # events whose rank lies outside the world: how many, and the first (file, line, rank)
         self.skipped_events = 0
@@ -96,6 +99,7 @@ class RunState:
             fresh.error_lines = old.error_lines
             fresh.agent_exit_code = old.agent_exit_code
             self._by_node_local = None
+            self._launcher_groups = None
 
     def apply(self, event: dict[str, Any], where: tuple[str, int] | None = None) -> None:
         """Fold one event in (events of one rank must come in file order)."""
@@ -126,6 +130,7 @@ class RunState:
                 self.waits.append((t - duration, duration))
         elif kind == ev.HELLO:
             self._by_node_local = None
+            self._launcher_groups = None
             if tracker.host is not None and tracker.local_rank is not None:
                 self.by_local[(tracker.host, tracker.local_rank)] = rank
             if tracker.host is not None and tracker.pid is not None:
@@ -297,8 +302,14 @@ class RunState:
             thresholds=thresholds,
             live=live,
             nodes_missing=self._nodes_missing(),
-            launchers=launcher_views(self.ranks, live=live),
+            launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
         )
+
+    def _groups(self) -> LauncherGroups:
+        if self._launcher_groups is None or len(self.ranks) != self._grouped_ranks:
+            self._launcher_groups = launcher_groups(self.ranks)
+            self._grouped_ranks = len(self.ranks)
+        return self._launcher_groups
 
     def _nodes_missing(self) -> tuple[int, ...]:
         """The launchers of a job over several nodes that have not recorded themselves, while no

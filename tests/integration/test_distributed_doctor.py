@@ -2,7 +2,8 @@
 
 Two torchrun agents (c10d rendezvous) stand in for two nodes, one of them with NCCL_IB_DISABLE=1;
 srun is played by plain processes carrying recorded SLURM_* variables; a missing node is a rank
-that is never started. Every process runs in its own group with a timeout (tests.procs).
+that is never started. Every process runs in its own group with a timeout (tests.procs). The
+module's three runs of two ranks start at once, in one fixture.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -63,18 +66,37 @@ def torchrun_agent(port: int, *args: str) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module")
-def torchrun_pair(tmp_path_factory):
+def _torchrun_pair(junit: Path) -> dict:
     """Both agents run the distributed doctor with --json and --junit-xml; agent B plants
-    NCCL_IB_DISABLE=1. Shared by the tests below: one expensive run, several assertions."""
+    NCCL_IB_DISABLE=1."""
     port = free_port()
-    junit = tmp_path_factory.mktemp("junit") / "doctor.xml"
     args = ("doctor", "--distributed", "--json", "--junit-xml", str(junit), "--timeout", "40")
     agent_a = (torchrun_agent(port, *args), clean_env())
     agent_b = (torchrun_agent(port, *args), clean_env({"NCCL_IB_DISABLE": "1"}))
     a, b = run_together([agent_a, agent_b], timeout=120)
     reports = [json.loads(r.stdout) for r in (a, b) if r.stdout.strip()]
     return {"agents": (a, b), "reports": reports, "junit": junit}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """This module's three doctor runs of two ranks each, at once (most of each is a wait): the
+    torchrun pair the first tests share, the srun tasks with a broken link, and two ranks that
+    never meet. A run that fails its own bound fails every test that reads it."""
+    junit = tmp_path_factory.mktemp("junit") / "doctor.xml"
+    scenarios = {
+        "torchrun_pair": lambda: _torchrun_pair(junit),
+        "srun_broken_link": _srun_broken_link,
+        "lonely_ranks": _lonely_ranks,
+    }
+    with ThreadPoolExecutor(max_workers=len(scenarios)) as pool:
+        started = {name: pool.submit(run) for name, run in scenarios.items()}
+        return {name: future.result() for name, future in started.items()}
+
+
+@pytest.fixture(scope="module")
+def torchrun_pair(runs) -> dict:
+    return runs["torchrun_pair"]
 
 
 @pytest.mark.timeout(150)
@@ -167,18 +189,22 @@ def slurm_task(rank: int, port: int, **extra: str) -> dict[str, str]:
     )
 
 
-@pytest.mark.timeout(120)
-def test_srun_tasks_and_a_broken_link_in_text():
-    """srun without torchrun: ranks and master come from SLURM_*; rank 1 is made to never answer
-    its pairwise exchange (a test switch), so the link check must fail naming both nodes."""
+def _srun_broken_link() -> list[Finished]:
     port = free_port()
     # A generous join timeout (both ranks start together, but a loaded machine may start one
     # late); the broken link costs the fixed pair timeout (5 s), not this.
     cmd = ddpdoctor_cmd("doctor", "--distributed", "--timeout", "20", "launcher", "cluster")
     fault = {"DDPDOCTOR_TEST_LINK_FAULT": "silent:rank=1"}
-    rank0, rank1 = run_together(
+    return run_together(
         [(cmd, slurm_task(0, port, **fault)), (cmd, slurm_task(1, port, **fault))], timeout=90
     )
+
+
+@pytest.mark.timeout(150)
+def test_srun_tasks_and_a_broken_link_in_text(runs):
+    """srun without torchrun: ranks and master come from SLURM_*; rank 1 is made to never answer
+    its pairwise exchange (a test switch), so the link check must fail naming both nodes."""
+    rank0, rank1 = runs["srun_broken_link"]
     assert rank1.stdout == ""
     assert rank0.returncode == rank1.returncode == 1, rank0.stdout + rank0.stderr + rank1.stderr
     text = " ".join(rank0.stdout.split())  # the report wraps at the terminal width
@@ -193,8 +219,7 @@ def test_srun_tasks_and_a_broken_link_in_text():
     assert "Traceback" not in rank0.stderr + rank1.stderr
 
 
-@pytest.mark.timeout(120)
-def test_missing_rank_is_named_within_the_timeout_and_absent_rank_0_too():
+def _lonely_ranks() -> tuple[list[Finished], int]:
     port_a, port_b = free_port(), free_port()
     base = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "LOCAL_WORLD_SIZE": "1"}
     lonely_rank0 = (
@@ -205,9 +230,14 @@ def test_missing_rank_is_named_within_the_timeout_and_absent_rank_0_too():
         ddpdoctor_cmd("doctor", "--distributed", "--timeout", "3"),
         clean_env({**base, "RANK": "1", "MASTER_PORT": str(port_b)}),
     )
-    started = time.monotonic()
-    first, second = run_together([lonely_rank0, lonely_rank1], timeout=60)
-    assert time.monotonic() - started < 45  # bounded by --timeout, not c10d's 15 minutes
+    return run_together([lonely_rank0, lonely_rank1], timeout=60), port_b
+
+
+@pytest.mark.timeout(150)
+def test_missing_rank_is_named_within_the_timeout_and_absent_rank_0_too(runs):
+    (first, second), port_b = runs["lonely_ranks"]
+    # bounded by --timeout, not c10d's 15 minutes
+    assert first.elapsed_s < 45 and second.elapsed_s < 45
 
     assert first.returncode == 1, first.stderr
     document = json.loads(first.stdout)

@@ -317,3 +317,29 @@ def test_a_view_is_made_again_when_its_rank_changes_and_only_then():
     assert state.snapshot(NOW + t + 0.9).ranks[0].step == 4
     state.restart_rank(0)  # read again from its start: a fresh record, no view of the old one
     assert state.snapshot(NOW + t + 1.0).ranks[0].step is None
+
+
+def test_the_launchers_are_grouped_again_after_a_hello_and_only_then():
+    """The ranks' grouping by the process that started them is kept between snapshots (made per
+    rank, every poll, it was work for nothing): a hello, a rank read again or a new rank
+    changes it."""
+    s = Stream(world=3)
+    for rank in (0, 1):
+        s.ev(rank, 0.0, "hello", local_rank=rank, world_size=3, host="node0", pid=10 + rank, ppid=9)
+    state = state_of(s)
+    first = state.snapshot(NOW + 1, live=False)
+    assert [(v.pid, v.ranks) for v in first.launchers] == [(9, (0, 1))]
+    assert state.snapshot(NOW + 1.5, live=False).launchers == first.launchers
+    state.apply(
+        {"v": 1, "t": NOW + 2, "rank": 2, "kind": "hello", "host": "node1", "pid": 12, "ppid": 8},
+        None,
+    )
+    assert [(v.pid, v.ranks) for v in state.snapshot(NOW + 2.5, live=False).launchers] == [
+        (9, (0, 1)),
+        (8, (2,)),
+    ]
+    state.restart_rank(1)  # read again from its start: no hello yet, in no launcher's group
+    assert [(v.pid, v.ranks) for v in state.snapshot(NOW + 3, live=False).launchers] == [
+        (9, (0,)),
+        (8, (2,)),
+    ]

@@ -1,0 +1,33 @@
+"""benchmarks/merge_scale.py measures a merge that works: node 0 follows every other node's ranks
+through their summaries, at their latest step."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from ddpdoctor.monitor.snapshot import RankState
+from tests.procs import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("merge_scale", REPO / "benchmarks/merge_scale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["merge_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_node_0_follows_every_other_nodes_ranks_at_their_latest_step(tmp_path):
+    bench = _bench()
+    cluster = bench.Cluster(tmp_path / "run", 32)
+    for _ in range(4):
+        t = cluster.publish()
+        cluster.node0(t)
+    remote = range(bench.PER_NODE, 32)
+    assert sorted(cluster.merge.via) == list(remote)  # each through its node's summary
+    views = cluster.state.snapshot(t + 0.5, hang_after=5.0).ranks
+    assert [v.step for v in views[bench.PER_NODE :]] == [4] * len(remote)
+    assert {v.state for v in views[bench.PER_NODE :]} == {RankState.RUNNING}
+    assert bench.cost_per_rank_s(16, 1, bench.WATCHER_THRESHOLDS) > 0

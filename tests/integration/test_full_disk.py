@@ -1,6 +1,6 @@
 """A full run directory never fails the job: on a 2 MiB file system a job that prints 2.4 MB
 finishes with exit 0 under ddpdoctor as it does without it, every line it printed reaches the
-console, and the verdict says the run directory filled up."""
+console, and the verdict says the run directory filled up. Both jobs run at once."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import os
 import re
 import subprocess
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from tests.procs import PYTHON, ddpdoctor_cmd, run
+from tests.procs import PYTHON, Finished, ddpdoctor_cmd, run
 
 pytestmark = pytest.mark.integration
 
+MODES = ("script", "command")
 LINES = 6000  # x 2 ranks x ~200 bytes: more than the file system holds
 
 PRINTER = textwrap.dedent(
@@ -32,12 +35,10 @@ PRINTER = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A real 2 MiB tmpfs (root only), unmounted afterwards."""
+def _mount_small_fs(mount: Path) -> None:
+    """A real 2 MiB tmpfs at `mount` (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
@@ -46,25 +47,44 @@ def small_fs(tmp_path):
     )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace')}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("mode", ["script", "command"])
-def test_a_full_run_directory_does_not_fail_the_job(small_fs, tmp_path, mode):
+def _job(mode: str, work: Path) -> Finished:
     """script: ddpdoctor's torchrun writes each rank's output to its own log file; command: the
     user's torchrun, whose ranks write to torchrun.log."""
-    script = tmp_path / "printer.py"
+    script = work / "printer.py"
     script.write_text(PRINTER)
     job = ["--nproc", "2", "--", str(script)]
     if mode == "command":
         job = ["--", PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
     cmd = ddpdoctor_cmd(
-        "run", "--no-tui", "--no-doctor", "--run-dir", str(small_fs / "run"), *job
+        "run", "--no-tui", "--no-doctor", "--run-dir", str(work / "small" / "run"), *job
     )  # fmt: skip
-    done = run(cmd, timeout=240)
+    return run(cmd, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both jobs, each on its own small file system, at once; the file systems unmounted after."""
+    mounts = []
+    try:
+        works = {}
+        for mode in MODES:
+            work = tmp_path_factory.mktemp(f"full-disk-{mode}")
+            _mount_small_fs(work / "small")
+            mounts.append(work / "small")
+            works[mode] = work
+        with ThreadPoolExecutor(max_workers=len(MODES)) as pool:
+            ended = {mode: pool.submit(_job, mode, work) for mode, work in works.items()}
+            yield {mode: future.result() for mode, future in ended.items()}
+    finally:
+        for mount in mounts:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_full_run_directory_does_not_fail_the_job(runs, mode):
+    done = runs[mode]
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     for rank in (0, 1):

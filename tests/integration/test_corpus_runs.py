@@ -25,7 +25,14 @@ import pytest
 
 from ddpdoctor.monitor.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
 from ddpdoctor.protocol.events import parse_event_line
-from tests.procs import REPO, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
+from tests.procs import (
+    REPO,
+    clean_env,
+    ddpdoctor_cmd,
+    exited_cleanly_then_aborted,
+    job_processes,
+    run_in_parallel,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -101,11 +108,21 @@ def test_healthy_corpus_script_is_healthy_without_warning_and_never_stopped(resu
     r = results[name]
     doc = r.document()
     context = f"{name}: {r.stderr[-3000:]}"
-    assert r.returncode == 0, context
-    assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
-    loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
-    assert loud == [], context
-    assert doc["job"]["stopped_for"] is None and doc["job"]["exit_code"] == 0
+    logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
+    if exited_cleanly_then_aborted(r.run_dir, logs, range(len(doc["ranks"]))):
+        # torch's teardown aborted a rank that had finished (docs/frameworks.md, "At exit": with
+        # or without ddpdoctor, now and then on a loaded machine): the job failed, and ddpdoctor
+        # says so, without blaming its training
+        assert r.returncode == 1 and doc["verdict"] == "crash", context
+        errors = [f["id"] for f in doc["findings"] if f["severity"] == "error"]
+        assert errors[:1] == ["run.launcher_failed"], context
+    else:
+        assert r.returncode == 0, context
+        assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
+        loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
+        assert loud == [], context
+        assert doc["job"]["exit_code"] == 0
+    assert doc["job"]["stopped_for"] is None
     assert job_processes(r.run_dir) == []
 
 

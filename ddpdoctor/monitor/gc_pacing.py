@@ -3,8 +3,9 @@
 A watcher polls every half second and, per rank, makes a view and a few records that live one
 poll, while it keeps a tracker per rank for the whole run. CPython's default pace (a young
 collection every 700 new objects, an older one every 10 of those) then walks the thousands of
-long-lived trackers again and again: node 0 of 1024 nodes x 8 ranks spent a third of its time
-on it (benchmarks/merge_scale.py: 163 against 105 microseconds per remote rank per second).
+long-lived trackers again and again: node 0 of 1024 nodes x 8 ranks spent more than a quarter of
+its time on it (benchmarks/merge_scale.py: 166 against 119 microseconds per remote rank per
+second).
 Collecting young objects every WATCHER_THRESHOLDS[0] new ones keeps the same collections, less
 often; reference counting still frees every object that is not in a cycle the moment it is
 dropped, so memory stays where it was.

@@ -306,6 +306,7 @@ class RunState:
         )
 
     def _groups(self) -> LauncherGroups:
+        """The ranks grouped by launcher, kept until a hello or a new rank changes them."""
         if self._launcher_groups is None or len(self.ranks) != self._grouped_ranks:
             self._launcher_groups = launcher_groups(self.ranks)
             self._grouped_ranks = len(self.ranks)

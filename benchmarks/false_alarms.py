@@ -38,6 +38,7 @@ FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
+TEARDOWN_ABORT = "terminate called without an active exception"  # what torch's abort prints
 REFERENCE = ("--steps", "8")
 
 
@@ -66,9 +67,16 @@ class Outcome:
     stopped_for: str | None
     detected_after_s: float | None
     wall_s: float
+    # every rank recorded a clean exit, then torch's C++ teardown aborted one (docs/frameworks.md,
+    # "At exit": under plain torchrun too): the job failed on its own, whatever ddpdoctor said
+    aborted_at_exit: bool = False
 
     @property
     def false_alarm(self) -> bool:
+        if self.aborted_at_exit:
+            # not ddpdoctor's word against a healthy job: the job exited non-zero. ddpdoctor
+            # must say that and nothing else (a crash of the launcher), or it is an alarm.
+            return not (self.verdict == "crash" and self.loud[:1] == ("run.launcher_failed",))
         return bool(
             self.returncode != 0
             or self.verdict in ALARM_VERDICTS
@@ -188,7 +196,18 @@ def _outcome(job: Job, proc: subprocess.Popen, work: Path, wall_s: float) -> Out
         (doc.get("job") or {}).get("stopped_for"),
         doc.get("detected_after_s"),
         wall_s,
+        proc.returncode not in (0, None) and _aborted_after_clean_exits(doc, work),
     )
+
+
+def _aborted_after_clean_exits(doc: dict, work: Path) -> bool:
+    """Every rank ended with exit code 0 in ddpdoctor's record, and the job's output or logs show
+    torch's teardown abort."""
+    ranks = doc.get("ranks") or []
+    if not ranks or any(rank.get("exit_code") != 0 for rank in ranks):
+        return False
+    texts = [work / "stderr", *sorted((work / "run" / "logs").rglob("*.log"))]
+    return any(TEARDOWN_ABORT in path.read_text(errors="replace") for path in texts)
 
 
 def run_all(jobs: Sequence[Job], runs: int, parallel: int, base: Path) -> list[Outcome]:
@@ -231,7 +250,7 @@ def _kill(proc: subprocess.Popen) -> None:
 def _print_run(o: Outcome) -> None:
     healthy_job = o.job.verdicts == {"healthy"}
     mark = (
-        ("FALSE ALARM" if o.false_alarm else "ok")
+        ("FALSE ALARM" if o.false_alarm else "torch abort" if o.aborted_at_exit else "ok")
         if healthy_job
         else ("right" if o.right else "WRONG")
     )
@@ -263,6 +282,7 @@ def summary(healthy: Sequence[Outcome], faulty: Sequence[Outcome]) -> list[str]:
         f"{len({o.job.name for o in healthy})} jobs, {len(healthy)} runs",
         f"false alarms: {len(alarms)}/{len(healthy)}",
         "alarmed: " + (", ".join(sorted({o.job.name for o in alarms})) or "none"),
+        f"aborted by torch at exit, said so: {sum(o.aborted_at_exit for o in healthy)}",
         "",
     ]
     right_col = [

@@ -67,3 +67,27 @@ def test_the_sets_come_from_the_corpus_manifest_and_the_planted_faults():
 def test_an_only_that_matches_nothing_is_a_usage_error():
     r = run([PYTHON, "benchmarks/false_alarms.py", "--only", "no-such-job"], timeout=60, cwd=REPO)
     assert r.returncode == 2 and "no job matches --only no-such-job" in r.stderr
+
+
+def test_a_job_torch_aborted_at_exit_counts_apart_and_only_if_ddpdoctor_said_just_that(tmp_path):
+    """Every rank recorded exit 0, then torch's teardown aborted one (the job exits 1 under plain
+    torchrun too): no false alarm when ddpdoctor names the launcher's failure first, and one
+    when it blames the training."""
+    work = tmp_path / "job"
+    (work / "run" / "logs" / "vm").mkdir(parents=True)
+    (work / "stderr").write_text("")
+    (work / "run" / "logs" / "vm" / "torchrun.log").write_text(
+        "terminate called without an active exception\nFatal Python error: Aborted\n"
+    )
+    doc = {"ranks": [{"exit_code": 0}, {"exit_code": 0}]}
+    assert bench._aborted_after_clean_exits(doc, work)
+    assert not bench._aborted_after_clean_exits(
+        {"ranks": [{"exit_code": 0}, {"exit_code": -6}]}, work
+    )
+    said = bench.Outcome(HEALTHY, 1, "crash", (1,), ("run.launcher_failed",), None, None, 9.0, True)
+    assert said.aborted_at_exit and not said.false_alarm
+    blamed = bench.Outcome(HEALTHY, 1, "hang", (1,), ("hang",), "hang", 5.0, 9.0, True)
+    assert blamed.false_alarm
+    plain = bench.Outcome(HEALTHY, 1, "crash", (1,), ("run.launcher_failed",), None, None, 9.0)
+    assert plain.false_alarm  # without the abort in its logs, a failed healthy job is an alarm
+    assert "aborted by torch at exit, said so: 1" in "\n".join(bench.summary([said], []))

@@ -204,6 +204,24 @@ def job_processes(run_dir: Path) -> list[psutil.Process]:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
+def assert_healthy_unless_aborted_at_exit(
+    doc: dict, returncode: int | None, aborted: bool, context: str
+) -> None:
+    """A healthy job's final diagnosis: healthy with no warning, exit 0; or, when torch's teardown
+    aborted a rank that had finished (`aborted`: docs/frameworks.md, "At exit": with or without
+    ddpdoctor, now and then on a loaded machine), the job failed and ddpdoctor says so, without
+    blaming its training."""
+    if aborted:
+        assert returncode == 1 and doc["verdict"] == "crash", context
+        errors = [f["id"] for f in doc["findings"] if f["severity"] == "error"]
+        assert errors[:1] == ["run.launcher_failed"], context
+        return
+    assert returncode == 0, context
+    assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
+    loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
+    assert loud == [], context
+
+
 def exited_cleanly_then_aborted(run_dir: Path, text: str, ranks: Sequence[int]) -> bool:
     """Whether every rank in `ranks` recorded a clean exit in `run_dir` and `text` (the job's
     output or logs) shows torch's teardown abort: a job that finished, then failed in teardown."""

@@ -28,6 +28,7 @@ from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,
     TEARDOWN_ABORT,
+    assert_healthy_unless_aborted_at_exit,
     clean_env,
     ddpdoctor_cmd,
     job_processes,
@@ -145,18 +146,7 @@ def test_healthy_framework_job_is_healthy_with_its_steps_counted(results, name):
     r = results[name]
     doc = r.document()
     context = f"{name}: {r.stderr[-3000:]}\n{r.log_tail()}"
-    if r.aborted_in_teardown(doc):
-        # torch's teardown aborted a rank that had finished (docs/frameworks.md, "At exit": with
-        # or without ddpdoctor, now and then on a loaded machine): the job failed, and ddpdoctor
-        # says so, without blaming its training
-        assert r.returncode == 1 and doc["verdict"] == "crash", context
-        ids = [f["id"] for f in doc["findings"] if f["severity"] == "error"]
-        assert ids[:1] == ["run.launcher_failed"], context
-    else:
-        assert r.returncode == 0, context
-        assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
-        loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
-        assert loud == [], context
+    assert_healthy_unless_aborted_at_exit(doc, r.returncode, r.aborted_in_teardown(doc), context)
     assert doc["job"]["stopped_for"] is None
     assert job_processes(r.run_dir) == []
     expected = HEALTHY[name]["steps"]

@@ -26,7 +26,10 @@ from typing import Any
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.launchers import proc_children
 from ddpdoctor.monitor.liveness import this_host
+from ddpdoctor.monitor.rank_rows import CallRecords, NodeRows, apply_rows, encode_rows, rows_of
+from ddpdoctor.monitor.rank_tracker import RankTracker
 from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.node_summary import SCHEMA_VERSION as SUMMARY_SCHEMA
 from ddpdoctor.protocol.node_summary import (
@@ -45,6 +48,20 @@ STALE_AFTER_S = 5.0
 # ... and this long, it is a finding: the node's launcher stopped reporting.
 STALE_FINDING_S = 10.0
 RECENT_COLLECTIVE_EVENTS = 16  # collective events kept per rank (the mismatch comparison)
+# A watcher takes in at most this many nodes' summaries a second: at more nodes it reads each
+# one every 2 s instead of every second (half of them each second), so node 0 of 1024 nodes x 8
+# ranks stays under a quarter of a core (benchmarks/merge_scale.py), for a second more before it
+# sees what another node's ranks did. Its own ranks it reads as ever.
+SUMMARIES_PER_S = 512
+SLOW_READ_EVERY_S = 2.0
+POLL_SLACK_S = (
+    0.25  # (a watcher polls every 0.5 s: due "2 s later" is the fourth poll, not the fifth)
+)
+# Finished collectives' waits a summary carries for its routine ranks: a sample for the adaptive
+# thresholds, which keep the latest 1024 of the run (a watcher folds in those of the ranks it
+# reads events of itself). At 1000s of nodes a few per node are already more than it keeps.
+WAITS_PER_RANK = 2
+WAITS_PER_SUMMARY = 8
 
 # The kinds where only the latest event matters to a watcher's state of the rank.
 _LATEST = frozenset(
@@ -102,7 +119,9 @@ class Publisher:
     """Node N's launcher: digests its own ranks' events, writes its summary once a second.
 
     Each event is encoded to JSON once, when first published, and kept with its digest: the
-    summary is rewritten every second, mostly of events already written in the previous one."""
+    summary is rewritten every second, mostly of events already written in the previous one.
+    Given its watcher's trackers, it publishes a routine rank's row instead of its events
+    (ddpdoctor.monitor.rank_rows); the second line keeps every rank's digest either way."""
 
     def __init__(self, run: RunDir, node_rank: int) -> None:
         self.run = run
@@ -110,6 +129,8 @@ class Publisher:
         self.digests: dict[int, RankDigest] = {}
         self.published: dict[int, int] = {}  # rank -> the last line its previous summary had
         self.texts: dict[int, dict[int, str]] = {}  # rank -> line -> the event as JSON
+        # rank -> (start t, duration) of its collectives finished since the last summary
+        self.waits: dict[int, list[tuple[float, float]]] = {}
         self.seq = 0
         self.written_t: float | None = None
         self.host = this_host()
@@ -121,19 +142,38 @@ class Publisher:
             digest = self.digests[rank] = RankDigest()
             self.published.pop(rank, None)  # (a digest started again: its head starts at 0)
         digest.note(line_no, event)
+        if event["kind"] == ev.COLLECTIVE_END and event.get("ok", True) is not False:
+            t, duration = event.get("t"), event.get("duration_s")
+            if jsontext.is_number(t) and jsontext.is_number(duration):
+                waits = self.waits.setdefault(rank, [])
+                if len(waits) < WAITS_PER_RANK:
+                    waits.append((t - duration, duration))
 
     def forget(self, rank: int) -> None:
         self.digests.pop(rank, None)
         self.published.pop(rank, None)
         self.texts.pop(rank, None)
+        self.waits.pop(rank, None)
 
-    def maybe_publish(self, now: float, own: Iterable[int], *, force: bool = False) -> bool:
+    def maybe_publish(
+        self,
+        now: float,
+        own: Iterable[int],
+        *,
+        force: bool = False,
+        trackers: Mapping[int, RankTracker] | None = None,
+    ) -> bool:
         if not force and self.written_t is not None and 0 <= now - self.written_t < PUBLISH_EVERY_S:
             return False
         self.written_t = now
         self.seq += 1
-        heads, fulls = [], []
-        for rank in sorted(own):
+        own = sorted(own)
+        table, rows = rows_of(trackers, own) if trackers is not None else (None, {})
+        heads: list[str] = []
+        fulls: list[str] = []
+        routine: list[tuple[int, int, int, list[Any]]] = []
+        waits: list[tuple[float, float]] = []
+        for rank in own:
             digest = self.digests.get(rank)
             if digest is None:
                 continue
@@ -144,14 +184,34 @@ class Publisher:
             last = lines[-1][0] if lines else 0
             after = self.published.get(rank, 0)
             self.published[rank] = last
-            new = ",".join(f"[{n},{texts[n]}]" for n, _ in lines if n > after)
-            heads.append(f'{{"rank":{rank},"last":{last},"after":{after},"events":[{new}]}}')
+            row = rows.get(rank)
+            if row is not None:
+                routine.append((rank, last, after, row))
+                waits.extend(self.waits.pop(rank, ()))
+            else:
+                new = ",".join(f"[{n},{texts[n]}]" for n, _ in lines if n > after)
+                heads.append(f'{{"rank":{rank},"last":{last},"after":{after},"events":[{new}]}}')
+                self.waits.pop(rank, None)  # (a watcher folds its events in, waits included)
             every = ",".join(f"[{n},{texts[n]}]" for n, _ in lines)
             fulls.append(f'{{"rank":{rank},"events":[{every}]}}')
+        extra = ""
+        if table is not None and routine:
+            extra = (
+                ","
+                + json.dumps(
+                    {
+                        "calls": table.encode(),
+                        "waits": waits[:WAITS_PER_SUMMARY],
+                        "rows": encode_rows(routine),
+                    },
+                    separators=(",", ":"),
+                    ensure_ascii=False,
+                )[1:-1]
+            )
         text = (
             f'{{"schema_version":{SUMMARY_SCHEMA},"node_rank":{self.node_rank},'
             f'"host":{json.dumps(self.host, ensure_ascii=False)},"pid":{os.getpid()},'
-            f'"seq":{self.seq},"t":{json.dumps(now)},"ranks":[{",".join(heads)}]}}\n'
+            f'"seq":{self.seq},"t":{json.dumps(now)}{extra},"ranks":[{",".join(heads)}]}}\n'
             f'{{"ranks":[{",".join(fulls)}]}}\n'
         )
         try:
@@ -177,18 +237,24 @@ class _Seen:
 
 
 class SummaryFeed:
-    """Other nodes' summaries, read when they change (one stat per node per poll)."""
+    """Other nodes' summaries, read when they change (one stat per node per poll; at more than
+    SUMMARIES_PER_S nodes, one per node every SLOW_READ_EVERY_S)."""
 
     def __init__(self, run: RunDir, own_node: int | None) -> None:
         self.run = run
         self.own_node = own_node
         self.seen: dict[int, _Seen] = {}
+        self.due: dict[int, float] = {}  # node -> when to look at its summary again
 
     def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, NodeSummary]]:
         """The (node, summary) of every summary that changed since the last poll."""
         changed: list[tuple[int, NodeSummary]] = []
+        slow = len(nodes) > SUMMARIES_PER_S
+        due = self.due
         for node, record in nodes.items():
             if node == self.own_node or record.ended:
+                continue
+            if slow and now < due.get(node, now):
                 continue
             stamp = summary_stamp(self.run, node)
             seen = self.seen.setdefault(node, _Seen())
@@ -206,8 +272,13 @@ class SummaryFeed:
             else:
                 seen.changed_t = now
             seen.seq, seen.pid = summary.seq, summary.pid
-            seen.ranks = tuple(r.rank for r in summary.ranks)
+            seen.ranks = summary.all_ranks()
             changed.append((node, summary))
+            if slow:
+                # half the nodes one second, the other half the next (the first time, by node
+                # number), not all of them in one poll every other second
+                wait = SLOW_READ_EVERY_S if node in due else (1 + node % 2) / 2 * SLOW_READ_EVERY_S
+                due[node] = now + wait - POLL_SLACK_S
         return changed
 
     def standing(self, now: float, nodes: Mapping[int, NodeRecord]) -> set[int]:
@@ -278,6 +349,10 @@ class NodeMerge:
         self.feed = SummaryFeed(run, own_node)
         self.applied: dict[int, int] = {}  # rank -> the last line of its file applied
         self.via: dict[int, int] = {}  # rank -> the node whose summary stands for it
+        self.rowed: set[int] = set()  # ranks whose record the latest row of its node made
+        self.calls: dict[int, CallRecords] = {}  # node -> the call records of its last rows
+        self._standing: set[int] = set()  # the nodes whose summaries stood at the last merge
+        self._full: dict[int, list] | None = None  # the summary being applied: its digests
         self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
         self.follower = own_node is not None and own_node > 0
@@ -309,17 +384,21 @@ class NodeMerge:
         changed = self.feed.poll(now, nodes) if nodes else []
         standing = self.feed.standing(now, nodes) if self.feed.seen else set()
         if standing:
-            for rank, tracker in self.state.ranks.items():
-                if rank in self.via or tracker.host is None:
+            # (the ranks not followed yet: this runs every poll, over 1000s of followed ones)
+            ranks = self.state.ranks
+            for rank in ranks.keys() - self.via.keys():
+                if ranks[rank].host is None:
                     continue
                 node = self.state.node_of(rank)
                 if node is not None and node != self.own_node and node in standing:
                     self._follow(rank, node)
         for node, summary in changed:
             self.apply_summary(node, summary, standing)
-        for rank, node in list(self.via.items()):
-            if node not in standing:
-                self._from_file(rank)
+        if not standing >= self._standing:  # a node's summary stopped standing since
+            for rank, node in list(self.via.items()):
+                if node not in standing:
+                    self._from_file(rank)
+        self._standing = standing
         for rank in list(self.held):
             self._from_file(rank)  # no summary stands for it: its file, then
         if final:
@@ -332,31 +411,88 @@ class NodeMerge:
                     self._from_file(rank)
 
     def apply_summary(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
-        """Apply what is new to this watcher in a node's summary: each rank's events after the
-        line it has applied. The head has what the previous summary did not; a rank this
-        watcher is behind on (it missed a summary, or just began to follow the rank) takes
-        them from the whole digest, the summary's second line, parsed only then."""
-        full: dict[int, list] | None = None
+        """Apply what is new to this watcher in a node's summary: its routine ranks' rows,
+        and the others' events after the line it has applied. The head has what the previous
+        summary did not; a rank this watcher is behind on (it missed a summary, or just began
+        to follow the rank, or its node stopped sending its row) takes them from the whole
+        digest, the summary's second line, parsed only then. A row is copied onto a rank whose
+        record has its events up to its current process's hello (rank_rows)."""
+        self._full = None
         for entry in summary.ranks:
             rank = entry.rank
-            if rank not in self.via and node in standing:
-                known = self.state.node_of(rank)
-                if known in (None, node):  # not read from its file yet, or read as node's
-                    self._follow(rank, node)
-            if self.via.get(rank) != node:
+            if not self._takes(rank, node, standing, entry.last):
                 continue
             have = self.applied.get(rank, 0)
-            if have >= entry.last:
-                continue  # nothing new to it: most ranks of most summaries, when healthy
-            events = entry.events
+            if rank in self.rowed:  # its events again: from its whole digest, afresh
+                have = self._unrow(rank)
             if have < entry.after:
-                if full is None:
-                    full = {r.rank: r.events for r in summary.full() or ()}
-                if rank not in full:
-                    continue  # the second line torn or missing: the next summary has it
-                events = full[rank]
-            applied = self._apply_events(rank, events, have)
-            self.applied[rank] = max(applied, entry.last)
+                self._from_digest(rank, summary, have, entry.last)
+            else:
+                applied = self._apply_events(rank, entry.events, have)
+                self.applied[rank] = max(applied, entry.last)
+        if summary.rows is not None:
+            self._apply_rows(node, summary, standing)
+        self._full = None
+
+    def _takes(self, rank: int, node: int, standing: set[int], last: int) -> bool:
+        """Whether this watcher follows `rank` through node's summary, and is behind `last`."""
+        if rank not in self.via and node in standing:
+            known = self.state.node_of(rank)
+            if known in (None, node):  # not read from its file yet, or read as node's
+                self._follow(rank, node)
+        return self.via.get(rank) == node and self.applied.get(rank, 0) < last
+
+    def _apply_rows(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
+        rows = NodeRows(summary.rows)
+        targets, behind = [], []
+        ranks = self.state.ranks
+        for i, rank in enumerate(rows.ranks):
+            if not self._takes(rank, node, standing, rows.last[i]):
+                continue
+            tracker = ranks.get(rank)
+            pid = rows.value("pid", i)
+            if tracker is not None and type(pid) is int and tracker.pid == pid:
+                targets.append((i, tracker))
+                continue
+            behind.append(i)  # not heard of yet, or a new process: its events first
+        if targets:
+            records = CallRecords(summary.calls, self.calls.get(node))
+            self.calls[node] = records
+            steps = {tracker.rank: tracker.step for _, tracker in targets}
+            applied = apply_rows(targets, rows, records)
+            for tracker in applied:
+                rank = tracker.rank
+                self.state.row_applied(tracker, stepped=tracker.step != steps[rank])
+                self.rowed.add(rank)
+            done = {tracker.rank for tracker in applied}
+            for i, tracker in targets:
+                if tracker.rank in done:
+                    self.applied[tracker.rank] = rows.last[i]
+                else:
+                    behind.append(i)
+            if applied:
+                self.state.add_waits(summary.waits)
+        for i in behind:
+            rank = rows.ranks[i]
+            have = self._unrow(rank) if rank in self.rowed else self.applied.get(rank, 0)
+            self._from_digest(rank, summary, have, rows.last[i])
+
+    def _unrow(self, rank: int) -> int:
+        """A rank whose record rows made: a fresh record, for its events (returns 0, the line
+        applied)."""
+        self.rowed.discard(rank)
+        self.state.restart_rank(rank)
+        self.applied[rank] = 0
+        return 0
+
+    def _from_digest(self, rank: int, summary: NodeSummary, have: int, last: int) -> None:
+        """Apply the rank's events after line `have` from the summary's whole digest."""
+        if self._full is None:
+            self._full = {r.rank: r.events for r in summary.full() or ()}
+        if rank not in self._full:
+            return  # the second line torn or missing: the next summary has it
+        applied = self._apply_events(rank, self._full[rank], have)
+        self.applied[rank] = max(applied, last)
 
     def _apply_events(self, rank: int, events: list, last: int) -> int:
         """Apply, in order, the rank's summary events after line `last`; the last line applied."""
@@ -405,6 +541,7 @@ class NodeMerge:
     def _from_file(self, rank: int) -> None:
         """Read the rank's own file again, from its start, into a fresh record."""
         self.via.pop(rank, None)
+        self.rowed.discard(rank)
         self.held.discard(rank)
         self.applied[rank] = 0
         self.state.restart_rank(rank)
@@ -414,7 +551,7 @@ class NodeMerge:
         if self.publisher is None:
             return
         own = [r for r in self.publisher.digests if self.state.node_of(r) == self.own_node]
-        self.publisher.maybe_publish(now, own, force=force)
+        self.publisher.maybe_publish(now, own, force=force, trackers=self.state.ranks)
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
         return self.feed.stale_findings(now, nodes) if self.feed.seen else []

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import NamedTuple
 
 from ddpdoctor.monitor.snapshot import Activity
 from ddpdoctor.protocol.verdicts import ActivityState
@@ -50,9 +51,9 @@ class ProgressSample:
     child_cpu_s: float | None = None  # its live children's CPU (DataLoader workers)
 
 
-@dataclass(frozen=True)
-class Judgement:
-    """A rank's activity apart from collectives (the view adds those, and the age)."""
+class Judgement(NamedTuple):
+    """A rank's activity apart from collectives (the view adds those, and the age). (A named
+    tuple: a watcher of 1000s of ranks makes one per rank of another node a second.)"""
 
     state: ActivityState
     since_t: float
@@ -95,6 +96,17 @@ class ProgressTrack:
         self.gpu_t: float | None = None
         self._judged: Judgement | None = None
         self._dirty = False
+        self._adopted_reports = False
+
+    @property
+    def reports(self) -> bool:
+        """Whether the rank's heartbeats carry progress facts (cpu_s)."""
+        return bool(self.samples) or self._adopted_reports
+
+    def adopt(self, judged: Judgement | None, reports: bool) -> None:
+        """Take the judgement its own node made of a rank of another node (its row,
+        ddpdoctor.monitor.rank_rows), from samples this watcher never saw."""
+        self._judged, self._dirty, self._adopted_reports = judged, False, reports
 
     def add(self, sample: ProgressSample) -> None:
         if sample.cpu_s is None:
@@ -116,6 +128,7 @@ class ProgressTrack:
         self.samples.clear()
         self._judged = None
         self._dirty = False
+        self._adopted_reports = False
 
     def judge(self) -> Judgement | None:
         if self._dirty:

@@ -159,6 +159,12 @@ class RankTracker:
         self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
         self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
         self.pg_timeout_given = False  # ... set by the script's timeout= (else torch's default)
+        # its latest view and the version it was made of, where a view stands until it changes
+        # (a rank its node's rows make: RunState._view)
+        self.view: Any = None
+        self.view_version = -1
+        self.view_until = 0.0  # ... until when its state cannot change without a new record
+        self.view_key: tuple[float, ...] = ()  # ... under these thresholds
         self._reset_progress()
 
     def _reset_progress(self) -> None:
@@ -182,6 +188,9 @@ class RankTracker:
         self.opens: dict[tuple[str, int], CollectiveView] = {}
         self.group_seqs: dict[str, int] = {}
         self.recent: deque[CollectiveView] = deque(maxlen=RECENT_COLLECTIVES)
+        # The same, when a row of its node made this record (rank_rows): its node's ranks
+        # share one tuple of their calls, and `recent` stays empty.
+        self.recent_view: tuple[CollectiveView, ...] | None = None
         self.collectives_done = 0
         self.last_event_t: float | None = None
         self.last_progress_t: float | None = None
@@ -214,6 +223,7 @@ class RankTracker:
         kind = event["kind"]
         if kind in _CALL_KINDS:
             self._calls_key = None
+            self.recent_view = None
         t = num(event.get("t"))
         self.events_seen += 1
         self.version += 1
@@ -497,10 +507,14 @@ class RankTracker:
         typical = [_median([v for v in column if v is not None]) for column in self.own_work]
         return typical[0], typical[1], typical[2], steps
 
+    def latest_calls(self) -> tuple[CollectiveView, ...]:
+        """Its latest calls, oldest first (what RankView.recent_collectives holds)."""
+        return self.recent_view if self.recent_view is not None else tuple(self.recent)
+
     def calls_key(self) -> int:
         """A fingerprint of the latest calls (see RankView.calls_key), recomputed after a change."""
         if self._calls_key is None:
-            calls = list(self.recent)[-CALL_WINDOW:]
+            calls = list(self.latest_calls()[-CALL_WINDOW:])
             current = self.current_collective()
             if current is not None and all(
                 (c.group, c.seq) != (current.group, current.seq) for c in calls

@@ -136,7 +136,7 @@ class CollectiveView:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (one per rank per view: no __dict__ of its own)
 class Activity:
     """What a live rank is doing (ddpdoctor.monitor.progress): in a collective, busy in its own
     code, waiting on its GPU, or blocked."""

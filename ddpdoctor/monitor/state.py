@@ -9,6 +9,7 @@ The diagnosis (verdict, findings, culprits) is added by ddpdoctor.monitor.diagno
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -50,6 +51,9 @@ _TEE_PREFIX = "[default"
 _CLASSIFIED_LEVELS = ("error", "warn")
 
 _FINISHED = frozenset(state for state in RankState if state.finished)
+_NUMBER = (float, int)
+# States whose view only a new record of the rank changes (time moves nothing but its ages).
+_STEADY = frozenset({RankState.RUNNING, RankState.IN_COLLECTIVE, RankState.STARTING})
 
 Classifier = Callable[[str], Any]  # text -> LineClass(level, finding_id) | None
 
@@ -74,6 +78,10 @@ class RunState:
         self._node_index: dict[tuple[str, int], int] = {}
         # rank -> (its tracker, the tracker's version, the view fields made from it)
         self._settled: dict[int, tuple[RankTracker, int, dict[str, Any]]] = {}
+        # Ranks of other nodes whose record their node's latest row made (rank_rows): their
+        # view is made once per row, and again only when their state changes in between.
+        self.reported: set[int] = set()
+        self._shared_items: tuple[dict[str, int] | None, tuple[tuple[str, int], ...]] = (None, ())
         self.events_applied = 0
         # the ranks grouped by the process that started them: made again after a hello only
         self._launcher_groups: LauncherGroups | None = None
@@ -94,6 +102,7 @@ class RunState:
     def restart_rank(self, rank: int) -> None:
         """Forget a rank's events, to read them all again (what its logs said is kept)."""
         old = self.ranks.pop(rank, None)
+        self.reported.discard(rank)
         if old is not None:
             fresh = self.tracker(rank)
             fresh.error_lines = old.error_lines
@@ -111,6 +120,8 @@ class RunState:
             if self.first_skipped is None:
                 self.first_skipped = (*(where or ("events", 0)), rank)
             return
+        if rank in self.reported:  # (a record made from rows never takes events on top)
+            self.restart_rank(rank)
         tracker = self.tracker(rank)
         tracker.apply(event, where)
         self.events_applied += 1
@@ -135,6 +146,26 @@ class RunState:
                 self.by_local[(tracker.host, tracker.local_rank)] = rank
             if tracker.host is not None and tracker.pid is not None:
                 self.by_pid[(tracker.host, tracker.pid)] = rank
+
+    def row_applied(self, tracker: RankTracker, *, stepped: bool) -> None:
+        """What `apply` notes of a rank's events, for a row copied onto its record (a rank of
+        another node, ddpdoctor.monitor.rank_rows): its step time once per row, not per step."""
+        self.reported.add(tracker.rank)
+        t = tracker.last_event_t
+        if t is not None and (self.last_t is None or t > self.last_t):
+            self.last_t = t
+        if stepped and tracker.step_time_s is not None:
+            self.step_times.append(tracker.step_time_s)
+        if tracker.step is not None or tracker.phase == "train":
+            self._training_started(tracker.last_progress_t)
+
+    def add_waits(self, waits: Any) -> None:
+        """(start t, duration) pairs of finished collectives another node's summary carried."""
+        for pair in waits if isinstance(waits, list) else ():
+            if type(pair) is list and len(pair) == 2:
+                start, duration = pair
+                if type(start) in _NUMBER and type(duration) in _NUMBER and duration >= 0:
+                    self.waits.append((start, duration))
 
     def _rank_bound(self, event: dict[str, Any]) -> int:
         """Ranks below this are believed: the world size run.json or a rank's hello states (a
@@ -283,7 +314,7 @@ class RunState:
     ) -> Snapshot:
         thresholds = self.thresholds(hang_after)
         world = self.world_size
-        views = [self._view(r, now, live, thresholds) for r in range(world)]
+        views = self._views(world, now, live, thresholds)
         if not live:
             views = self._settle_post_mortem(views)
         views = self._fill_waiting_on(views)
@@ -305,6 +336,31 @@ class RunState:
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
         )
 
+    def _views(self, world: int, now: float, live: bool, th: Thresholds) -> list[RankView]:
+        """Every rank's view at `now`. A view of a rank its node's rows made stands, unchanged,
+        until its next row or until its state could change (`_steady_until`): at 1000s of
+        ranks most views of most polls are such, and are taken here without a call."""
+        if not live or self.agents or not self.reported:
+            return [self._view(r, now, live, th) for r in range(world)]
+        key = (th.heartbeat_stale_s, th.waiting_after_s, th.hang_after_s)
+        ranks, reported, alive = self.ranks, self.reported, self.alive
+        views = []
+        for r in range(world):
+            if r in reported:
+                tracker = ranks[r]
+                cached = tracker.view
+                if (
+                    cached is not None
+                    and now < tracker.view_until
+                    and tracker.view_version == tracker.version
+                    and tracker.view_key == key
+                    and cached.alive == alive.get(r)
+                ):
+                    views.append(cached)
+                    continue
+            views.append(self._view(r, now, live, th))
+        return views
+
     def _groups(self) -> LauncherGroups:
         """The ranks grouped by launcher, kept until a hello or a new rank changes them."""
         if self._launcher_groups is None or len(self.ranks) != self._grouped_ranks:
@@ -324,6 +380,22 @@ class RunState:
         tracker = self.ranks.get(rank)
         if tracker is None:
             tracker = RankTracker(rank)  # no events yet: starting (or never started)
+        reported = live and rank in self.reported
+        if reported:
+            # A rank of another node changes once a row, once a second: its view stands until
+            # then, unless its state changes (a wait, a silence) at this watcher's clock. Its
+            # ages (heartbeat, activity, collective) are as of that view.
+            cached = tracker.view
+            if (
+                cached is not None
+                and tracker.view_version == tracker.version
+                and cached.alive == self.alive.get(rank)
+            ):
+                state = self._state(tracker, now, live, th)[0]
+                if state is cached.state and state in _STEADY:
+                    tracker.view_until = _steady_until(tracker, th)
+                    tracker.view_key = (th.heartbeat_stale_s, th.waiting_after_s, th.hang_after_s)
+                    return cached
         state, failed_t, exit_code, exit_signal = self._state(tracker, now, live, th)
         finished = state in _FINISHED
         collective = tracker.current_collective()
@@ -357,74 +429,91 @@ class RunState:
                 in_collective=collective is not None,
                 in_collective_since=collective.since_t if collective is not None else None,
             )
-        return build_frozen(
-            RankView,
-            {
-                **self._settled_fields(tracker),
-                "rank": rank,
-                "state": state,
-                "total_steps": self.info.total_steps,
-                "collective": collective,
-                "heartbeat_age_s": hb_age,
-                "alive": self.alive.get(rank),
-                "exit_code": exit_code,
-                "failed_t": failed_t,
-                "exit_signal": exit_signal,
-                "activity": doing,
-                "reports_progress": bool(tracker.progress.samples),
-            },
-        )
+        settled = self._settled_fields(tracker)
+        now_fields = {
+            "rank": rank,
+            "state": state,
+            "total_steps": self.info.total_steps,
+            "collective": collective,
+            "heartbeat_age_s": hb_age,
+            "alive": self.alive.get(rank),
+            "exit_code": exit_code,
+            "failed_t": failed_t,
+            "exit_signal": exit_signal,
+            "activity": doing,
+            "reports_progress": tracker.progress.reports,
+        }
+        if reported:  # its settled fields were made for this view alone: completed in place
+            settled.update(now_fields)
+            view = build_frozen(RankView, settled)
+        else:
+            view = build_frozen(RankView, {**settled, **now_fields})
+        if reported:
+            tracker.view, tracker.view_version = view, tracker.version
+            tracker.view_until = _steady_until(tracker, th) if state in _STEADY else now
+            tracker.view_key = (th.heartbeat_stale_s, th.waiting_after_s, th.hang_after_s)
+        return view
 
     def _settled_fields(self, tracker: RankTracker) -> dict[str, Any]:
         """A rank's view fields that only its events and log lines change (not to be changed):
         made again only after it changed, for a rank of another node once a second at most, not
         per poll."""
-        cached = self._settled.get(tracker.rank)
+        reported = tracker.rank in self.reported  # (a fresh dict each time: its view keeps it)
+        cached = None if reported else self._settled.get(tracker.rank)
         if cached is not None and cached[0] is tracker and cached[1] == tracker.version:
             return cached[2]
         data, compute, comm, n = tracker.own_work_means()
-        fields = dict(
-            host=tracker.host,
-            pid=tracker.pid,
-            local_rank=tracker.local_rank,
-            phase=tracker.phase,
-            step=tracker.step,
-            epoch=tracker.epoch,
-            loss=tracker.loss,
-            step_time_s=tracker.step_time_s,
-            data_time_s=tracker.data_time_s,
-            compute_time_s=tracker.compute_time_s,
-            comm_wait_s=tracker.comm_wait_s,
-            samples_per_s=tracker.samples_per_s,
-            collectives_done=tracker.collectives_done,
-            error=tracker.error,
-            last_event=tracker.last_event,
-            rss_bytes=tracker.rss_bytes,
-            gpu_mem_bytes=tracker.gpu_mem_bytes,
-            step_times=tuple(tracker.step_times),
-            group_seqs=tuple(tracker.group_seqs.items()),
-            recent_collectives=tuple(tracker.recent),
-            traceback=tracker.traceback,
-            exit_reason=tracker.exit_reason,
-            last_event_t=tracker.last_event_t,
-            last_progress_t=tracker.last_progress_t,
-            last_heartbeat_t=tracker.last_heartbeat_t,
-            fault=tracker.fault,
-            warnings=tuple(tracker.warnings.items()),
-            epoch_batches=tracker.epoch_batches,
-            loader_batches=tuple(tracker.loader_batches.items()),
-            avg_data_time_s=data,
-            avg_compute_time_s=compute,
-            avg_comm_wait_s=comm,
-            avg_steps=n,
-            error_at=tracker.error_at,
-            error_line=tracker.error_line,
-            error_lines=tuple(tracker.error_lines),
-            calls_key=tracker.calls_key(),
-        )
-        if tracker.events_seen:  # (a rank not yet heard of gets a fresh tracker every poll)
+        fields = {  # (a literal: this runs per rank per second at 1000s of ranks)
+            "host": tracker.host,
+            "pid": tracker.pid,
+            "local_rank": tracker.local_rank,
+            "phase": tracker.phase,
+            "step": tracker.step,
+            "epoch": tracker.epoch,
+            "loss": tracker.loss,
+            "step_time_s": tracker.step_time_s,
+            "data_time_s": tracker.data_time_s,
+            "compute_time_s": tracker.compute_time_s,
+            "comm_wait_s": tracker.comm_wait_s,
+            "samples_per_s": tracker.samples_per_s,
+            "collectives_done": tracker.collectives_done,
+            "error": tracker.error,
+            "last_event": tracker.last_event,
+            "rss_bytes": tracker.rss_bytes,
+            "gpu_mem_bytes": tracker.gpu_mem_bytes,
+            "step_times": tuple(tracker.step_times),
+            "group_seqs": self._items(tracker.group_seqs),
+            "recent_collectives": tracker.latest_calls(),
+            "traceback": tracker.traceback,
+            "exit_reason": tracker.exit_reason,
+            "last_event_t": tracker.last_event_t,
+            "last_progress_t": tracker.last_progress_t,
+            "last_heartbeat_t": tracker.last_heartbeat_t,
+            "fault": tracker.fault,
+            "warnings": tuple(tracker.warnings.items()),
+            "epoch_batches": tracker.epoch_batches,
+            "loader_batches": tuple(tracker.loader_batches.items()),
+            "avg_data_time_s": data,
+            "avg_compute_time_s": compute,
+            "avg_comm_wait_s": comm,
+            "avg_steps": n,
+            "error_at": tracker.error_at,
+            "error_line": tracker.error_line,
+            "error_lines": tuple(tracker.error_lines),
+            "calls_key": tracker.calls_key(),
+        }
+        # (a rank not yet heard of gets a fresh tracker every poll; a rank its node's rows make
+        # keeps its whole view instead)
+        if tracker.events_seen and not reported:
             self._settled[tracker.rank] = (tracker, tracker.version, fields)
         return fields
+
+    def _items(self, values: dict[str, int]) -> tuple[tuple[str, int], ...]:
+        """tuple(values.items()), made once per dict: the ranks a node's rows made share one."""
+        shared = self._shared_items
+        if shared[0] is not values:
+            shared = self._shared_items = (values, tuple(values.items()))
+        return shared[1]
 
     def _state(
         self, tracker: RankTracker, now: float, live: bool, th: Thresholds
@@ -532,6 +621,23 @@ class RunState:
             if behind:
                 views[view.rank] = replace(view, waiting_on=tuple(sorted(behind)))
         return views
+
+
+def _steady_until(tracker: RankTracker, th: Thresholds) -> float:
+    """Until when `RunState._state` cannot move a live rank out of the steady state it is in
+    (RUNNING, IN_COLLECTIVE or STARTING) unless its record changes: the first of the times its
+    checks compare the clock with. Kept next to `_state`, whose checks it mirrors."""
+    until = math.inf
+    last_sign = tracker.last_heartbeat_t or tracker.last_event_t
+    if last_sign is not None:
+        until = last_sign + th.heartbeat_stale_s  # its heartbeat stops: stalled
+    collective = tracker.current_collective()
+    if collective is not None:
+        if collective.since_t is not None:  # in it long enough: waiting
+            until = min(until, collective.since_t + th.waiting_after_s)
+    elif tracker.last_progress_t is not None:  # no progress for that long: judged again
+        until = min(until, tracker.last_progress_t + th.hang_after_s)
+    return until
 
 
 def waiting_collective(view: RankView) -> CollectiveView | None:

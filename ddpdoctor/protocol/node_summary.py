@@ -10,8 +10,11 @@ hello, latest heartbeat, latest step, phase, epoch, metrics, warnings, fault, er
 collectives it has open and its latest few collective events), each with its line number in the
 rank's own event file. A reader applies, in line order, the ones newer than what it has applied:
 the same events the rank wrote, fewer of the routine ones (every step), so a diagnosis reads the
-same. Details (a rank's every event, its stacks, its flight-recorder dump) stay on the node and
-are pulled on demand.
+same. A rank its node judges routine has a row instead of events (`rows`, column by column: a value
+the node's ranks share is written once): its state as its node's tracker folded it
+(ddpdoctor.monitor.rank_rows), its calls as indices into the node's call table (`calls`), so a
+reader of 1000s of ranks copies a row per rank instead of replaying events. Details (a rank's
+every event, its stacks, its flight-recorder dump) stay on the node and are pulled on demand.
 
 The file has two lines. The first, the head, is what a reader that keeps up needs: per rank the
 last line the summary covers (`last`), the last line the previous summary covered (`after`) and
@@ -19,8 +22,10 @@ the events between them. The second holds every rank's whole digest, for a reade
 (it started late, missed a summary, or just began to follow a rank): it parses the second line
 only then, so a reader in step parses a few events per rank a second, not the whole state.
 
-    {"schema_version": 2, "node_rank": N, "host": "...", "pid": <launcher pid>, "seq": <count>,
-     "t": <unix time written>,
+    {"schema_version": 3, "node_rank": N, "host": "...", "pid": <launcher pid>, "seq": <count>,
+     "t": <unix time written>, "calls": [[op, group, seq, ...], ...], "waits": [[t, s], ...],
+     "rows": {"rank": [R, ...], "last": [L, ...], "after": [A, ...],
+              "same": {column: value}, "each": {column: [value per rank]}},
      "ranks": [{"rank": R, "last": L, "after": A, "events": [[line_no, {event}], ...]}, ...]}
     {"ranks": [{"rank": R, "events": [[line_no, {event}], ...]}, ...]}
 """
@@ -38,9 +43,10 @@ from typing import Any, TypeGuard
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SUMMARY_NAME = "summary.json"
 MAX_SUMMARY_BYTES = 64 << 20
+HEAD_READ = 8 << 10  # the first read of a summary: its head, for 8 routine ranks and more
 
 
 @dataclass(frozen=True)
@@ -64,12 +70,32 @@ class NodeSummary:
     seq: int
     t: float
     ranks: tuple[RankEvents, ...]
-    rest: bytes = b""  # the second line, unparsed
+    rest: bytes = b""  # the second line, unparsed (or its start: see `source`)
+    # its routine ranks' rows, column by column, checked where applied (rank_rows.NodeRows)
+    rows: Any = None
+    calls: Any = None  # the node's call table, which its rows' calls index (rank_rows)
+    # (start t, duration) of the collectives its routine ranks finished since its last summary
+    waits: Any = None
+    # (path, inode, size) of the file, when only the head was read: `full()` reads the rest
+    # from there, if the file is still that one (a reader in step never needs it)
+    source: tuple[str, int, int] | None = None
+
+    def row_ranks(self) -> list[int]:
+        """The ranks the summary has a row of (their events are in `full` only)."""
+        ranks = self.rows.get("rank") if isinstance(self.rows, Mapping) else None
+        return [r for r in ranks if _is_int(r)] if isinstance(ranks, list) else []
+
+    def all_ranks(self) -> tuple[int, ...]:
+        """Every rank the summary speaks of, by events or by row."""
+        return tuple(sorted({r.rank for r in self.ranks} | set(self.row_ranks())))
 
     def full(self) -> tuple[RankEvents, ...] | None:
         """Every rank's whole digest (None when the second line is missing or torn)."""
+        rest = self.rest if self.source is None else _rest_of(self.source)
+        if rest is None:
+            return None  # replaced by a newer summary since: the next poll reads that one
         try:
-            data = jsontext.loads(self.rest)
+            data = jsontext.loads(rest)
         except ValueError:
             return None
         if not isinstance(data, Mapping):
@@ -82,7 +108,9 @@ class NodeSummary:
         return tuple(out)
 
     @classmethod
-    def from_head(cls, data: Any, rest: bytes = b"") -> NodeSummary:
+    def from_head(
+        cls, data: Any, rest: bytes = b"", source: tuple[str, int, int] | None = None
+    ) -> NodeSummary:
         if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
             raise ValueError("not a node summary")
         node, seq, t = data.get("node_rank"), data.get("seq"), data.get("t")
@@ -107,6 +135,10 @@ class NodeSummary:
             float(t),
             tuple(ranks),
             rest,
+            data.get("rows"),
+            data.get("calls"),
+            data.get("waits"),
+            source,
         )
 
 
@@ -181,12 +213,35 @@ def summary_stamp(run: RunDir, node_rank: int) -> tuple[int, int, int] | None:
 
 def read_node_summary(run: RunDir, node_rank: int) -> NodeSummary | None:
     """Node N's summary (its head parsed, the rest kept for `full()`), or None when it has none
-    or its head cannot be read."""
+    or its head cannot be read. Only the head is read where it fits the first block: the
+    second line, every rank's whole digest, is most of the file and rarely needed."""
+    path = _summary_file(run.path, node_rank)
     try:
-        with open(_summary_file(run.path, node_rank), "rb") as fh:
-            data = fh.read(MAX_SUMMARY_BYTES)
-        head, _, rest = data.partition(b"\n")
-        summary = NodeSummary.from_head(jsontext.loads(head), rest)
+        with open(path, "rb") as fh:
+            data = fh.read(HEAD_READ)
+            head, newline, rest = data.partition(b"\n")
+            source = None
+            if not newline:  # a head longer than the first block: the whole file, then
+                data += fh.read(MAX_SUMMARY_BYTES - len(data))
+                head, _, rest = data.partition(b"\n")
+            elif len(data) == HEAD_READ:  # more of the second line than this block
+                st = os.fstat(fh.fileno())
+                source = (path, st.st_ino, st.st_size)
+        summary = NodeSummary.from_head(jsontext.loads(head), rest, source)
     except (OSError, ValueError):
         return None
     return summary if summary.node_rank == node_rank else None
+
+
+def _rest_of(source: tuple[str, int, int]) -> bytes | None:
+    """The second line of the summary file `source` names, if the file is still that one."""
+    path, inode, size = source
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if (st.st_ino, st.st_size) != (inode, size):
+                return None
+            data = fh.read(MAX_SUMMARY_BYTES)
+    except OSError:
+        return None
+    return data.partition(b"\n")[2]

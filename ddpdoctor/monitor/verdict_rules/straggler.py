@@ -55,8 +55,14 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if len(own) < 2:
         return None
     ordered = sorted(own.values())
+    # Without the largest value the median is the lowest it can be without any one rank: a
+    # rank below RATIO times that is no straggler, whatever the others (most ranks of most
+    # polls, at 1000s of ranks, skip the rest of the test here).
+    cutoff = RATIO * median_without(ordered, len(ordered) - 1)
     findings = []
     for rank, work in own.items():
+        if work < cutoff:
+            continue
         median = median_without(ordered, bisect.bisect_left(ordered, work))
         excess = work - median
         if work < RATIO * median or excess < MIN_EXCESS_S:

@@ -51,7 +51,7 @@ def test_node_0_follows_node_1_through_its_summary_and_finds_the_hang(tmp_path):
     lead = Monitor(run, node_rank=0, clock=clock, **KW)
     follower.poll()
     summary = read_node_summary(run, 1)
-    assert summary is not None and [r.rank for r in summary.ranks] == [1]
+    assert summary is not None and summary.all_ranks() == (1,)
     assert lead.poll().ranks[1].step == 8
     assert lead.merge.via == {1: 1}  # rank 1 is followed through node 1's summary
     paused_at = tail_offset(lead, 1)
@@ -148,8 +148,11 @@ def test_a_digest_keeps_the_state_not_the_history():
 
 
 def in_step(tmp_path):
-    """Node 0's launcher following node 1's rank through node 1's summaries."""
+    """Node 0's launcher following node 1's rank through node 1's summaries, by its events:
+    the rank recorded an injected fault, so its node does not call it routine (a routine
+    rank's row, ddpdoctor.monitor.rank_rows, is tested in test_rank_rows.py)."""
     run, clock, w = two_nodes(tmp_path)
+    w.ev(1, "fault", inject="slow:rank=1", fault="slow")
     seq = train(w, clock, 3)
     follower = Monitor(run, node_rank=1, clock=clock, **KW)
     lead = Monitor(run, node_rank=0, clock=clock, **KW)
@@ -237,3 +240,23 @@ def test_readers_find_the_summary_where_the_writer_puts_it(tmp_path):
     assert node_summary.summary_stamp(run, 7) is None
     node_summary.write_summary_text(run, 7, '{"schema_version": 2}\n{}\n')
     assert node_summary.summary_stamp(run, 7) is not None
+
+
+def test_a_reader_reads_a_summarys_head_and_the_rest_only_from_the_same_file(tmp_path):
+    from ddpdoctor.protocol import node_summary
+
+    run = RunDir.create(tmp_path / "run")
+    pad = "x" * (3 * node_summary.HEAD_READ)
+    head = {"schema_version": node_summary.SCHEMA_VERSION, "node_rank": 3, "host": "h",
+            "pid": 1, "seq": 1, "t": 1.0,
+            "ranks": [{"rank": 24, "last": 1, "after": 0, "events": []}]}  # fmt: skip
+    whole = {"ranks": [{"rank": 24, "events": [[1, {"rank": 24, "kind": "hello", "p": pad}]]}]}
+    text = json.dumps(head) + "\n" + json.dumps(whole) + "\n"
+    node_summary.write_summary_text(run, 3, text)
+    summary = read_node_summary(run, 3)
+    assert summary is not None and summary.source is not None  # the first block only
+    assert len(summary.rest) < node_summary.HEAD_READ
+    full = summary.full()
+    assert full is not None and full[0].events[0][1]["p"] == pad
+    node_summary.write_summary_text(run, 3, text.replace('"seq": 1', '"seq": 2'))
+    assert summary.full() is None  # another summary since: its rest is not this one's

@@ -8,7 +8,6 @@ The diagnosis (verdict, findings, culprits) is added by ddpdoctor.monitor.diagno
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -19,7 +18,6 @@ from ddpdoctor.monitor.launchers import LauncherGroups, launcher_groups, launche
 from ddpdoctor.monitor.progress import activity
 from ddpdoctor.monitor.rank_tracker import RankTracker, num
 from ddpdoctor.monitor.snapshot import (
-    POINT_TO_POINT_OPS,
     CollectiveView,
     LogLine,
     RankState,
@@ -31,6 +29,7 @@ from ddpdoctor.monitor.snapshot import (
     build_frozen,
 )
 from ddpdoctor.monitor.thresholds import compute_thresholds
+from ddpdoctor.monitor.views_together import fill_waiting_on, settle_post_mortem
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.torchrun_logs import (
@@ -39,12 +38,10 @@ from ddpdoctor.protocol.torchrun_logs import (
     RANK_LOG,
     AgentLogParser,
     LogSource,
-    signal_name,
 )
 from ddpdoctor.protocol.trust import agent_log_origin, report_may_end_rank
 
 LOG_RING = 1000  # recent log lines kept for the logs panel
-MAX_WAITING_ON = 16  # ranks listed as "waiting on" per rank
 # torchrun --tee copies every rank line into its own output as "[default3]:...": already read
 # from the rank's own log file, so not shown twice.
 _TEE_PREFIX = "[default"
@@ -81,6 +78,14 @@ class RunState:
         # Ranks of other nodes whose record their node's latest row made (rank_rows): their
         # view is made once per row, and again only when their state changes in between.
         self.reported: set[int] = set()
+        # The previous poll's views, when most stood (`_views`): until when they all may, under
+        # which thresholds, the ranks whose record changed since, and the ranks not reported.
+        self._last_views: list[RankView] | None = None
+        self._last_key: tuple[Any, ...] = ()
+        self._last_until = 0.0
+        self._last_ref: tuple[float, ...] = (0.0, 0.0, 0.0)  # the largest thresholds since
+        self._remake: set[int] = set()
+        self._others: list[int] | None = None
         self._shared_items: tuple[dict[str, int] | None, tuple[tuple[str, int], ...]] = (None, ())
         self.events_applied = 0
         # the ranks grouped by the process that started them: made again after a hello only
@@ -102,7 +107,10 @@ class RunState:
     def restart_rank(self, rank: int) -> None:
         """Forget a rank's events, to read them all again (what its logs said is kept)."""
         old = self.ranks.pop(rank, None)
-        self.reported.discard(rank)
+        if rank in self.reported:
+            self.reported.discard(rank)
+            self._others = None
+        self._remake.add(rank)
         if old is not None:
             fresh = self.tracker(rank)
             fresh.error_lines = old.error_lines
@@ -150,7 +158,10 @@ class RunState:
     def row_applied(self, tracker: RankTracker, *, stepped: bool) -> None:
         """What `apply` notes of a rank's events, for a row copied onto its record (a rank of
         another node, ddpdoctor.monitor.rank_rows): its step time once per row, not per step."""
-        self.reported.add(tracker.rank)
+        if tracker.rank not in self.reported:
+            self.reported.add(tracker.rank)
+            self._others = None
+        self._remake.add(tracker.rank)
         t = tracker.last_event_t
         if t is not None and (self.last_t is None or t > self.last_t):
             self.last_t = t
@@ -209,6 +220,7 @@ class RunState:
                 notable += 1
                 if rank is not None and level in _CLASSIFIED_LEVELS:
                     self.tracker(rank).add_error_line(line)
+                    self._remake.add(rank)
         return notable
 
     def rank_of(self, source: LogSource) -> int | None:
@@ -259,6 +271,8 @@ class RunState:
         return self._by_node_local
 
     def set_alive(self, rank: int, alive: bool | None) -> None:
+        if self.alive.get(rank, alive) != alive or rank not in self.alive:
+            self._remake.add(rank)
         self.alive[rank] = alive
 
     # -- derived ---------------------------------------------------------------------------
@@ -316,8 +330,8 @@ class RunState:
         world = self.world_size
         views = self._views(world, now, live, thresholds)
         if not live:
-            views = self._settle_post_mortem(views)
-        views = self._fill_waiting_on(views)
+            views = settle_post_mortem(views)
+        views = fill_waiting_on(views)
         all_finished = bool(views) and all(v.state.finished for v in views)
         finished = all_finished or (not live and bool(views))
         verdict = Verdict.RUNNING
@@ -339,26 +353,45 @@ class RunState:
     def _views(self, world: int, now: float, live: bool, th: Thresholds) -> list[RankView]:
         """Every rank's view at `now`. A view of a rank its node's rows made stands, unchanged,
         until its next row or until its state could change (`_steady_until`): at 1000s of
-        ranks most views of most polls are such, and are taken here without a call."""
+        ranks most views of most polls are such. Until the first of those times, a poll makes
+        again only the views of the other ranks and of those whose record changed (`_remake`),
+        and takes the rest from the previous poll."""
         if not live or self.agents or not self.reported:
+            self._last_views = None
             return [self._view(r, now, live, th) for r in range(world)]
-        key = (th.heartbeat_stale_s, th.waiting_after_s, th.hang_after_s)
-        ranks, reported, alive = self.ranks, self.reported, self.alive
-        views = []
-        for r in range(world):
-            if r in reported:
-                tracker = ranks[r]
-                cached = tracker.view
-                if (
-                    cached is not None
-                    and now < tracker.view_until
-                    and tracker.view_version == tracker.version
-                    and tracker.view_key == key
-                    and cached.alive == alive.get(r)
-                ):
-                    views.append(cached)
-                    continue
-            views.append(self._view(r, now, live, th))
+        key = (world, self.info)
+        times = (th.heartbeat_stale_s, th.waiting_after_s, th.hang_after_s)
+        # The thresholds move a little with every row (the step times, the heartbeat period):
+        # a standing view's `until` comes that much earlier when one of them fell since.
+        fell = max(0.0, *(was - is_ for was, is_ in zip(self._last_ref, times, strict=True)))
+        last = self._last_views
+        if last is not None and key == self._last_key and now < self._last_until - fell:
+            self._last_ref = tuple(map(max, self._last_ref, times))  # (each, the largest)
+            views = list(last)
+            if self._others is None:
+                self._others = [r for r in range(world) if r not in self.reported]
+            for r in self._others:
+                views[r] = self._view(r, now, live, th)
+            for r in self._remake:
+                if r < world:
+                    views[r] = view = self._view(r, now, live, th)
+                    tracker = self.ranks.get(r)
+                    if tracker is not None and tracker.view is view:
+                        self._last_until = min(self._last_until, tracker.view_until)
+                    else:
+                        self._last_until = now  # (not a standing view: a whole poll next)
+        else:
+            views = [self._view(r, now, live, th) for r in range(world)]
+            until = math.inf
+            for r in self.reported:
+                tracker = self.ranks[r]
+                if r < world and tracker.view is views[r]:
+                    until = min(until, tracker.view_until)
+                else:
+                    until = now
+            self._last_key, self._last_until, self._last_ref = key, until, times
+        self._remake.clear()
+        self._last_views = views.copy()  # (fill_waiting_on replaces some in `views`)
         return views
 
     def _groups(self) -> LauncherGroups:
@@ -579,49 +612,6 @@ class RunState:
             return RankState.STALLED, None, None, None
         return RankState.RUNNING, None, None, None
 
-    def _settle_post_mortem(self, views: list[RankView]) -> list[RankView]:
-        """The record has ended: a rank with no exit while every other rank ended is gone."""
-        out = []
-        for view in views:
-            if not view.state.finished and view.state is not RankState.STARTING:
-                others = [v for v in views if v.rank != view.rank]
-                if others and all(v.state.finished for v in others):
-                    view = replace(
-                        view,
-                        state=RankState.GONE,
-                        failed_t=view.last_event_t,
-                        exit_signal=view.exit_signal or signal_name(view.exit_code),
-                    )
-            out.append(view)
-        return out
-
-    def _fill_waiting_on(self, views: list[RankView]) -> list[RankView]:
-        """For each rank waiting in a collective: the group members that have not reached it."""
-        waiting = [v for v in views if v.state is RankState.WAITING and v.collective is not None]
-        if not waiting:
-            return views
-        world = list(range(len(views)))
-        cache: dict[tuple[str, tuple[int, ...] | None], tuple[list[int], list[int]]] = {}
-        for view in waiting:
-            coll = view.collective
-            assert coll is not None
-            if coll.op in POINT_TO_POINT_OPS:
-                continue
-            members = coll.group_ranks if coll.group != ev.DEFAULT_GROUP else None
-            key = (coll.group, members)
-            if key not in cache:
-                pairs = sorted(
-                    (views[m].seq_in(coll.group), m)
-                    for m in (members if members is not None else world)
-                    if 0 <= m < len(views)
-                )
-                cache[key] = ([p[0] for p in pairs], [p[1] for p in pairs])
-            seqs, ranks = cache[key]
-            behind = ranks[: bisect.bisect_left(seqs, coll.seq)][:MAX_WAITING_ON]
-            if behind:
-                views[view.rank] = replace(view, waiting_on=tuple(sorted(behind)))
-        return views
-
 
 def _steady_until(tracker: RankTracker, th: Thresholds) -> float:
     """Until when `RunState._state` cannot move a live rank out of the steady state it is in
@@ -638,11 +628,3 @@ def _steady_until(tracker: RankTracker, th: Thresholds) -> float:
     elif tracker.last_progress_t is not None:  # no progress for that long: judged again
         until = min(until, tracker.last_progress_t + th.hang_after_s)
     return until
-
-
-def waiting_collective(view: RankView) -> CollectiveView | None:
-    """The collective a rank waits in, ignoring point-to-point ops (their seqs do not compare)."""
-    coll = view.collective
-    if coll is None or coll.op in POINT_TO_POINT_OPS:
-        return None
-    return coll

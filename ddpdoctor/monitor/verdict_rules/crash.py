@@ -28,8 +28,11 @@ _EXTERNAL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 TRACEBACK_LINES = 6
 
 
+_ENDED_BADLY = frozenset({RankState.FAILED, RankState.GONE})
+
+
 def failures(snap: Snapshot) -> list[RankView]:
-    return [v for v in snap.ranks if v.state in (RankState.FAILED, RankState.GONE)]
+    return [v for v in snap.ranks if v.state in _ENDED_BADLY]
 
 
 def looks_like_consequence(view: RankView) -> bool:

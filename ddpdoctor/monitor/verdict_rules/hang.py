@@ -17,9 +17,9 @@ from collections import defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.snapshot import CollectiveView, RankState, RankView, Snapshot, Verdict
-from ddpdoctor.monitor.state import waiting_collective
 from ddpdoctor.monitor.verdict_rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.verdict_rules.describe import stack_of, where_is
+from ddpdoctor.monitor.views_together import waiting_collective
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.rank_ranges import named_ranks
 

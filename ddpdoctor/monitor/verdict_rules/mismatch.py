@@ -191,6 +191,8 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
     stderr still says what happened, and its peers' calls at the next sequence number say which
     collective the others were in."""
     for view in snap.ranks:
+        if not view.error_lines:
+            continue  # (most ranks: this runs per rank per poll)
         line = next((ln for ln in view.error_lines if _MISMATCH_MESSAGE.search(ln.text)), None)
         if line is None:
             continue

@@ -30,7 +30,9 @@ FIX_UNEVEN = (
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
     findings = []
-    missing = [v for v in snap.ranks if any(code == SET_EPOCH for code, _ in v.warnings)]
+    missing = [
+        v for v in snap.ranks if v.warnings and any(code == SET_EPOCH for code, _ in v.warnings)
+    ]
     if missing:
         message = next(m for code, m in missing[0].warnings if code == SET_EPOCH)
         findings.append(

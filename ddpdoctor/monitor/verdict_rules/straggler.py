@@ -51,7 +51,12 @@ def median_without(ordered: list[float], index: int) -> float:
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
-    own = {v.rank: w for v in snap.ranks if (w := _own(v)) is not None}
+    own = {}
+    for v in snap.ranks:  # (_own, inline: this runs per rank per poll)
+        if v.avg_steps >= MIN_STEPS and (
+            v.avg_data_time_s is not None or v.avg_compute_time_s is not None
+        ):
+            own[v.rank] = (v.avg_data_time_s or 0.0) + (v.avg_compute_time_s or 0.0)
     if len(own) < 2:
         return None
     ordered = sorted(own.values())

@@ -27,10 +27,10 @@ from ddpdoctor.monitor.snapshot import (
     Thresholds,
     WaitView,
 )
-from ddpdoctor.monitor.state import waiting_collective
 from ddpdoctor.monitor.verdict_rules import RuleOutcome, fmt_s
 from ddpdoctor.monitor.verdict_rules.fr_wait import fr_waits
 from ddpdoctor.monitor.verdict_rules.hang import members_of, progressing
+from ddpdoctor.monitor.views_together import waiting_collective
 from ddpdoctor.rank_ranges import named_ranks
 
 FINDING_ID = "wait.busy_rank"

@@ -260,3 +260,46 @@ def test_a_reader_reads_a_summarys_head_and_the_rest_only_from_the_same_file(tmp
     assert full is not None and full[0].events[0][1]["p"] == pad
     node_summary.write_summary_text(run, 3, text.replace('"seq": 1', '"seq": 2'))
     assert summary.full() is None  # another summary since: its rest is not this one's
+
+
+def test_beyond_512_nodes_a_watcher_reads_each_summary_every_2_s_half_of_them_each_second(
+    tmp_path,
+):
+    from ddpdoctor.monitor.node_summaries import SUMMARIES_PER_S, Publisher, SummaryFeed
+
+    run = RunDir.create(tmp_path / "run")
+    nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(SUMMARIES_PER_S + 2)}
+    publishers = {n: Publisher(run, n) for n in nodes if n}
+    feed = SummaryFeed(run, own_node=0)
+    reads: dict[float, set[int]] = {}
+    t = 1000.0
+    for second in range(6):
+        for publisher in publishers.values():
+            publisher.maybe_publish(t + second, (), force=True)  # a new summary a second
+        for half in (0.0, 0.5):  # two polls a second
+            now = t + second + half + 0.1
+            reads[now] = {node for node, _ in feed.poll(now, nodes)}
+    per_poll = list(reads.values())
+    assert per_poll[0] == set(publishers)  # each, first, at once
+    later = per_poll[2:]
+    # after that, every node every other second: half of them in one second's first poll,
+    # the other half in the next one's, none in the polls between
+    assert [bool(r) for r in later] == [True, False] * 5
+    assert abs(len(later[0]) - len(later[2])) <= 1  # (513 nodes: 257 and 256)
+    assert later[0] | later[2] == set(publishers) and not later[0] & later[2]
+    assert later[0] == later[4] == later[8]
+    assert feed.standing(t + 5.6, nodes) == set(publishers)  # each still stands for its ranks
+
+
+def test_up_to_512_nodes_a_watcher_reads_each_new_summary_at_its_next_poll(tmp_path):
+    from ddpdoctor.monitor.node_summaries import Publisher, SummaryFeed
+
+    run = RunDir.create(tmp_path / "run")
+    nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(4)}
+    publishers = {n: Publisher(run, n) for n in nodes if n}
+    feed = SummaryFeed(run, own_node=0)
+    for second in range(3):
+        for publisher in publishers.values():
+            publisher.maybe_publish(1000.0 + second, (), force=True)
+        assert {node for node, _ in feed.poll(1000.1 + second, nodes)} == set(publishers)
+        assert feed.poll(1000.6 + second, nodes) == []

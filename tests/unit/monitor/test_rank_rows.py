@@ -16,7 +16,8 @@ from ddpdoctor.protocol.rundir import RunDir
 from tests.unit.monitor.test_monitor_monitor import train
 from tests.unit.monitor.test_node_summaries import KW, publish, two_nodes
 
-# What a rank's view says of its progress and calls (its ages are as of the view: left out).
+# What a rank's view says of its progress and calls (its ages are as of the view: left out),
+# and its times, which a row carries to a tenth of a millisecond.
 COMPARED = (
     "host",
     "pid",
@@ -32,9 +33,6 @@ COMPARED = (
     "collectives_done",
     "last_event",
     "group_seqs",
-    "last_event_t",
-    "last_progress_t",
-    "last_heartbeat_t",
     "warnings",
     "avg_data_time_s",
     "avg_compute_time_s",
@@ -44,6 +42,7 @@ COMPARED = (
     "reports_progress",
     "state",
 )
+TIMES = ("last_event_t", "last_progress_t", "last_heartbeat_t")
 
 
 def busy(w, clock, seconds: int, cpu0: float = 0.0) -> None:
@@ -86,6 +85,8 @@ def test_a_routine_rank_comes_as_a_row_and_reads_as_its_events(tmp_path):
     mine, truth = snap.ranks[1], from_files(run, clock.t).ranks[1]
     assert mine.step == seq == 7
     assert {k: getattr(mine, k) for k in COMPARED} == {k: getattr(truth, k) for k in COMPARED}
+    for k in TIMES:
+        assert abs(getattr(mine, k) - getattr(truth, k)) <= 0.5e-4, k
     calls = [(c.op, c.seq, c.shapes, c.dtypes) for c in mine.recent_collectives]
     assert calls == [(c.op, c.seq, c.shapes, c.dtypes) for c in truth.recent_collectives]
     # its activity as its own node judged it, from every heartbeat
@@ -102,6 +103,12 @@ def test_a_rank_of_another_node_keeps_its_view_until_its_row_or_its_state_change
     publish(follower, clock)
     second = lead.poll().ranks[1]
     assert second is not first and second.step == seq
+    assert lead.poll().ranks[1] is second
+    lead.state.set_alive(1, True)  # (as a watcher on its host would find it)
+    alive = lead.state.snapshot(clock.t, hang_after=30.0).ranks[1]
+    assert alive is not second and alive.alive is True and alive.step == seq
+    lead.state.set_alive(1, None)
+    second = lead.poll().ranks[1]
     # node 1's launcher stops publishing and the rank falls silent: node 0's clock decides
     clock.t += 3.0
     snap = lead.poll()

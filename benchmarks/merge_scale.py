@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ddpdoctor.monitor.diagnose import diagnose
 from ddpdoctor.monitor.gc_pacing import WATCHER_THRESHOLDS
-from ddpdoctor.monitor.node_summaries import NodeMerge, Publisher
+from ddpdoctor.monitor.node_publisher import Publisher
+from ddpdoctor.monitor.node_summaries import NodeMerge
 from ddpdoctor.monitor.snapshot import RunInfo
 from ddpdoctor.monitor.state import RunState
 from ddpdoctor.protocol.node_records import NodeRecord

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.node_summaries import STALE_AFTER_S, STALE_FINDING_S, RankDigest
+from ddpdoctor.monitor.node_publisher import RankDigest
+from ddpdoctor.monitor.node_summaries import STALE_AFTER_S, STALE_FINDING_S
 from ddpdoctor.monitor.snapshot import RankState, Verdict
 from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
 from ddpdoctor.protocol.node_summary import read_node_summary
@@ -265,7 +266,8 @@ def test_a_reader_reads_a_summarys_head_and_the_rest_only_from_the_same_file(tmp
 def test_beyond_512_nodes_a_watcher_reads_each_summary_every_2_s_half_of_them_each_second(
     tmp_path,
 ):
-    from ddpdoctor.monitor.node_summaries import SUMMARIES_PER_S, Publisher, SummaryFeed
+    from ddpdoctor.monitor.node_publisher import Publisher
+    from ddpdoctor.monitor.node_summaries import SUMMARIES_PER_S, SummaryFeed
 
     run = RunDir.create(tmp_path / "run")
     nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(SUMMARIES_PER_S + 2)}
@@ -292,7 +294,8 @@ def test_beyond_512_nodes_a_watcher_reads_each_summary_every_2_s_half_of_them_ea
 
 
 def test_up_to_512_nodes_a_watcher_reads_each_new_summary_at_its_next_poll(tmp_path):
-    from ddpdoctor.monitor.node_summaries import Publisher, SummaryFeed
+    from ddpdoctor.monitor.node_publisher import Publisher
+    from ddpdoctor.monitor.node_summaries import SummaryFeed
 
     run = RunDir.create(tmp_path / "run")
     nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(4)}

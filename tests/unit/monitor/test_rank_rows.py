@@ -193,7 +193,7 @@ def test_calls_that_differ_within_a_node_send_those_ranks_events():
 def test_a_view_that_stands_has_the_state_the_clock_would_give_it(tmp_path):
     """_steady_until mirrors _state: up to the time it names, the state of a rank whose record
     did not change is the one its view was made with, for each steady state and threshold."""
-    from ddpdoctor.monitor.state import _steady_until
+    from ddpdoctor.monitor.rank_views import _steady_until
 
     state = RunState(RunInfo(name="x", run_dir=str(tmp_path), world_size=1))
     base = [

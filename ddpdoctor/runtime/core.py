@@ -138,6 +138,9 @@ class Runtime:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one event (never raises; silently dropped once the exit event is out)."""
+        self._emit(kind, fields, last=False)
+
+    def _emit(self, kind: str, fields: dict[str, Any], *, last: bool) -> None:
         if self.finished:
             return
         try:
@@ -154,7 +157,12 @@ class Runtime:
                 writer = self._keep_early(event)
                 if writer is None:
                     return
-            if kind in WRITE_NOW:
+            if last:
+                # written and the file closed under one hold of the writer's lock: a heartbeat
+                # racing it (its thread past the `finished` check) is written before it or not
+                # at all, never after it
+                writer.write_last(event)
+            elif kind in WRITE_NOW:
                 writer.write(event)
             else:
                 writer.enqueue(event)
@@ -297,12 +305,10 @@ class Runtime:
             # finish: its gradient all-reduce may have failed (a peer was stopped). Counting it
             # would make the rank look as if it had moved past the collective it died in.
             self.steps.flush()
-        self.emit(EXIT, code=code, reason=reason, **extra)
+        self._emit(EXIT, {"code": code, "reason": reason, **extra}, last=True)
         self.finished = True
         if self._writer is not None:
-            # a heartbeat racing the exit event waits on the writer's lock, then finds it closed:
-            # the exit event stays the last line
-            self._writer.close()
+            self._writer.close()  # (closed already, unless the exit event could not be made)
 
     # -- install / uninstall -------------------------------------------------------------------
 

@@ -204,6 +204,15 @@ class EventWriter:
             self._drop_fd()
         self._fail(f"the event file {self.path} was removed")
 
+    def write_last(self, event: dict[str, Any] | Record) -> bool:
+        """Write the queued events and then this one, and refuse everything after it: the exit
+        event is a rank's last line even while its heartbeat thread still runs."""
+        with self._lock:
+            written = self._write_locked(event)
+            self._closed = True
+            self._drop_fd()
+            return written
+
     def close(self) -> None:
         """Write what is queued, then refuse everything (the exit event was the last line)."""
         with self._lock:

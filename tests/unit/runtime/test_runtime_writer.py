@@ -167,3 +167,29 @@ def test_hot_path_records_are_encoded_with_the_writers_rank_in_order(tmp_path):
         "op": "all_reduce", "seq": 4, "group": "gr\u2028oup", "duration_s": 0.25,
         "ok": False, "error": 'Err: "x"\n', "via": "future",
     }  # fmt: skip
+
+
+def test_the_last_event_stays_last_while_another_thread_still_writes(tmp_path):
+    """The exit event and the closing of the file are one step: a heartbeat that was on its way
+    (its thread had not seen the rank finish) lands before it or not at all. Written and then
+    closed in two steps, a heartbeat once landed in between, after the exit event."""
+    path = tmp_path / "rank-1.jsonl"
+    w = EventWriter(path, rank=1)
+    w.enqueue({"rank": 1, "kind": "step", "step": 3})
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            w.write({"rank": 1, "kind": "heartbeat"})
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        assert w.write_last({"rank": 1, "kind": "exit", "code": 1})
+        assert not w.write({"rank": 1, "kind": "heartbeat"})  # refused after it
+    finally:
+        stop.set()
+        thread.join(10)
+    kinds = [parse_event_line(line)["kind"] for line in path.read_bytes().splitlines()]
+    assert kinds[-1] == "exit" and "step" in kinds
+    assert w._fd is None  # the file closed with it

@@ -13,8 +13,8 @@ events, as the view reads them, plus
 - its activity as its own node judged it from its heartbeats' progress facts, children's CPU
   and GPU included.
 
-A watcher copies a row onto the rank's tracker (`apply_row`): no event is parsed or replayed,
-and the ranks of a node share the table's call records. A rank whose node stops calling it
+A watcher copies a row onto the rank's tracker (`apply_rows`, a node's rows column by column): no
+event is parsed or replayed, and the ranks of a node share the table's call records. A rank whose node stops calling it
 routine goes back to its events (its node's whole digest of it), and the final word of a run
 always rests on every rank's own event file.
 """

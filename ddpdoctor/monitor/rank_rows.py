@@ -231,7 +231,11 @@ class CallRecords:
         self.by_key: dict[Any, tuple[list[Any], CollectiveView | None]] = {}
         self.calls: list[CollectiveView | None] = []
         for item in value if isinstance(value, list) else ():
-            key = (item[1], item[2]) if type(item) is list and len(item) > 2 else None
+            # (group, seq) as a key only where they are what a call's are: a crafted summary's
+            # lists there would not hash
+            key = None
+            if type(item) is list and len(item) > 2 and type(item[1]) is str:
+                key = (item[1], item[2]) if type(item[2]) is int else None
             before = known.get(key)
             # the same call as in the previous summary: the same record
             same = before is not None and before[0] == item

@@ -160,6 +160,14 @@ def test_a_row_that_cannot_be_read_leaves_the_rank_to_its_digest(tmp_path):
     data["rows"] = {"rank": "all of them"}
     path.write_bytes(json.dumps(data).encode() + b"\n" + rest)
     lead.poll()  # rows that are not rows: nothing applied, nothing raised
+    seq = train(w, clock, 1, seq)
+    publish(follower, clock)
+    head, _, rest = path.read_bytes().partition(b"\n")
+    data = json.loads(head)
+    assert data["rows"]["rank"] == [1]
+    data["calls"] = [["all_reduce", ["not", "a", "group"], {"seq": 1}, 0, 0, "[]"], "x", []]
+    path.write_bytes(json.dumps(data).encode() + b"\n" + rest)
+    assert lead.poll().ranks[1].step == seq  # a call table that is none: its events instead
 
 
 def test_calls_that_differ_across_nodes_are_a_mismatch_through_the_rows(tmp_path):

@@ -87,7 +87,7 @@ def launcher(run_dir: str, node: int, stop_at: float, window, ready, out, done):
     ops = [0]
     count_ops(run_dir, ops)
     if not os.environ.get("CLUSTER_SCALE_DEFAULT_GC"):
-        from ddpdoctor.monitor.gc_pacing import pace_for_watching
+        from ddpdoctor.monitor.pipeline.gc_pacing import pace_for_watching
 
         pace_for_watching()  # as `ddpdoctor run` does
     monitor = Monitor(

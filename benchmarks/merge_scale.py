@@ -13,12 +13,12 @@ its own node, and publishes its summary (ddpdoctor's own Publisher, to a real fi
 this process, does what its launcher does with them: reads and parses each summary, merges it
 (NodeMerge), and makes its snapshot and diagnosis twice, as it polls every half second. Only node
 0's part is timed (CPU time of this process, at the collector pace `ddpdoctor run` and `watch`
-set: ddpdoctor/monitor/gc_pacing.py). Its stats of the summaries, its node records and its own
+set: ddpdoctor/monitor/pipeline/gc_pacing.py). Its stats of the summaries, its node records and its own
 ranks' files are per node or per local rank, not per remote rank, and not in this figure
 (cluster_scale has them).
 
 Each size runs in interleaved pairs: summaries whose routine ranks come as rows
-(ddpdoctor/monitor/rank_rows.py), against the same summaries with every rank's events instead,
+(ddpdoctor/monitor/follow/rank_rows.py), against the same summaries with every rank's events instead,
 as before rows (the baseline). Reported per size: microseconds per remote rank per second (median
 and spread of the pairs), node 0's share of one core with rows, and the ratio.
 """
@@ -37,12 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.gc_pacing import WATCHER_THRESHOLDS
-from ddpdoctor.monitor.node_publisher import Publisher
-from ddpdoctor.monitor.node_summaries import NodeMerge
-from ddpdoctor.monitor.snapshot import RunInfo
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.follow.node_publisher import Publisher
+from ddpdoctor.monitor.follow.node_summaries import NodeMerge
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.model.snapshot import RunInfo
+from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.pipeline.gc_pacing import WATCHER_THRESHOLDS
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.rundir import RunDir
 

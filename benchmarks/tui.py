@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddpdoctor.monitor.snapshot import (
+from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     LogLine,
     RankState,

@@ -11,7 +11,7 @@ from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.explain.engine import explain_paths
 from ddpdoctor.explain.render import render_findings
 from ddpdoctor.findings import Severity
-from ddpdoctor.monitor.postmortem import without_ddpdoctors_own_stop
+from ddpdoctor.monitor.pipeline.postmortem import without_ddpdoctors_own_stop
 from ddpdoctor.protocol import jsontext
 
 SCHEMA_VERSION = 1

@@ -11,9 +11,9 @@ import argparse
 
 from ddpdoctor.launch.launcher import Watchers, launch
 from ddpdoctor.launch.plan import plan_from_args
-from ddpdoctor.monitor.gc_pacing import pace_for_watching
-from ddpdoctor.monitor.headless import HeadlessView
-from ddpdoctor.monitor.live import Monitor
+from ddpdoctor.monitor.pipeline.gc_pacing import pace_for_watching
+from ddpdoctor.monitor.pipeline.live import Monitor
+from ddpdoctor.monitor.tell.headless import HeadlessView
 
 
 def main(args: argparse.Namespace) -> int:

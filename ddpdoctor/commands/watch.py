@@ -15,9 +15,9 @@ import time
 from ddpdoctor.console import make_console, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.gc_pacing import pace_for_watching
-from ddpdoctor.monitor.headless import HeadlessView
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
+from ddpdoctor.monitor.pipeline.gc_pacing import pace_for_watching
+from ddpdoctor.monitor.tell.headless import HeadlessView
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 

@@ -5,7 +5,7 @@ explain_lines(lines, file=None) -> list[Finding]
 classify_line(text) -> LineClass | None      cheap per-line level + finding id (live log panel)
 
 log_rules.py holds the shared helpers of the per-log modules (nccl, watchdog, torchrun, gloo, c10d,
-ddp, python); the verdict rules of a live run are ddpdoctor.monitor.verdict_rules.
+ddp, python); the verdict rules of a live run are ddpdoctor.monitor.judge.rules.
 
 May import: the protocol (run-directory layout) and the shared vocabulary.
 """

@@ -53,7 +53,7 @@ from ddpdoctor.rank_ranges import named_ranks
 from ddpdoctor.stacks.responder import StackResponder
 
 if TYPE_CHECKING:  # pragma: no cover - read by attribute only; the command supplies the monitor
-    from ddpdoctor.monitor.snapshot import Snapshot
+    from ddpdoctor.monitor.model.snapshot import Snapshot
 
 POLL_S = 0.5
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ddpdoctor.protocol.verdicts import Verdict
 
 if TYPE_CHECKING:  # pragma: no cover - the monitor's snapshots, read by attribute only
-    from ddpdoctor.monitor.snapshot import Snapshot
+    from ddpdoctor.monitor.model.snapshot import Snapshot
 
 STACK_WAIT_S = 20.0  # remote stacks answer within the request timeout (py-spy 10 s + polling)
 FOLLOWER_GRACE_S = 10.0
@@ -210,7 +210,7 @@ class SupervisedRun:
             self.monitor.request_stacks()
         if decision.stop is not None:
             # The verdict the job is stopped for stays its verdict, whatever the ranks do as
-            # they are stopped (ddpdoctor.monitor.diagnose).
+            # they are stopped (ddpdoctor.monitor.judge.diagnose).
             hold = getattr(self.monitor, "hold_verdict", None)
             if hold is not None:
                 hold(decision.stop)

@@ -12,7 +12,7 @@ rank's own event file. A reader applies, in line order, the ones newer than what
 the same events the rank wrote, fewer of the routine ones (every step), so a diagnosis reads the
 same. A rank its node judges routine has a row instead of events (`rows`, column by column: a value
 the node's ranks share is written once): its state as its node's tracker folded it
-(ddpdoctor.monitor.rank_rows), its calls as indices into the node's call table (`calls`), so a
+(ddpdoctor.monitor.follow.rank_rows), its calls as indices into the node's call table (`calls`), so a
 reader of 1000s of ranks copies a row per rank instead of replaying events. Details (a rank's
 every event, its stacks, its flight-recorder dump) stay on the node and are pulled on demand.
 
@@ -182,7 +182,7 @@ def _summary_file(run_path: os.PathLike[str], node_rank: int) -> str:
 
 def write_summary_text(run: RunDir, node_rank: int, text: str) -> None:
     """Replace the node's summary at once (a temporary file renamed: never read half written).
-    `text`: the two lines, made by the publisher (ddpdoctor.monitor.node_summaries), which
+    `text`: the two lines, made by the publisher (ddpdoctor.monitor.follow.node_summaries), which
     encodes each event once, not once a second."""
     path = summary_path(run, node_rank)
     try:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdoctor.monitor.postmortem import diagnose_run_dir
+from ddpdoctor.monitor.pipeline.postmortem import diagnose_run_dir
 from ddpdoctor.protocol.fr_files import DumpError, load_dump
 from ddpdoctor.protocol.fr_requests import answers_dir
 from ddpdoctor.protocol.rundir import RunDir

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from ddpdoctor.monitor.snapshot import Snapshot
+    from ddpdoctor.monitor.model.snapshot import Snapshot
     from ddpdoctor.tui.protocols import JobHandle, SnapshotSource
 
 __all__ = ["run_tui"]

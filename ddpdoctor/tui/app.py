@@ -24,7 +24,7 @@ from textual.widgets import DataTable, Footer
 from textual.worker import Worker, WorkerState
 
 from ddpdoctor.console import sanitize
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.tui.dialogs import LogFilterScreen, QuitRunScreen
 from ddpdoctor.tui.graphs import StepGraphs
 from ddpdoctor.tui.header import RunHeader

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from rich.text import Text
 
 from ddpdoctor.findings import Severity
-from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.rank_ranges import fold_ranks
 
 VERDICT_STYLES: dict[Verdict, str] = {

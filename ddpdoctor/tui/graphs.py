@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.reactive import reactive
 
-from ddpdoctor.monitor.snapshot import RankView, Snapshot
+from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.lines_view import LinesView
 from ddpdoctor.tui.table_model import host_of, should_group

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.tui import fmt
 
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ddpdoctor.monitor.snapshot import LogLine
+from ddpdoctor.monitor.model.snapshot import LogLine
 from ddpdoctor.tui.fmt import ranks_text
 
 LEVELS = ("info", "warn", "error")  # least to most severe; "info" shows every line

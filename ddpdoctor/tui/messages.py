@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 
 
 class SnapshotReady(Message):

@@ -9,7 +9,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 
 from ddpdoctor.findings import sort_findings
-from ddpdoctor.monitor.snapshot import LogLine, Snapshot, StackGroup, Verdict
+from ddpdoctor.monitor.model.snapshot import LogLine, Snapshot, StackGroup, Verdict
 from ddpdoctor.stacks.groups import is_marker
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.lines_view import LinesView

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from textual.message import Message
 
 from ddpdoctor.console import sanitize, sanitize_tree
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.tui.messages import PollFailed, SnapshotReady
 from ddpdoctor.tui.protocols import JobHandle, SnapshotSource
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 
 
 class SnapshotSource(Protocol):

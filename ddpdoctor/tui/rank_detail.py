@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ddpdoctor.monitor.snapshot import RankView, Snapshot
+from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.panels import log_line_text, stack_group_text
 from ddpdoctor.tui.table_model import collective_text

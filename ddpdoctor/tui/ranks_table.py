@@ -16,7 +16,7 @@ from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.tui.table_model import COLUMN_KEYS, COLUMNS, SORT_ORDERS, Cell, SortOrder
 from ddpdoctor.tui.view_model import PreparedView, ViewSettings, build_table
 

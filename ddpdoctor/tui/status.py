@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from ddpdoctor.monitor.diagnosis_text import WAIT_STYLE, busy_wait, wait_line
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
+from ddpdoctor.monitor.tell.diagnosis_text import WAIT_STYLE, busy_wait, wait_line
 from ddpdoctor.rank_ranges import named_ranks
 
 

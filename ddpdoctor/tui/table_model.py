@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Literal
 
-from ddpdoctor.monitor.snapshot import RankState, RankView, Snapshot
+from ddpdoctor.monitor.model.snapshot import RankState, RankView, Snapshot
 from ddpdoctor.protocol.verdicts import ActivityState
 from ddpdoctor.tui import fmt
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddpdoctor.monitor.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.tui.graphs import GraphModel, build_graphs
 from ddpdoctor.tui.table_model import SORT_ORDERS, TableModel, build_model
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.monitor.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
+from ddpdoctor.monitor.model.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
 from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,

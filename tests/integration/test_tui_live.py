@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.monitor.model.snapshot import Verdict
 from ddpdoctor.tui.app import DdpDoctorApp
 from ddpdoctor.tui.dialogs import QuitRunScreen
 from tests.procs import background, clean_env, ddpdoctor_cmd, wait_for

@@ -10,7 +10,7 @@ import threading
 from dataclasses import replace
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.snapshot import (
+from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     LogLine,
     RankState,

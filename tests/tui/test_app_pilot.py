@@ -9,7 +9,7 @@ import pytest
 from textual.notifications import Notify
 from textual.widgets import Input
 
-from ddpdoctor.monitor.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.app import DdpDoctorApp
 from ddpdoctor.tui.dialogs import LogFilterScreen, QuitRunScreen

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.snapshot import LogLine
+from ddpdoctor.monitor.model.snapshot import LogLine
 from ddpdoctor.tui.app import DdpDoctorApp
 from ddpdoctor.tui.rank_detail import RankDetailScreen
 from tests.tui.canned import FakeJob, FakeSource, crash_snapshot

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from ddpdoctor.monitor.snapshot import CollectiveView, LogLine, RankState
+from ddpdoctor.monitor.model.snapshot import CollectiveView, LogLine, RankState
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.graphs import build_graphs, graph_line
 from ddpdoctor.tui.log_filter import LogFilter, parse_log_filter
@@ -270,7 +270,7 @@ def test_rank_view_defaults_are_sane():
 
 
 def test_the_title_line_names_what_started_the_ranks():
-    from ddpdoctor.monitor.launchers import LauncherView
+    from ddpdoctor.monitor.model.launchers import LauncherView
     from ddpdoctor.tui.header import title_line
     from tests.tui.canned import healthy_snapshot
 

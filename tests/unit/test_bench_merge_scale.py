@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddpdoctor.monitor.snapshot import RankState
+from ddpdoctor.monitor.model.snapshot import RankState
 from tests.procs import REPO
 
 

@@ -166,3 +166,39 @@ def test_no_import_circle(any_graph):
 def test_the_top_of_the_package_holds_only_its_face_and_shared_vocabulary():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert len(top) <= 10, top
+
+
+# The monitor's stages, lowest first (ddpdoctor/monitor/__init__.py): data flows follow -> model
+# -> judge -> tell, and a stage imports only from the stages before it in this order. The model
+# comes first because every stage reads its types (the Snapshot, a rank's record).
+MONITOR_STAGES = ("model", "follow", "judge", "tell", "pipeline")
+
+
+def monitor_stage(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "monitor":
+        return None
+    return parts[2]
+
+
+def test_the_monitor_holds_only_its_stages():
+    monitor = PACKAGE / "monitor"
+    loose = sorted(p.name for p in monitor.glob("*.py") if p.name != "__init__.py")
+    folders = sorted(p.name for p in monitor.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert loose == []
+    assert folders == sorted(MONITOR_STAGES)
+    for stage in MONITOR_STAGES:
+        assert ast.get_docstring(ast.parse((monitor / stage / "__init__.py").read_text()))
+
+
+def test_no_monitor_stage_imports_a_later_stage(graph):
+    order = {stage: level for level, stage in enumerate(MONITOR_STAGES)}
+    backwards = sorted(
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if (a := monitor_stage(src)) in order
+        and (b := monitor_stage(dst)) in order
+        and order[b] > order[a]
+    )
+    assert backwards == []

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ddpdoctor.cli import main
 from ddpdoctor.console import Verbatim, error_line, make_console, sanitize, sanitize_tree
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.headless import HeadlessView
+from ddpdoctor.monitor.tell.headless import HeadlessView
 
 CLIPBOARD = "\x1b]52;c;ZXZpbA==\x07"
 TITLE = "\x1b]0;pwned\x07"

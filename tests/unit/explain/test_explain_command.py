@@ -94,7 +94,7 @@ def test_no_file_at_all_is_a_usage_error(capsys):
 
 def test_after_a_stop_store_and_peer_errors_are_consequences_and_others_stay():
     from ddpdoctor.findings import Finding, Severity
-    from ddpdoctor.monitor.postmortem import without_ddpdoctors_own_stop
+    from ddpdoctor.monitor.pipeline.postmortem import without_ddpdoctors_own_stop
 
     run_dir = str(FIXTURES / "local" / "run-stopped-multinode")
     sigterm = Finding("torchrun.signal", Severity.ERROR, "rank 1 died of SIGTERM", "", (1,))

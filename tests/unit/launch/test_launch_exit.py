@@ -15,7 +15,7 @@ from ddpdoctor.launch.launcher import (
     rank_exit_lines,
     verdict_agrees,
 )
-from ddpdoctor.monitor.snapshot import RankState, RankView, RunInfo, Snapshot, Verdict
+from ddpdoctor.monitor.model.snapshot import RankState, RankView, RunInfo, Snapshot, Verdict
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.protocol.torchrun_logs import AgentExit
 

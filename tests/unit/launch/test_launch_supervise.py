@@ -10,7 +10,7 @@ from ddpdoctor.launch.supervise import (
     local_rank_pids,
     stacks_settled,
 )
-from ddpdoctor.monitor.snapshot import (
+from ddpdoctor.monitor.model.snapshot import (
     RankState,
     RankView,
     RunInfo,

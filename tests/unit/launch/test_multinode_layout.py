@@ -11,9 +11,9 @@ from ddpdoctor import cli
 from ddpdoctor.errors import UsageError
 from ddpdoctor.launch.plan import plan_from_args
 from ddpdoctor.launch.supervise import FOLLOWER_GRACE_S, STACK_WAIT_S, StopPolicy, peer_stop
-from ddpdoctor.monitor.runinfo import with_nodes
-from ddpdoctor.monitor.snapshot import RunInfo, Snapshot, Verdict
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.follow.runinfo import with_nodes
+from ddpdoctor.monitor.model.snapshot import RunInfo, Snapshot, Verdict
+from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder, node_of, read_node_records
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.protocol.torchrun_logs import AGENT_LOG, RANK_LOG, classify_log_path

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from ddpdoctor.commands import watch
-from ddpdoctor.monitor.gc_pacing import WATCHER_THRESHOLDS, pace_for_watching
+from ddpdoctor.monitor.pipeline.gc_pacing import WATCHER_THRESHOLDS, pace_for_watching
 from ddpdoctor.protocol.rundir import RunDir
 
 

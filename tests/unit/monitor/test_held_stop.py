@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import mismatch
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import mismatch
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view
 
 

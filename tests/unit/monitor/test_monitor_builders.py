@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.monitor.snapshot import (
+from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     RankState,
     RankView,

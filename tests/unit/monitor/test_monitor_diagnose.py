@@ -7,8 +7,8 @@ import pytest
 from ddpdoctor.errors import UsageError
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor import diagnose_run_dir
-from ddpdoctor.monitor.diagnose import apply_diagnosis, diagnose
-from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.judge.diagnose import apply_diagnosis, diagnose
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, Stream, coll, snap, view, waiting
 
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.liveness import this_host
-from ddpdoctor.monitor.snapshot import Verdict
-from ddpdoctor.monitor.tail import MAX_READ_BYTES
+from ddpdoctor.monitor.follow.liveness import this_host
+from ddpdoctor.monitor.follow.tail import MAX_READ_BYTES
+from ddpdoctor.monitor.model.snapshot import Verdict
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, hang, new_run, train
 
 
@@ -197,7 +197,7 @@ def test_ranks_that_raised_before_joining_a_process_group_crashed(tmp_path):
 def test_a_traceback_without_a_failed_rank_is_no_crash():
     """A printed traceback alone (torchrun never said a rank failed) proves no crash."""
     from ddpdoctor.findings import Finding, Severity
-    from ddpdoctor.monitor.crash_before_init import crash_before_init
+    from ddpdoctor.monitor.judge.crash_before_init import crash_before_init
     from tests.unit.monitor.test_monitor_builders import snap
 
     printed = Finding("python.exception", Severity.ERROR, "A process raised ValueError: x", "fix")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.snapshot import Verdict
-from ddpdoctor.monitor.uninstrumented import cannot_load
+from ddpdoctor.monitor.judge.uninstrumented import cannot_load
+from ddpdoctor.monitor.model.snapshot import Verdict
 from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.rundir import RunDir
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run, train
@@ -137,7 +137,7 @@ def test_a_spawn_parents_report_names_the_rank_that_died_after_its_exit(tmp_path
     from dataclasses import replace
 
     from ddpdoctor.findings import Finding, Severity
-    from ddpdoctor.monitor.run_end import launcher_exit_snapshot
+    from ddpdoctor.monitor.judge.run_end import launcher_exit_snapshot
 
     run, clock, w = finished_training(tmp_path)
     for rank in (0, 1):
@@ -159,7 +159,7 @@ def test_a_spawn_parents_report_names_the_rank_that_died_after_its_exit(tmp_path
 def killed_launcher_run(tmp_path, *, last_verdict: str, rank_exit: dict):
     """`ddpdoctor run` was SIGKILLed: run.json names its (dead) pid on this host, the last
     diagnosis.json it wrote is not final, and its reaper ended the ranks."""
-    from ddpdoctor.monitor.liveness import this_host
+    from ddpdoctor.monitor.follow.liveness import this_host
     from tests.unit.monitor.test_monitor_ended_runs import dead_pid
 
     run, clock, w = finished_training(tmp_path)

@@ -5,9 +5,9 @@ from dataclasses import replace
 
 from rich.console import Console
 
-from ddpdoctor.monitor.diagnose import apply_diagnosis, diagnose
-from ddpdoctor.monitor.headless import HeadlessView
-from ddpdoctor.monitor.snapshot import RankState, StackGroup, Verdict
+from ddpdoctor.monitor.judge.diagnose import apply_diagnosis, diagnose
+from ddpdoctor.monitor.model.snapshot import RankState, StackGroup, Verdict
+from ddpdoctor.monitor.tell.headless import HeadlessView
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view, waiting
 
 
@@ -122,7 +122,7 @@ def test_job_output_keeps_the_jobs_own_control_codes():
 
 
 def _busy_wait(waited: float):
-    from ddpdoctor.monitor.snapshot import Activity
+    from ddpdoctor.monitor.model.snapshot import Activity
     from ddpdoctor.protocol.verdicts import ActivityState
     from tests.unit.monitor.test_rules_wait import pg_thresholds
 

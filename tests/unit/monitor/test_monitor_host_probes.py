@@ -8,9 +8,9 @@ import sys
 import time
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.host_probes import ChildCpu, NvmlProbe, RecordedGpuProbe
-from ddpdoctor.monitor.liveness import this_host
-from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.monitor.follow.host_probes import ChildCpu, NvmlProbe, RecordedGpuProbe
+from ddpdoctor.monitor.follow.liveness import this_host
+from ddpdoctor.monitor.model.snapshot import Verdict
 from ddpdoctor.protocol.verdicts import ActivityState
 from tests.procs import background
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run

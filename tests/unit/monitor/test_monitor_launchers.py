@@ -7,10 +7,10 @@ import io
 
 from rich.console import Console
 
-from ddpdoctor.monitor.headless import HeadlessView
-from ddpdoctor.monitor.launchers import LauncherView, launcher_views
-from ddpdoctor.monitor.snapshot import RunInfo
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.model.launchers import LauncherView, launcher_views
+from ddpdoctor.monitor.model.snapshot import RunInfo
+from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.tell.headless import HeadlessView
 
 SPAWN_PARENT = ["/venv/bin/python", "multigpu.py", "4", "2"]
 
@@ -79,7 +79,7 @@ def test_the_text_view_names_each_launcher_once_when_every_rank_is_in():
 
 def test_an_mp_spawn_parents_report_of_the_stop_is_the_stop_not_a_fault():
     from ddpdoctor.findings import Finding, Severity
-    from ddpdoctor.monitor.diagnose import reports_the_stop
+    from ddpdoctor.monitor.judge.diagnose import reports_the_stop
 
     def exception(text: str) -> Finding:
         return Finding(id="python.exception", severity=Severity.ERROR, summary=text, fix="")
@@ -91,7 +91,7 @@ def test_an_mp_spawn_parents_report_of_the_stop_is_the_stop_not_a_fault():
 
 
 def test_a_live_local_launchers_children_that_did_not_join_are_named(monkeypatch):
-    from ddpdoctor.monitor import launchers
+    from ddpdoctor.monitor.model import launchers
 
     state = state_with(hello(0, pid=12, ppid=10, argv=SPAWN_PARENT, host="here"))
     monkeypatch.setattr(launchers, "current_argv", lambda pid: tuple(SPAWN_PARENT))
@@ -128,7 +128,7 @@ def test_the_text_view_names_processes_that_have_not_joined_at_once():
 
 
 def test_the_status_line_says_when_no_rank_has_joined_yet():
-    from ddpdoctor.monitor.diagnosis_text import status_line
+    from ddpdoctor.monitor.tell.diagnosis_text import status_line
 
     assert status_line(state_with().snapshot(2.0)).endswith(
         "no rank has joined a process group yet"

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.liveness import this_host
-from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.follow.liveness import this_host
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.stacks import capture as stacks_module
 from ddpdoctor.stacks.groups import Frame, RankStacks, StackCapture, ThreadStack

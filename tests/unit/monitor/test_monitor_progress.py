@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor.monitor.progress import (
+from ddpdoctor.monitor.model.progress import (
     BLOCKED_INTERVALS,
     ProgressSample,
     ProgressTrack,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import RankState, RunInfo, Verdict
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.model.snapshot import RankState, RunInfo, Verdict
+from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.torchrun_logs import classify_log_path
 from tests.unit.monitor.test_monitor_builders import NOW, Stream
 
@@ -267,7 +267,7 @@ def test_point_to_point_does_not_move_the_group_sequence():
 
 
 def test_mismatch_is_found_in_snapshots_built_from_events():
-    from ddpdoctor.monitor.verdict_rules import mismatch
+    from ddpdoctor.monitor.judge.rules import mismatch
 
     s = Stream(world=4)
     s.hello()
@@ -299,7 +299,7 @@ def test_views_are_frozen_and_compare_like_any_dataclass():
 
 
 def test_a_view_is_made_again_when_its_rank_changes_and_only_then():
-    from ddpdoctor.monitor.snapshot import LogLine
+    from ddpdoctor.monitor.model.snapshot import LogLine
 
     s = Stream()
     s.hello()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.snapshot import Verdict
+from ddpdoctor.monitor.model.snapshot import Verdict
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, hang, new_run, train, wait
 
 

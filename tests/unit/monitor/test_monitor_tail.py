@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 
-from ddpdoctor.monitor.tail import MAX_PARTIAL_BYTES, FileTail, RunTailer
+from ddpdoctor.monitor.follow.tail import MAX_PARTIAL_BYTES, FileTail, RunTailer
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.protocol.torchrun_logs import AGENT_LOG, NCCL_LOG, RANK_LOG
 

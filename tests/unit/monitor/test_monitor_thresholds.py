@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S, compute_thresholds
+from ddpdoctor.monitor.model.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S, compute_thresholds
 
 
 def th(**kw):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.node_publisher import RankDigest
-from ddpdoctor.monitor.node_summaries import STALE_AFTER_S, STALE_FINDING_S
-from ddpdoctor.monitor.snapshot import RankState, Verdict
+from ddpdoctor.monitor.follow.node_publisher import RankDigest
+from ddpdoctor.monitor.follow.node_summaries import STALE_AFTER_S, STALE_FINDING_S
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
 from ddpdoctor.protocol.node_summary import read_node_summary
 from ddpdoctor.protocol.rundir import RunDir
@@ -151,7 +151,7 @@ def test_a_digest_keeps_the_state_not_the_history():
 def in_step(tmp_path):
     """Node 0's launcher following node 1's rank through node 1's summaries, by its events:
     the rank recorded an injected fault, so its node does not call it routine (a routine
-    rank's row, ddpdoctor.monitor.rank_rows, is tested in test_rank_rows.py)."""
+    rank's row, ddpdoctor.monitor.follow.rank_rows, is tested in test_rank_rows.py)."""
     run, clock, w = two_nodes(tmp_path)
     w.ev(1, "fault", inject="slow:rank=1", fault="slow")
     seq = train(w, clock, 3)
@@ -266,8 +266,8 @@ def test_a_reader_reads_a_summarys_head_and_the_rest_only_from_the_same_file(tmp
 def test_beyond_512_nodes_a_watcher_reads_each_summary_every_2_s_half_of_them_each_second(
     tmp_path,
 ):
-    from ddpdoctor.monitor.node_publisher import Publisher
-    from ddpdoctor.monitor.node_summaries import SUMMARIES_PER_S, SummaryFeed
+    from ddpdoctor.monitor.follow.node_publisher import Publisher
+    from ddpdoctor.monitor.follow.node_summaries import SUMMARIES_PER_S, SummaryFeed
 
     run = RunDir.create(tmp_path / "run")
     nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(SUMMARIES_PER_S + 2)}
@@ -294,8 +294,8 @@ def test_beyond_512_nodes_a_watcher_reads_each_summary_every_2_s_half_of_them_ea
 
 
 def test_up_to_512_nodes_a_watcher_reads_each_new_summary_at_its_next_poll(tmp_path):
-    from ddpdoctor.monitor.node_publisher import Publisher
-    from ddpdoctor.monitor.node_summaries import SummaryFeed
+    from ddpdoctor.monitor.follow.node_publisher import Publisher
+    from ddpdoctor.monitor.follow.node_summaries import SummaryFeed
 
     run = RunDir.create(tmp_path / "run")
     nodes = {n: NodeRecord(n, f"h{n}", 100 + n) for n in range(4)}

@@ -1,4 +1,4 @@
-"""Rows: node 1's routine rank reaches node 0 as its state (ddpdoctor.monitor.rank_rows), not
+"""Rows: node 1's routine rank reaches node 0 as its state (ddpdoctor.monitor.follow.rank_rows), not
 as its events, and node 0 sees it as it would from the rank's own file; a rank that stops being
 routine, or whose row cannot be read, is read from its events again."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.rank_rows import rows_of
-from ddpdoctor.monitor.rank_tracker import RankTracker
-from ddpdoctor.monitor.snapshot import RankState, RunInfo, Verdict
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.follow.rank_rows import rows_of
+from ddpdoctor.monitor.model.rank_tracker import RankTracker
+from ddpdoctor.monitor.model.snapshot import RankState, RunInfo, Verdict
+from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.node_summary import read_node_summary
 from ddpdoctor.protocol.rundir import RunDir
 from tests.unit.monitor.test_monitor_monitor import train
@@ -201,7 +201,7 @@ def test_calls_that_differ_within_a_node_send_those_ranks_events():
 def test_a_view_that_stands_has_the_state_the_clock_would_give_it(tmp_path):
     """_steady_until mirrors _state: up to the time it names, the state of a rank whose record
     did not change is the one its view was made with, for each steady state and threshold."""
-    from ddpdoctor.monitor.rank_views import _steady_until
+    from ddpdoctor.monitor.model.rank_views import _steady_until
 
     state = RunState(RunInfo(name="x", run_dir=str(tmp_path), world_size=1))
     base = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpdoctor.monitor.snapshot import CallSite, RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import call_sites, hang, mismatch
+from ddpdoctor.monitor.judge.rules import call_sites, hang, mismatch
+from ddpdoctor.monitor.model.snapshot import CallSite, RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import coll, snap, view, waiting
 
 FIT = CallSite("lit_job.py:40 main", "trainer.py:561 Trainer.fit", "ddp.py:303 DDPStrategy.barrier")
@@ -129,7 +129,7 @@ def test_open_extra_names_the_side_in_a_call_from_a_line_the_others_never_used()
 def test_a_rank_that_failed_in_an_extra_call_after_its_peer_ended_is_named_at_its_line():
     """`if self.global_rank == 0: strategy.barrier()` in the last epoch: rank 1 finishes, rank 0
     waits in the barrier until gloo fails it with "Connection closed by peer"."""
-    from ddpdoctor.monitor.verdict_rules import crash
+    from ddpdoctor.monitor.judge.rules import crash
 
     r1 = view(
         1,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import LogLine, RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import crash
+from ddpdoctor.monitor.judge.rules import crash
+from ddpdoctor.monitor.model.snapshot import LogLine, RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
 TB = 'Traceback (most recent call last):\n  File "/job/train.py", line 10, in <module>\n    raise RuntimeError("boom")\nRuntimeError: boom\n'
@@ -132,7 +132,7 @@ def test_the_root_cause_names_the_users_line_it_raised_at():
 
 
 def test_the_error_events_location_reaches_the_rank_view():
-    from ddpdoctor.monitor.rank_tracker import RankTracker
+    from ddpdoctor.monitor.model.rank_tracker import RankTracker
 
     tracker = RankTracker(0)
     tracker._error(

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ddpdoctor.findings import Finding, Severity
-from ddpdoctor.monitor import fr_evidence
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import fr_hang, fr_mismatch, wait
+from ddpdoctor.monitor.judge import fr_evidence
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import fr_hang, fr_mismatch, wait
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import snap, view
 from tests.unit.protocol.test_flight_recorder import load
 
@@ -150,7 +150,7 @@ def test_matching_records_are_no_mismatch():
 def test_a_busy_rank_behind_in_the_recorder_is_a_wait_with_its_collective():
     """rank 1 evaluates while rank 0 waits in DDP's all-reduce: no events show the wait, the
     dumps do: a wait line, no hang."""
-    from ddpdoctor.monitor.snapshot import Activity
+    from ddpdoctor.monitor.model.snapshot import Activity
     from ddpdoctor.protocol.verdicts import ActivityState
 
     busy = Activity(ActivityState.BUSY, 99.0, "train.py:88 evaluate", 5.0)
@@ -187,9 +187,9 @@ def test_a_healthy_jobs_dumps_are_compared_without_importing_torch():
 
     code = (
         "import sys\n"
-        "from ddpdoctor.monitor.diagnose import diagnose\n"
+        "from ddpdoctor.monitor.judge.diagnose import diagnose\n"
         "from tests.unit.monitor.test_rules_fr_hang import WAITER, hung\n"
-        "from ddpdoctor.monitor import fr_evidence\n"
+        "from ddpdoctor.monitor.judge import fr_evidence\n"
         "assert fr_evidence.first_difference((WAITER, WAITER), world_size=2) is None\n"
         "diagnose(hung())\n"
         "print('torch' in sys.modules)\n"

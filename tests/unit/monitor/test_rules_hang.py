@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ddpdoctor.monitor.snapshot import RankState, StackGroup, Verdict
-from ddpdoctor.monitor.verdict_rules import hang
+from ddpdoctor.monitor.judge.rules import hang
+from ddpdoctor.monitor.model.snapshot import RankState, StackGroup, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view, waiting
 
 CULPRIT_STACK = StackGroup(

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import mismatch
+from ddpdoctor.monitor.judge.rules import mismatch
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import coll, snap, view
 
 
@@ -71,7 +71,7 @@ def test_lowest_mismatching_seq_is_reported():
 
 
 def test_a_rank_that_aborted_before_recording_its_call_is_read_from_its_stderr():
-    from ddpdoctor.monitor.snapshot import LogLine
+    from ddpdoctor.monitor.model.snapshot import LogLine
 
     abort = LogLine(
         "rank 0 stderr",

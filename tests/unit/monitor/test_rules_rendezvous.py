@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ddpdoctor.findings import Severity
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.diagnosis_text import status_line, verdict_line
-from ddpdoctor.monitor.snapshot import RankState, RunInfo, Snapshot
-from ddpdoctor.monitor.state import RunState
-from ddpdoctor.monitor.verdict_rules import rendezvous
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import rendezvous
+from ddpdoctor.monitor.model.snapshot import RankState, RunInfo, Snapshot
+from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.tell.diagnosis_text import status_line, verdict_line
 from ddpdoctor.protocol.node_records import NodeRecord
 
 COMMAND = (

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.verdict_rules import runtime_warnings, sampler
+from ddpdoctor.monitor.judge.rules import runtime_warnings, sampler
 from tests.unit.monitor.test_monitor_builders import snap, view
 
 MSG = "epoch 1 started without DistributedSampler.set_epoch(); shuffling repeats"

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import RankState
-from ddpdoctor.monitor.verdict_rules import straggler
+from ddpdoctor.monitor.judge.rules import straggler
+from ddpdoctor.monitor.model.snapshot import RankState
 from tests.unit.monitor.test_monitor_builders import snap, view
 
 
@@ -63,7 +63,7 @@ def test_still_reported_when_the_job_has_finished():
 def test_one_long_step_of_rank_0_evaluating_does_not_make_it_a_straggler():
     """Rank 0 evaluates for 8 s inside one step (between epochs) while rank 1 waits: a wait, not
     a straggler; the typical step (a median) is what tells a straggler."""
-    from ddpdoctor.monitor.rank_tracker import RankTracker
+    from ddpdoctor.monitor.model.rank_tracker import RankTracker
 
     tracker = RankTracker(0)
     for step in range(1, 11):

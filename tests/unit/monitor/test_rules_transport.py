@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import LogLine, Verdict
-from ddpdoctor.monitor.verdict_rules import transport
+from ddpdoctor.monitor.judge.rules import transport
+from ddpdoctor.monitor.model.snapshot import LogLine, Verdict
 from tests.unit.monitor.test_monitor_builders import snap, view, waiting
 
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import uneven
+from ddpdoctor.monitor.judge.rules import uneven
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
 
@@ -37,7 +37,7 @@ def test_only_reported_with_a_problem():
 def test_a_rank_that_died_is_not_uneven_inputs():
     """Rank 1 was SIGKILLed at step 40 while rank 0 went on to step 42 before torchrun stopped
     it: a crash of rank 1, and nothing about the data."""
-    from ddpdoctor.monitor.diagnose import diagnose
+    from ddpdoctor.monitor.judge.diagnose import diagnose
 
     ranks = [
         view(0, RankState.FAILED, step=42, exit_code=-15, exit_signal="SIGTERM",

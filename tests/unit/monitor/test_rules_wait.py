@@ -6,11 +6,11 @@ import json
 from dataclasses import replace
 
 from ddpdoctor.findings import Severity
-from ddpdoctor.monitor.diagnose import apply_diagnosis, diagnose
-from ddpdoctor.monitor.snapshot import Activity, RankState, RunInfo, Verdict
-from ddpdoctor.monitor.state import RunState
-from ddpdoctor.monitor.thresholds import compute_thresholds
-from ddpdoctor.monitor.verdict_rules import hang, transport, wait
+from ddpdoctor.monitor.judge.diagnose import apply_diagnosis, diagnose
+from ddpdoctor.monitor.judge.rules import hang, transport, wait
+from ddpdoctor.monitor.model.snapshot import Activity, RankState, RunInfo, Verdict
+from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.model.thresholds import compute_thresholds
 from ddpdoctor.protocol.verdicts import ActivityState
 from tests.unit.monitor.test_monitor_builders import NOW, Stream, snap, view, waiting
 

@@ -1,6 +1,6 @@
 """The script checkup's findings cited on the run-time findings whose symptom they explain
-(ddpdoctor.monitor.script_citations), and read from the run directory's doctor.json
-(ddpdoctor.monitor.checkup): on hand-built snapshots, real checkup reports and a Monitor."""
+(ddpdoctor.monitor.judge.script_citations), and read from the run directory's doctor.json
+(ddpdoctor.monitor.follow.checkup): on hand-built snapshots, real checkup reports and a Monitor."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from ddpdoctor.checks.scriptcheck import script_results
 from ddpdoctor.checks.scriptcheck.rulebase import RULES
 from ddpdoctor.explain.catalog import DESCRIPTIONS
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor import Monitor, script_citations
-from ddpdoctor.monitor.checkup import CheckupReader, notes_of
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.snapshot import (
+from ddpdoctor.monitor import Monitor
+from ddpdoctor.monitor.follow.checkup import CheckupReader, notes_of
+from ddpdoctor.monitor.judge import script_citations
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.model.snapshot import (
     Activity,
     CheckupNote,
     LogLine,

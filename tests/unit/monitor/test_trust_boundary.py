@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor.monitor.snapshot import RankState, RunInfo, Verdict
-from ddpdoctor.monitor.state import RunState
+from ddpdoctor.monitor.model.snapshot import RankState, RunInfo, Verdict
+from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.torchrun_logs import classify_log_path
 from ddpdoctor.protocol.trust import Origin, agent_log_origin, report_may_end_rank
 from tests.unit.monitor.test_monitor_builders import NOW, Stream
@@ -91,7 +91,7 @@ def test_a_printed_report_of_a_rank_that_finished_cleanly_is_information_not_an_
     leaves a `torchrun.killed` error: ddpdoctor saw rank 1 finish with code 0."""
     from ddpdoctor.explain import explain_lines
     from ddpdoctor.findings import Severity
-    from ddpdoctor.monitor.diagnose import diagnose
+    from ddpdoctor.monitor.judge.diagnose import diagnose
 
     printed = explain_lines(TABLE.splitlines(), "logs/vm/x/attempt_0/0/stdout.log")
     killed = next(f for f in printed if f.id == "torchrun.killed")
@@ -121,7 +121,7 @@ OSError: [Errno 22] Invalid argument"""
 def test_an_exception_of_ddpdoctors_own_launch_code_is_not_the_jobs():
     from ddpdoctor.explain import explain_lines
     from ddpdoctor.findings import Severity
-    from ddpdoctor.monitor.diagnose import diagnose
+    from ddpdoctor.monitor.judge.diagnose import diagnose
 
     printed = explain_lines(GUARD_TRACEBACK.splitlines(), "logs/vm/torchrun.log")
     assert [f.id for f in printed] == ["python.exception"]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ddpdoctor.monitor.diagnose import diagnose
-from ddpdoctor.monitor.snapshot import RankState, Verdict
-from ddpdoctor.monitor.verdict_rules import world_size
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import world_size
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
 MESSAGE = "init_process_group(world_size=3) but the launcher started 2 ranks (WORLD_SIZE=2)"

@@ -147,7 +147,7 @@ def test_ddpdoctors_folders_made_on_the_way_are_0700_whatever_the_umask(tmp_path
 
 
 def test_torchruns_log_folders_and_files_are_made_private_once_found(tmp_path):
-    from ddpdoctor.monitor.tail import RunTailer
+    from ddpdoctor.monitor.follow.tail import RunTailer
 
     run = RunDir.create(tmp_path / "run")
     attempt = run.logs_dir / "vm" / "abc_1" / "attempt_0" / "0"

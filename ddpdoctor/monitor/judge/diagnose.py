@@ -1,0 +1,225 @@
+"""Run the rules on a snapshot, pick the verdict, and fold the diagnosis into the snapshot.
+
+Which problem came first decides the verdict: a collective mismatch explains the crash it causes
+on gloo; a hang that was established before any rank failed stays a hang (the failures that
+follow are the job being stopped); otherwise the first failure is a crash. Everything else
+(uneven inputs, sampler misuse, stragglers, runtime warnings, the log explainers' findings) is
+reported alongside. The flight recorder's evidence and the script checkup's citations are added
+to the findings they support, last (ddpdoctor.monitor.judge.fr_evidence, .script_citations).
+
+Once the launcher has stopped the job for a verdict, that verdict is `held`: it stays the verdict,
+with the culprits it was stopped for, and whatever the ranks do after the stop (a framework's
+SIGTERM handler running one more collective, a peer's "Connection closed by peer", teardown) is
+listed as a consequence of the stop, never diagnosed anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from ddpdoctor.findings import Finding, sort_findings
+from ddpdoctor.monitor.judge.fr_evidence import annotate as with_flight_recorder
+from ddpdoctor.monitor.judge.job_text import weigh_exit_reports
+from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.rules import crash as crash_rule
+from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
+from ddpdoctor.monitor.judge.rules import fr_mismatch as fr_mismatch_rule
+from ddpdoctor.monitor.judge.rules import hang as hang_rule
+from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
+from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
+from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
+from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
+from ddpdoctor.monitor.judge.rules import straggler as straggler_rule
+from ddpdoctor.monitor.judge.rules import transport as transport_rule
+from ddpdoctor.monitor.judge.rules import uneven as uneven_rule
+from ddpdoctor.monitor.judge.rules import wait as wait_rule
+from ddpdoctor.monitor.judge.rules import world_size as world_size_rule
+from ddpdoctor.monitor.judge.script_citations import annotate as with_script_checkup
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict, WaitView
+
+# A mismatch explains a crash that follows it; allow for the abort to land a little later.
+MISMATCH_EXPLAINS_CRASH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: Verdict
+    findings: tuple[Finding, ...] = ()
+    culprits: frozenset[int] = field(default_factory=frozenset)
+    started_t: float | None = None
+    onset_t: float | None = None
+    stalled: frozenset[int] = field(default_factory=frozenset)
+    waiting_on: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    waits: tuple[WaitView, ...] = ()
+    confirmed: bool = False  # certain enough to stop the job on (RuleOutcome.confirmed)
+    # The rule outcome that set the verdict: what the launcher holds once it stops the job on it.
+    primary: RuleOutcome | None = field(default=None, compare=False)
+
+    @property
+    def detected_after_s(self) -> float | None:
+        """Problem start to the moment the verdict's condition held (post-mortem timing)."""
+        if self.started_t is None or self.onset_t is None:
+            return None
+        return max(0.0, self.onset_t - self.started_t)
+
+
+def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
+    """(the outcome that sets the verdict, the crash outcome if any)."""
+    crash = crash_rule.detect(snap)
+    mismatch = (
+        mismatch_rule.detect(snap) or world_size_rule.detect(snap) or fr_mismatch_rule.detect(snap)
+    )
+    if mismatch is not None and (
+        crash is None
+        or (mismatch.onset_t or 0.0) <= (crash.onset_t or 0.0) + MISMATCH_EXPLAINS_CRASH_S
+    ):
+        return mismatch, crash
+    # the events' hang first: with the flight recorder's at the same onset, the events' wins
+    outcomes = (hang_rule.detect(snap), fr_hang_rule.detect(snap), transport_rule.detect(snap))
+    stuck = [o for o in outcomes if o is not None]
+    if stuck:
+        first = min(stuck, key=lambda o: o.onset_t or 0.0)
+        if crash is None or (first.onset_t or 0.0) <= (crash.onset_t or 0.0):
+            return first, crash
+    return crash, crash
+
+
+_STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")
+
+
+def reports_the_stop(finding: Finding) -> bool:
+    """A launcher's report that a rank was ended by a signal: torchrun's failure table, or an
+    mp.spawn parent's `ProcessExitedException: process 0 terminated with signal SIGTERM`, or
+    torchrun's own traceback of the SIGTERM that stopped it."""
+    if finding.id == "torchrun.signal":
+        return any(name in finding.summary for name in _STOP_SIGNALS)
+    if finding.id == "torchrun.stopped":  # "torchrun was stopped from outside by SIGTERM"
+        return True
+    return (
+        finding.id == "python.exception"
+        and "ProcessExitedException" in finding.summary
+        and any(f"terminated with signal {name}" in finding.summary for name in _STOP_SIGNALS)
+    )
+
+
+def _after_stop(snap: Snapshot, held: RuleOutcome) -> tuple[RuleOutcome, RuleOutcome | None]:
+    """(the held outcome, the crash outcome of the ranks that failed other than its culprits)."""
+    if held.verdict is not Verdict.CRASH:
+        failures = crash_rule.failures(snap)
+        stopped_t = held.stopped_t
+        if (
+            failures
+            and stopped_t is not None
+            and all(v.failed_t is not None and v.failed_t >= stopped_t for v in failures)
+        ):
+            # every rank that failed did so once ddpdoctor had stopped the job: the stop's effect
+            # (a rank killed in its collective "vanished"), never a death of its own
+            after = f"the {held.verdict.value if held.verdict else 'problem'} (ddpdoctor stopped the job)"
+            stop = crash_rule.consequences(failures, None, after=after)
+            return held, RuleOutcome(rule="stop", findings=(stop,))
+        return held, crash_rule.detect(snap)
+    others = [v for v in crash_rule.failures(snap) if v.rank not in held.culprits]
+    if not others:
+        return held, None
+    after = "the crash (ddpdoctor stopped the job)"
+    stop = crash_rule.consequences(others, None, after=after)
+    return held, RuleOutcome(rule="stop", findings=(stop,))
+
+
+def diagnose(
+    snap: Snapshot, *, extra_findings: Sequence[Finding] = (), held: RuleOutcome | None = None
+) -> Diagnosis:
+    """`held`: the outcome the launcher stopped the job for (see the module's note)."""
+    primary, crash = _primary(snap) if held is None else _after_stop(snap, held)
+    verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
+    findings: list[Finding] = list(primary.findings) if primary is not None else []
+    if primary is not None and crash is not None and primary is not crash:
+        root = crash_rule.root_cause(snap)
+        if crash.rule == "stop":
+            findings.extend(crash.findings)
+        elif (
+            primary.verdict is Verdict.MISMATCH
+            and root
+            and not crash_rule.looks_like_consequence(root)
+        ):
+            findings.extend(crash.findings)  # the crash the mismatch caused, as evidence
+        else:
+            what = "mismatch" if primary.verdict is Verdict.MISMATCH else "hang"
+            stopper = "ddpdoctor stopped the job" if held is not None else "the job was stopped"
+            findings.append(
+                crash_rule.consequences(
+                    crash_rule.failures(snap), None, after=f"the {what} ({stopper})"
+                )
+            )
+    secondary: list[Finding] = []
+    waits = wait_rule.detect(snap)
+    if waits is not None and not verdict.is_problem:
+        # a wait for a busy rank says "not a hang"; beside a problem verdict it would confuse
+        secondary.extend(waits.findings)
+    for outcome in (
+        rendezvous_rule.detect(snap),
+        uneven_rule.detect(
+            snap, verdict, died=primary.culprits if verdict is Verdict.CRASH and primary else None
+        ),
+        sampler_rule.detect(snap),
+        straggler_rule.detect(snap),
+        warnings_rule.detect(snap),
+    ):
+        if outcome is not None:
+            secondary.extend(outcome.findings)
+    if held is not None or any(f.id == "crash.consequence" for f in findings):
+        # The stop was ddpdoctor's (or the watchdog's after the hang): torchrun's report that a
+        # rank was terminated "from outside" says nothing the consequence finding does not.
+        extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
+    # Text reports of a rank's end that ddpdoctor's observation contradicts: information only.
+    secondary.extend(weigh_exit_reports(extra_findings, snap))
+    seen = {(f.id, f.summary) for f in findings}
+    for finding in sort_findings(secondary):
+        if (finding.id, finding.summary) not in seen:
+            seen.add((finding.id, finding.summary))
+            findings.append(finding)
+    wait_views = waits.waits if waits is not None else ()
+    findings = list(with_flight_recorder(findings, snap))
+    findings = list(with_script_checkup(findings, snap))  # the preflight's line, where it explains
+    if primary is None or primary.verdict is None:
+        return Diagnosis(verdict=verdict, findings=tuple(findings), waits=wait_views)
+    return Diagnosis(
+        verdict=verdict,
+        findings=tuple(findings),
+        culprits=primary.culprits,
+        started_t=primary.started_t,
+        onset_t=primary.onset_t,
+        stalled=primary.stalled,
+        waiting_on=primary.waiting_on,
+        waits=wait_views,
+        confirmed=primary.confirmed,
+        primary=primary,
+    )
+
+
+def apply_diagnosis(
+    snap: Snapshot, diagnosis: Diagnosis, *, detected_after_s: float | None = None
+) -> Snapshot:
+    """The snapshot with the verdict, findings and culprits set and the culprits shown stalled."""
+    ranks = list(snap.ranks)
+    if diagnosis.stalled or diagnosis.waiting_on:
+        waiting = dict(diagnosis.waiting_on)
+        for i, view in enumerate(ranks):
+            if view.rank in diagnosis.stalled and not view.state.finished:
+                ranks[i] = replace(view, state=RankState.STALLED)
+            elif view.rank in waiting and not view.state.finished:
+                ranks[i] = replace(view, state=RankState.WAITING, waiting_on=waiting[view.rank])
+    return replace(
+        snap,
+        ranks=tuple(ranks),
+        verdict=diagnosis.verdict,
+        findings=diagnosis.findings,
+        culprits=diagnosis.culprits,
+        detected_after_s=detected_after_s
+        if detected_after_s is not None
+        else diagnosis.detected_after_s,
+        problem_started_t=diagnosis.started_t,
+        waits=diagnosis.waits,
+        confirmed=diagnosis.confirmed,
+    )

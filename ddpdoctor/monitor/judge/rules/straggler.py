@@ -1,0 +1,126 @@
+"""straggler: a rank whose own work per step (data wait + compute) stays well above the others'.
+
+DDP step times synchronize: every rank waits for the slowest in the gradient all-reduce, so the
+straggler does not show a longer step. It shows as the rank whose own work is largest while the
+others' time waiting inside the all-reduce grows by about the same amount.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+
+from ddpdoctor.findings import Evidence, Finding, Severity
+from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
+
+MIN_STEPS = 5  # steps averaged before a rank is judged
+RATIO = 1.5  # own work this many times the others' median...
+MIN_EXCESS_S = 0.05  # ...and at least this much more per step (noise at tiny steps)
+COMM_SHARE = 0.5  # the others' comm wait covers at least this share of the excess
+MAX_FINDINGS = 8  # a job with many slow ranks needs the worst few, not a list of hundreds
+
+FIX_DATA = (
+    "This rank waits for its data: give its DataLoader more workers (num_workers), pin_memory, "
+    "faster or local storage, or move preprocessing off the training loop; check for a slow "
+    "disk or network mount on its node."
+)
+FIX_COMPUTE = (
+    "This rank computes slower: check its device (thermal throttling, clocks, another process "
+    "on its GPU or CPU cores — nvidia-smi / top), CPU affinity and OMP_NUM_THREADS, and that its "
+    "batches are not larger than the others'."
+)
+
+
+def _own(view: RankView) -> float | None:
+    if view.avg_steps < MIN_STEPS:
+        return None
+    if view.avg_data_time_s is None and view.avg_compute_time_s is None:
+        return None
+    return (view.avg_data_time_s or 0.0) + (view.avg_compute_time_s or 0.0)
+
+
+def median_without(ordered: list[float], index: int) -> float:
+    """The median of `ordered` (sorted) without the element at `index`, in O(1)."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> float:
+        return ordered[k] if k < index else ordered[k + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def detect(snap: Snapshot) -> RuleOutcome | None:
+    own = {}
+    for v in snap.ranks:  # (_own, inline: this runs per rank per poll)
+        if v.avg_steps >= MIN_STEPS and (
+            v.avg_data_time_s is not None or v.avg_compute_time_s is not None
+        ):
+            own[v.rank] = (v.avg_data_time_s or 0.0) + (v.avg_compute_time_s or 0.0)
+    if len(own) < 2:
+        return None
+    ordered = sorted(own.values())
+    # Without the largest value the median is the lowest it can be without any one rank: a
+    # rank below RATIO times that is no straggler, whatever the others (most ranks of most
+    # polls, at 1000s of ranks, skip the rest of the test here).
+    cutoff = RATIO * median_without(ordered, len(ordered) - 1)
+    findings = []
+    for rank, work in own.items():
+        if work < cutoff:
+            continue
+        median = median_without(ordered, bisect.bisect_left(ordered, work))
+        excess = work - median
+        if work < RATIO * median or excess < MIN_EXCESS_S:
+            continue
+        view = snap.rank(rank)
+        assert view is not None
+        others_views = [snap.rank(r) for r in own if r != rank]
+        comms = [v.avg_comm_wait_s for v in others_views if v and v.avg_comm_wait_s is not None]
+        own_comm = view.avg_comm_wait_s
+        if comms:
+            others_comm = statistics.median(comms)
+            if others_comm < COMM_SHARE * excess:
+                continue  # the others do not wait for it: not what slows the job
+            if own_comm is not None and own_comm > others_comm:
+                continue  # it waits more than they do: it is not the one they wait for
+        findings.append(_finding(snap, view, median, excess, comms))
+        if len(findings) >= MAX_FINDINGS:
+            break
+    if not findings:
+        return None
+    return RuleOutcome(rule="straggler", findings=tuple(findings))
+
+
+def _finding(
+    snap: Snapshot, view: RankView, median: float, excess: float, comms: list[float]
+) -> Finding:
+    others = [v for v in snap.ranks if v.rank != view.rank and _own(v) is not None]
+    med_data = statistics.median([v.avg_data_time_s or 0.0 for v in others]) if others else 0.0
+    med_comp = statistics.median([v.avg_compute_time_s or 0.0 for v in others]) if others else 0.0
+    data_excess = (view.avg_data_time_s or 0.0) - med_data
+    comp_excess = (view.avg_compute_time_s or 0.0) - med_comp
+    why = "data loading" if data_excess >= comp_excess else "compute"
+    summary = (
+        f"rank {view.rank} is a straggler: its own work is {fmt_s(median + excess)} per step "
+        f"against a median of {fmt_s(median)} on the other ranks, mostly {why}"
+    )
+    evidence = [
+        Evidence(
+            f"rank {view.rank}: data {fmt_s(view.avg_data_time_s)}, compute "
+            f"{fmt_s(view.avg_compute_time_s)}, comm wait {fmt_s(view.avg_comm_wait_s)} "
+            f"(median of {view.avg_steps} steps)"
+        ),
+        Evidence(
+            f"other ranks (median): data {fmt_s(med_data)}, compute {fmt_s(med_comp)}"
+            + (f", comm wait {fmt_s(statistics.median(comms))}" if comms else "")
+            + " — they wait for it in the gradient all-reduce"
+        ),
+    ]
+    return Finding(
+        id="straggler",
+        severity=Severity.WARNING,
+        summary=summary,
+        fix=FIX_DATA if why == "data loading" else FIX_COMPUTE,
+        ranks=(view.rank,),
+        evidence=tuple(evidence),
+    )

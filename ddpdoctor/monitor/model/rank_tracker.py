@@ -1,0 +1,556 @@
+"""What the monitor knows about one rank, accumulated event by event (mutable, owned by RunState).
+
+Every field comes from the rank's own events (ddpdoctor/protocol/events.py), so a live run, a finished one
+and a copied directory are read the same way. Values of the wrong type are ignored, never trusted:
+a rank's file may be torn or written by another ddpdoctor version.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
+from ddpdoctor.monitor.model.snapshot import (
+    CALL_WINDOW,
+    POINT_TO_POINT_OPS,
+    CallSite,
+    CollectiveView,
+    LogLine,
+)
+from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.torchrun_logs import signal_name
+
+RECENT_STEPS = 32  # step times kept for sparklines
+OWN_WORK_WINDOW = 10  # steps averaged for the straggler analysis
+RECENT_COLLECTIVES = 16  # collectives kept per rank for the mismatch comparison
+MAX_WARNINGS = 16
+# DataLoaders remembered per rank (a script may make a new evaluation loader every epoch).
+MAX_LOADERS = 32
+ERROR_LINES = 6
+
+# Kinds that mean the rank did something (a heartbeat alone only means its thread is alive).
+_PROGRESS_KINDS = frozenset(
+    {
+        ev.HELLO,
+        ev.PHASE,
+        ev.STEP,
+        ev.EPOCH,
+        ev.COLLECTIVE_START,
+        ev.COLLECTIVE_END,
+        ev.FAULT,
+        ev.METRICS,
+        ev.WARNING,
+    }
+)  # errors and exits end a rank; they are not progress
+
+
+def num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def integer(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _p2p_group(group: str, peer: Any) -> str:
+    """Point-to-point sequence numbers count per peer, apart from the group's collectives."""
+    return f"{group}/p2p/{peer}"
+
+
+def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for shape in value:
+        if isinstance(shape, list) and all(isinstance(d, int) for d in shape):
+            out.append(tuple(shape))
+    return tuple(out)
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(str(v) for v in value if v is not None)
+
+
+def _frame_text(value: Any, *, base: bool) -> str:
+    """ "ddp.py:303 DDPStrategy.barrier" from a site's {"file", "line", "function"} ("" if odd)."""
+    if not isinstance(value, dict):
+        return ""
+    file, line, function = value.get("file"), value.get("line"), value.get("function")
+    if not isinstance(file, str) or not isinstance(function, str):
+        return ""
+    if base:
+        file = file.replace("\\", "/").rpartition("/")[2]
+    return f"{file}:{line if isinstance(line, int) else '?'} {function}"
+
+
+def _location(value: Any) -> str | None:
+    """ "train.py:17 in main" from an error event's location (None when absent or odd)."""
+    frame = _frame_text(value, base=True)
+    if not frame:
+        return None
+    place, _, function = frame.partition(" ")
+    return f"{place} in {function}"
+
+
+def _site(value: Any) -> CallSite | None:
+    """A collective_start's site (the user's frame, via, issuer); None when absent or odd."""
+    user = _frame_text(value, base=True)
+    if not user:
+        return None
+    line = value.get("line")
+    return CallSite(
+        user,
+        _frame_text(value.get("via"), base=False),
+        _frame_text(value.get("issuer"), base=False),
+        file=value["file"],
+        line=line if isinstance(line, int) and not isinstance(line, bool) else None,
+        deferred=value.get("deferred") is True,
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    """statistics.median, without its overhead: a rank's means are made again every step.
+    None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _ints(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list):
+        return None
+    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+
+
+class RankTracker:
+    """The accumulated state of one rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.host: str | None = None
+        self.pid: int | None = None
+        self.local_rank: int | None = None
+        self.ppid: int | None = None  # its node's torchrun (which launcher owns it)
+        self.parent_argv: tuple[str, ...] = ()  # that launcher's command line, when the hello said
+        self.group_rank: int | None = None  # torchrun's node number (GROUP_RANK)
+        self.world_size: int | None = None
+        self.backend: str | None = None
+        self.hello_t: float | None = None
+        self.first_t: float | None = None
+        self.rss_bytes: int | None = None
+        self.gpu_mem_bytes: int | None = None
+        self.events_seen = 0
+        # counts every change (an event, an error line): a view of it is rebuilt only then
+        self.version = 0
+        self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
+        self.agent_exit_code: int | None = None  # from torchrun's log, for ranks with no exit event
+        self.pg_timeout_s: float | None = None  # the default process group's timeout (hello)
+        self.pg_timeout_given = False  # ... set by the script's timeout= (else torch's default)
+        # its latest view and the version it was made of, where a view stands until it changes
+        # (a rank its node's rows make: RunState._view)
+        self.view: Any = None
+        self.view_version = -1
+        self.view_until = 0.0  # ... until when its state cannot change without a new record
+        self.view_key: tuple[float, ...] = ()  # ... under these thresholds
+        self._reset_progress()
+
+    def _reset_progress(self) -> None:
+        """Everything one attempt of the rank's process accumulates (a restart starts again)."""
+        self.phase: str | None = None
+        self.step: int | None = None
+        self.epoch: int | None = None
+        self.loss: float | None = None
+        self.step_time_s: float | None = None
+        self.data_time_s: float | None = None
+        self.compute_time_s: float | None = None
+        self.comm_wait_s: float | None = None
+        self.samples_per_s: float | None = None
+        self.step_times: deque[float] = deque(maxlen=RECENT_STEPS)
+        # data time, compute time and comm wait of the recent steps, a column each (None where
+        # a step did not say): medians of each are taken after every step of every rank
+        self.own_work: tuple[deque[float | None], ...] = tuple(
+            deque(maxlen=OWN_WORK_WINDOW) for _ in range(3)
+        )
+        self._means: tuple[float | None, float | None, float | None, int] | None = None
+        self.opens: dict[tuple[str, int], CollectiveView] = {}
+        self.group_seqs: dict[str, int] = {}
+        self.recent: deque[CollectiveView] = deque(maxlen=RECENT_COLLECTIVES)
+        # The same, when a row of its node made this record (rank_rows): its node's ranks
+        # share one tuple of their calls, and `recent` stays empty.
+        self.recent_view: tuple[CollectiveView, ...] | None = None
+        self.collectives_done = 0
+        self.last_event_t: float | None = None
+        self.last_progress_t: float | None = None
+        self.last_heartbeat_t: float | None = None
+        self.heartbeat_period: float | None = None
+        self.last_event: str | None = None
+        self.fault: str | None = None
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.error_t: float | None = None
+        self.error_at: tuple[str, int] | None = None
+        self.error_line: str | None = None  # "train.py:17 in main": the user's line (location)
+        self.exit_code: int | None = None
+        self.exit_reason: str | None = None
+        self.exit_t: float | None = None
+        self.exit_signal: str | None = None
+        self.warnings: dict[str, str] = {}
+        self.epoch_batches: int | None = None
+        self.epoch_of_batches: int | None = None
+        # loader id -> batches of its latest epoch: loaders made only on some ranks (rank 0's
+        # evaluation loader) must not be compared with the others' training loader.
+        self.loader_batches: dict[int, int] = {}
+        self.failed_collective: CollectiveView | None = None
+        self._calls_key: int | None = None
+        self.progress = ProgressTrack()
+
+    # -- applying events -------------------------------------------------------------------
+
+    def apply(self, event: dict[str, Any], where: tuple[str, int] | None = None) -> None:
+        kind = event["kind"]
+        if kind in _CALL_KINDS:
+            self._calls_key = None
+            self.recent_view = None
+        t = num(event.get("t"))
+        self.events_seen += 1
+        self.version += 1
+        if t is not None:
+            if self.first_t is None:
+                self.first_t = t
+            if self.last_event_t is None or t > self.last_event_t:
+                self.last_event_t = t
+            if kind in _PROGRESS_KINDS:
+                self.last_progress_t = t
+        handler = _HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, event, t, where)
+
+    def _hello(self, e: dict[str, Any], t: float | None, where) -> None:
+        pid = integer(e.get("pid"))
+        if self.pid is not None and pid is not None and pid != self.pid:
+            self._reset_progress()  # torchrun restarted the rank: a new attempt
+            self.last_event_t = self.last_progress_t = t
+        self.pid = pid if pid is not None else self.pid
+        self.host = text(e.get("host")) or self.host
+        self.local_rank = integer(e.get("local_rank"))
+        self.ppid = integer(e.get("ppid"))
+        parent = e.get("parent")
+        if isinstance(parent, dict) and isinstance(parent.get("argv"), list):
+            self.parent_argv = tuple(str(word) for word in parent["argv"])
+        self.group_rank = integer(e.get("group_rank"))
+        self.world_size = integer(e.get("world_size")) or self.world_size
+        self.backend = text(e.get("backend")) or self.backend
+        if num(e.get("pg_timeout_s")):
+            self.pg_timeout_s = num(e.get("pg_timeout_s"))
+            self.pg_timeout_given = e.get("pg_timeout_given") is True
+        self.hello_t = t
+        self.last_event = "hello"
+
+    def _heartbeat(self, e: dict[str, Any], t: float | None, where) -> None:
+        if t is not None:
+            if self.last_heartbeat_t is not None and 0 < t - self.last_heartbeat_t < 30:
+                gap = t - self.last_heartbeat_t
+                prev = self.heartbeat_period
+                self.heartbeat_period = gap if prev is None else 0.8 * prev + 0.2 * gap
+            self.last_heartbeat_t = t
+        step = integer(e.get("step"))
+        if step is not None and (self.step is None or step > self.step):
+            self.step = step
+            self.last_progress_t = t
+        phase = text(e.get("phase"))
+        if phase is not None and phase != self.phase:
+            self.phase = phase
+            self.last_progress_t = t
+        epoch = integer(e.get("epoch"))
+        if epoch is not None:
+            self.epoch = epoch
+        if t is not None and "cpu_s" in e:
+            self.progress.add(
+                ProgressSample(
+                    t,
+                    num(e.get("cpu_s")),
+                    integer(e.get("io_bytes")),
+                    text(e.get("frame")),
+                    text(e.get("where")),
+                    num(e.get("runq_s")),
+                    num(e.get("child_cpu_s")),
+                )
+            )
+        self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
+        self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
+        opened = e.get("open")
+        if opened is None and "open" in e:
+            self.opens.clear()  # the rank is in no collective right now
+        elif isinstance(opened, dict):
+            seq = integer(opened.get("seq"))
+            op = text(opened.get("op"))
+            if seq is not None and op is not None:
+                group = text(opened.get("group")) or ev.DEFAULT_GROUP
+                p2p = bool(opened.get("p2p")) or op in POINT_TO_POINT_OPS
+                if p2p:
+                    group = _p2p_group(group, opened.get("peer"))
+                key = (group, seq)
+                if key not in self.opens:
+                    since = num(opened.get("since_t"))
+                    self.opens[key] = CollectiveView(op, seq, 0.0, group=group, since_t=since or t)
+                    if not p2p:
+                        self._note_seq(group, seq)
+        done = integer(e.get("collectives_done"))
+        if done is not None and done > self.collectives_done:
+            self.collectives_done = done
+
+    def _collective_start(self, e: dict[str, Any], t: float | None, where) -> None:
+        op = text(e.get("op")) or "collective"
+        seq = integer(e.get("seq"))
+        if seq is None:
+            return
+        group = text(e.get("group")) or ev.DEFAULT_GROUP
+        p2p = bool(e.get("p2p")) or op in POINT_TO_POINT_OPS
+        view = CollectiveView(
+            op,
+            seq,
+            0.0,
+            group=_p2p_group(group, e.get("peer")) if p2p else group,
+            shapes=_shapes(e.get("shapes")),
+            dtypes=_strs(e.get("dtypes")),
+            since_t=t,
+            group_ranks=_ints(e.get("group_ranks")),
+            site=_site(e.get("site")),
+        )
+        self.opens[(view.group, seq)] = view
+        if not p2p:
+            self.recent.append(view)
+            self._note_seq(group, seq)
+        self.last_event = f"collective_start {op} #{seq}"
+
+    def _collective_end(self, e: dict[str, Any], t: float | None, where) -> None:
+        seq = integer(e.get("seq"))
+        group = text(e.get("group")) or ev.DEFAULT_GROUP
+        op = text(e.get("op")) or "collective"
+        if e.get("p2p") or op in POINT_TO_POINT_OPS:
+            group = _p2p_group(group, e.get("peer"))
+        opened = self.opens.pop((group, seq), None) if seq is not None else None
+        if e.get("ok") is False and opened is not None:
+            # A collective that failed (its peer died, a timeout): keep it, so the rank still
+            # shows what it was waiting in when it failed (a hang that ended in teardown).
+            duration = num(e.get("duration_s"))
+            if duration is None and t is not None and opened.since_t is not None:
+                duration = t - opened.since_t
+            self.failed_collective = CollectiveView(
+                opened.op,
+                opened.seq,
+                duration or 0.0,
+                group=opened.group,
+                shapes=opened.shapes,
+                dtypes=opened.dtypes,
+                since_t=opened.since_t,
+                group_ranks=opened.group_ranks,
+                site=opened.site,
+            )
+        self.collectives_done += 1
+        duration = num(e.get("duration_s"))
+        for i in range(len(self.recent) - 1, -1, -1):
+            view = self.recent[i]
+            if view.seq == seq and view.group == group:
+                self.recent[i] = CollectiveView(
+                    view.op,
+                    view.seq,
+                    duration if duration is not None else view.waiting_s,
+                    group=view.group,
+                    shapes=view.shapes,
+                    dtypes=view.dtypes,
+                    since_t=view.since_t,
+                    group_ranks=view.group_ranks,
+                    done=True,
+                    site=view.site,
+                )
+                break
+        self.last_event = f"collective_end {op} #{seq}"
+        if e.get("ok") is False and text(e.get("error")) and self.error is None:
+            self.error = text(e.get("error"))
+
+    def _step(self, e: dict[str, Any], t: float | None, where) -> None:
+        step = integer(e.get("step"))
+        if step is not None:
+            self.step = step
+        self.epoch = integer(e.get("epoch")) if e.get("epoch") is not None else self.epoch
+        loss = num(e.get("loss"))
+        if loss is not None:
+            self.loss = loss
+        self.step_time_s = num(e.get("step_time_s"))
+        self.data_time_s = num(e.get("data_time_s"))
+        self.compute_time_s = num(e.get("compute_time_s"))
+        self.comm_wait_s = num(e.get("comm_wait_s"))
+        self.samples_per_s = num(e.get("samples_per_s"))
+        if self.step_time_s is not None:
+            self.step_times.append(self.step_time_s)
+        for column, value in zip(
+            self.own_work, (self.data_time_s, self.compute_time_s, self.comm_wait_s), strict=True
+        ):
+            column.append(value)
+        self._means = None
+        self.last_event = f"step {step}"
+
+    def _metrics(self, e: dict[str, Any], t: float | None, where) -> None:
+        loss = num(e.get("loss"))
+        if loss is not None:
+            self.loss = loss
+        step = integer(e.get("step"))
+        if step is not None and (self.step is None or step > self.step):
+            self.step = step
+
+    def _phase(self, e: dict[str, Any], t: float | None, where) -> None:
+        self.phase = text(e.get("phase")) or self.phase
+        self.last_event = f"phase {self.phase}"
+
+    def _epoch(self, e: dict[str, Any], t: float | None, where) -> None:
+        epoch = integer(e.get("epoch"))
+        if epoch is not None:
+            self.epoch = epoch
+        batches = integer(e.get("batches"))
+        if batches is not None:
+            self.epoch_batches = batches
+            self.epoch_of_batches = epoch
+            loader = integer(e.get("loader")) or 0  # runtimes before loader ids: one loader
+            if loader not in self.loader_batches and len(self.loader_batches) >= MAX_LOADERS:
+                del self.loader_batches[next(iter(self.loader_batches))]
+            self.loader_batches[loader] = batches
+        self.last_event = f"epoch {epoch}"
+
+    def _warning(self, e: dict[str, Any], t: float | None, where) -> None:
+        code = text(e.get("code")) or "warning"
+        if code in self.warnings or len(self.warnings) < MAX_WARNINGS:
+            self.warnings[code] = text(e.get("message")) or code
+        self.last_event = f"warning {code}"
+
+    def _fault(self, e: dict[str, Any], t: float | None, where) -> None:
+        kind = text(e.get("fault")) or "fault"
+        self.fault = text(e.get("inject")) or kind
+        self.last_event = f"fault {kind}"
+
+    def _error(self, e: dict[str, Any], t: float | None, where) -> None:
+        fatal = e.get("fatal")
+        thread = text(e.get("thread"))
+        if fatal is False or (fatal is None and thread not in (None, "MainThread")):
+            self.last_event = "error (non-fatal)"
+            return  # a thread's exception that did not end the rank
+        exc_type = text(e.get("exc_type")) or "Error"
+        message = (text(e.get("message")) or "").strip()
+        first = message.splitlines()[0] if message else ""
+        self.error = f"{exc_type}: {first}"[:300] if first else exc_type
+        self.traceback = text(e.get("traceback"))
+        self.error_t = t
+        self.error_at = where
+        self.error_line = _location(e.get("location"))
+        self.last_event = f"error {exc_type}"
+
+    def _exit(self, e: dict[str, Any], t: float | None, where) -> None:
+        code = integer(e.get("code"))
+        self.exit_code = code if code is not None else (1 if self.error else 0)
+        self.exit_reason = text(e.get("reason"))
+        self.exit_t = t
+        sig = text(e.get("signal"))
+        self.exit_signal = sig or signal_name(self.exit_code)
+        if self.exit_reason == "signal" and self.exit_signal is None:
+            self.exit_signal = "SIGTERM"
+        if self.exit_reason != "signal":  # stopped from outside: keep what it was doing
+            self.last_event = f"exit {self.exit_code}"
+
+    # -- derived facts ---------------------------------------------------------------------
+
+    def _note_seq(self, group: str, seq: int) -> None:
+        if seq > self.group_seqs.get(group, 0):
+            self.group_seqs[group] = seq
+
+    @property
+    def failed_t(self) -> float | None:
+        """When the rank failed: its fatal error, or its non-zero exit (None: not failed)."""
+        if self.error_t is not None:
+            return self.error_t
+        if self.exit_code not in (None, 0):
+            return self.exit_t
+        return None
+
+    def current_collective(self) -> CollectiveView | None:
+        """The oldest collective still open (the one the rank waits in)."""
+        if not self.opens:
+            return None
+        if len(self.opens) == 1:
+            return next(iter(self.opens.values()))
+        return min(self.opens.values(), key=lambda c: (c.since_t or 0.0, c.seq))
+
+    def own_work_means(self) -> tuple[float | None, float | None, float | None, int]:
+        """Typical data time, compute time and comm wait over the recent steps (medians: one
+        long step, rank 0 evaluating or saving a checkpoint inside it, does not make a
+        straggler), and how many steps."""
+        if self._means is None:
+            self._means = self._compute_means()
+        return self._means
+
+    def _compute_means(self) -> tuple[float | None, float | None, float | None, int]:
+        steps = len(self.own_work[0])
+        if not steps:
+            return None, None, None, 0
+        typical = [_median([v for v in column if v is not None]) for column in self.own_work]
+        return typical[0], typical[1], typical[2], steps
+
+    def latest_calls(self) -> tuple[CollectiveView, ...]:
+        """Its latest calls, oldest first (what RankView.recent_collectives holds)."""
+        return self.recent_view if self.recent_view is not None else tuple(self.recent)
+
+    def calls_key(self) -> int:
+        """A fingerprint of the latest calls (see RankView.calls_key), recomputed after a change."""
+        if self._calls_key is None:
+            calls = list(self.latest_calls()[-CALL_WINDOW:])
+            current = self.current_collective()
+            if current is not None and all(
+                (c.group, c.seq) != (current.group, current.seq) for c in calls
+            ):
+                calls.append(current)
+            self._calls_key = (
+                hash(
+                    tuple(
+                        (c.group, c.seq, c.signature())
+                        for c in calls
+                        if c.op not in POINT_TO_POINT_OPS
+                    )
+                )
+                or 1
+            )
+        return self._calls_key
+
+    def add_error_line(self, line: LogLine) -> None:
+        self.error_lines.append(line)
+        self.version += 1
+
+
+# Events that can change the latest calls of a rank.
+_CALL_KINDS = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END, ev.HEARTBEAT, ev.HELLO})
+
+_HANDLERS = {
+    ev.HELLO: RankTracker._hello,
+    ev.HEARTBEAT: RankTracker._heartbeat,
+    ev.COLLECTIVE_START: RankTracker._collective_start,
+    ev.COLLECTIVE_END: RankTracker._collective_end,
+    ev.STEP: RankTracker._step,
+    ev.METRICS: RankTracker._metrics,
+    ev.PHASE: RankTracker._phase,
+    ev.EPOCH: RankTracker._epoch,
+    ev.WARNING: RankTracker._warning,
+    ev.FAULT: RankTracker._fault,
+    ev.ERROR: RankTracker._error,
+    ev.EXIT: RankTracker._exit,
+}

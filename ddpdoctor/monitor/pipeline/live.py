@@ -1,0 +1,584 @@
+"""Monitor: watch one run directory — tail it, fold it into RunState, diagnose, write diagnosis.json.
+
+`poll()` reads what is new, applies it and returns a diagnosed Snapshot; it never waits for py-spy
+or the log explainers (they run in background threads and land in later snapshots). The same
+Monitor serves a live run (launched here or attached with `watch`), a finished one and a directory
+copied from another machine: when nothing of the run is alive any more, time stops at the run's
+last event, so ages and waits read as they were when the record ended.
+
+A job that spans nodes has one launcher per node writing into the same run directory
+(RUN_DIR/nodes/node-<N>/node.json says which torchrun is whose). A Monitor built for node N's
+launcher (`node_rank=N`) captures the stacks of that node's own ranks itself and asks the other
+launchers for the rest; a Monitor of `ddpdoctor watch` captures the live ranks of its own host and
+asks for the rest (ddpdoctor.protocol.stack_requests).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.checkup import CheckupReader
+from ddpdoctor.monitor.follow.disk_space import DiskWatch
+from ddpdoctor.monitor.follow.fr_collector import FrCollector
+from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
+from ddpdoctor.monitor.follow.liveness import is_local, pid_alive, this_host
+from ddpdoctor.monitor.follow.log_findings import LogFindings
+from ddpdoctor.monitor.follow.node_summaries import NodeMerge
+from ddpdoctor.monitor.follow.node_watch import NODES_EVERY_S, NodeWatch
+from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with_nodes
+from ddpdoctor.monitor.follow.tail import RunTailer
+from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.judge.held import held_by_launcher, stop_record, stopped_by_peer
+from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.run_end import (
+    ended_with_ranks,
+    interrupted_snapshot,
+    launcher_gone,
+    not_started_snapshot,
+)
+from ddpdoctor.monitor.model.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.tell.diagnosis_file import lead_wrote_the_final, writer_record
+from ddpdoctor.protocol import jsontext, processes
+from ddpdoctor.protocol.events import parse_event_line
+from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.stacks.collector import StackCollector
+
+# A follower's ranks in one of these states: it pulls the other nodes' summaries.
+_PULL_STATES = frozenset({RankState.WAITING, RankState.STALLED, RankState.FAILED, RankState.GONE})
+# With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
+LIVE_WINDOW_S = 30.0
+
+
+def _classifier() -> Callable[[str], Any] | None:
+    try:
+        from ddpdoctor.explain import classify_line
+    except ImportError:
+        return None
+    return classify_line
+
+
+def _asker(node_rank: int | None):
+    from ddpdoctor.protocol.stack_requests import Asker
+
+    if node_rank is None:
+        return Asker.here(role="watch")
+    return Asker.here(role="launcher", node=node_rank)
+
+
+class Monitor:
+    def __init__(
+        self,
+        run_dir: RunDir | str | os.PathLike[str],
+        *,
+        hang_after: float | None = None,
+        capture_stacks: bool = True,
+        clock: Callable[[], float] = time.time,
+        write_diagnosis: bool = True,
+        stack_timeout_s: float = 10.0,
+        explain_logs: bool = True,
+        node_rank: int | None = None,
+        ask_remote: bool = True,
+        gpu_probe: GpuProbe | None = None,
+        follow_all_nodes: bool = False,
+    ) -> None:
+        """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
+        ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
+        of ranks this process cannot reach. `gpu_probe`: the GPU utilization of local ranks that
+        others wait on (NVML by default; ddpdoctor.monitor.follow.host_probes). `follow_all_nodes`: a
+        follower launcher whose view someone looks at reads every node's summary all along, as
+        node 0 does (NodeMerge), so that view shows every rank."""
+        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
+        self.node_rank = node_rank
+        self.clock = clock
+        self.capture_stacks = capture_stacks
+        self.write_diagnosis = write_diagnosis
+        data = self.run.read_run_json()
+        self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
+        self.state = RunState(run_info(self.run, data), classify=_classifier())
+        self.tailer = RunTailer(self.run)
+        if node_rank is not None:  # a launcher of a job over several nodes: its own logs
+            self.tailer.log_roots = (self.run.node_logs_dir(node_rank),)
+        # other nodes' summaries in place of their ranks' files; this node's own summary
+        self.merge = NodeMerge(
+            self.run, self.state, self.tailer, node_rank, follow_all=follow_all_nodes
+        )
+        self.nodes: dict[int, NodeRecord] = {}
+        self.node_watch = NodeWatch(self.run)
+        # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
+        # wrote a thing is then over, not starting.
+        self.job_ended = False
+        self._checkup_read_t: float | None = None
+        self.stacks = StackCollector(
+            self.run,
+            timeout_s=stack_timeout_s,
+            asker=_asker(node_rank) if ask_remote else None,
+            clock=clock,
+            launcher_ended=self._launcher_ended,
+        )
+        self.logs = LogFindings(self.run) if explain_logs else None
+        self.disk = DiskWatch(self.run.path)
+        # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
+        self.flight_recorder = FrCollector(self.run, clock=clock)
+        # the preflight's script checkup findings (doctor.json), which diagnoses cite
+        self.checkup = CheckupReader(self.run)
+        self.local_host = this_host()
+        self._local_hosts: dict[str | None, bool] = {}  # host -> whether it is this one
+        self._lock = threading.RLock()
+        self._run_json_mtime = self._mtime(self.run.run_json)
+        self._previous = self._read_previous_diagnosis()
+        self._first_problem: tuple[tuple[Verdict, float], float] | None = None
+        self._captured_for: frozenset[int] | None = None
+        self._written_key: tuple | None = None
+        self._loaded_stored_stacks = False
+        self._last: Snapshot | None = None
+        self.write_error: str | None = None
+        self.polls = 0
+        # The launcher's own diagnosis.json of an ended run is authoritative: a watcher never
+        # writes over it (its verdict could only be the same or, from a partial read, worse).
+        self._authoritative = bool(self._previous and self._previous.get("final") is True)
+        # Set by the launcher when the user stopped the run: (whether, the verdict before).
+        self._interrupted: tuple[bool, Verdict | None] = (False, None)
+        # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
+        self._held: RuleOutcome | None = held_by_launcher(self._previous)
+        self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
+        self._final = False
+        # The launcher's exit status as whoever ran it saw it, and its name (close()).
+        self._job_exit: tuple[int | None, str | None] = (None, None)
+        self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
+        self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
+
+    # -- public API ------------------------------------------------------------------------
+
+    def poll(self) -> Snapshot:
+        """Read what is new, apply it, diagnose; never blocks on py-spy or the explainers."""
+        with self._lock:
+            return self._poll()
+
+    def request_stacks(self) -> bool:
+        """Capture py-spy stacks of every local rank now, in the background."""
+        with self._lock:
+            snap = self._last or self._poll()
+            return self._start_capture(snap)
+
+    def request_flight_recorder(self) -> bool:
+        """Ask every rank for its flight-recorder dump now (answered within a heartbeat)."""
+        with self._lock:
+            return self.flight_recorder.ask()
+
+    def wait_for_stacks(self, timeout_s: float | None = None) -> Snapshot:
+        """Wait (bounded) for a capture in progress, then poll: for a launcher that wants the
+        stacks of a hang before it stops the job."""
+        self.stacks.wait(timeout_s if timeout_s is not None else self.stacks.timeout_s + 5.0)
+        return self.poll()
+
+    def hold_verdict(self, verdict: Verdict) -> None:
+        """The launcher stops the job for `verdict`: from now on it is the verdict, with the
+        culprits it was stopped for; what the ranks do after the stop is its consequence. A
+        launcher that follows another node's stop holds what it saw of that verdict itself, or
+        the bare verdict."""
+        with self._lock:
+            if self._held is not None:
+                return
+            outcome = self._confirmed.get(verdict) or stopped_by_peer(verdict)
+            self._held = replace(outcome, stopped_t=time.time())
+
+    @property
+    def held(self) -> Verdict | None:
+        """The verdict the launcher stopped the job for, once it has."""
+        return self._held.verdict if self._held is not None else None
+
+    def close(
+        self,
+        *,
+        job_ended: bool = False,
+        interrupted: bool = False,
+        verdict_before: Verdict | None = None,
+        job_exit: int | None = None,
+        launcher: str | None = None,
+    ) -> Snapshot:
+        """The final snapshot: everything read, captures finished, logs explained, and
+        diagnosis.json written. `job_ended`: see `self.job_ended` (the launcher's diagnosis.json
+        is then final: marked so, and authoritative for later watchers). `interrupted`: the user
+        stopped the run; unless `verdict_before` (the verdict when they did) was a problem, the
+        run is INTERRUPTED, not a crash of the ranks that were stopped."""
+        with self._lock:
+            self.job_ended = self.job_ended or job_ended
+            self._final = self.job_ended
+            self._interrupted = (interrupted, verdict_before)
+            self._job_exit = (job_exit, launcher)
+            if interrupted and verdict_before is not None and verdict_before.is_problem:
+                # stopped by the user after a problem was found: that problem stays, as when
+                # the launcher stops the job itself
+                self._held = self._held or self._confirmed.get(verdict_before)
+            if self._held is None and not self.job_ended:  # a watcher: the launcher may have
+                self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
+            self._poll()
+            self.stacks.wait(self.stacks.timeout_s + 5.0)
+            if self.logs is not None and self.merge.active:
+                # (a follower whose ranks never waited leaves the whole run's logs to node 0)
+                self.logs.refresh_now()
+            snap = self._poll(final=True)
+            self._write(snap, force=True)
+            return snap
+
+    @property
+    def writes_diagnosis(self) -> bool:
+        """Whether this monitor writes diagnosis.json (not over a launcher's final one)."""
+        return self.write_diagnosis and not (self._authoritative and not self.job_ended)
+
+    @property
+    def last(self) -> Snapshot | None:
+        return self._last
+
+    # -- one poll --------------------------------------------------------------------------
+
+    def _poll(self, *, final: bool = False) -> Snapshot:
+        now = self.clock()
+        self.polls += 1
+        self._reload_run_json()
+        self._read_nodes(now)
+        checkup = self._read_checkup(now, final)
+        # Liveness before reading: an exit event written before a process died is read in the
+        # same poll that sees it dead, so a clean exit never flickers as "gone".
+        self._check_liveness()
+        if final and self.node_rank in (None, 0):
+            self.tailer.log_roots = None  # the final word (node 0, a watcher): every log, once
+        self.merge.merge(now, self.nodes, final=final)  # before reading: a resumed file too
+        batch = self.tailer.poll(now, drain=final or self.polls == 1)
+        apply, note = self.state.apply, self.merge.note
+        for lines in batch.events:
+            for line_no, raw in lines.lines:
+                event = parse_event_line(raw)
+                if event is not None:
+                    apply(event, (lines.rel, line_no))
+                    note(event["rank"], line_no, event)
+        self.merge.publish(now, force=final)
+        self._check_liveness(first_look=True)
+        self.host_probes.probe(self.state, self._last, now)
+        interesting = False
+        for log in batch.logs:
+            if self.state.apply_log_lines(log.source, log.lines):
+                interesting = True
+        live = self._is_live(now)
+        taken = now if live else (self.state.last_t or now)
+        snap = self.state.snapshot(taken, live=live, hang_after=self.hang_after)
+        if self.logs is not None:
+            self.logs.note_lines(interesting)
+            self.logs.collect()
+            if not final:
+                self.logs.maybe_start(now)
+        self.stacks.collect()
+        if not live and not self._loaded_stored_stacks and not self.stacks.groups:
+            self._loaded_stored_stacks = True
+            self.stacks.load_latest()
+        snap = replace(
+            snap,
+            stacks=self.stacks.groups,
+            stack_status=self.stacks.status,
+            flight_recorder=self.flight_recorder.collect(now),
+            fr_status=self.flight_recorder.status(),
+            checkup=checkup,
+        )
+        extra = list(self.stacks.findings)
+        if self.logs is not None:
+            extra.extend(self.logs.findings)
+        extra.extend(unreadable_findings(self.tailer.unreadable))
+        extra.extend(skipped_event_findings(self.state))
+        if live or self.job_ended:  # a run read later: today's free space says nothing of it
+            steps = [view.step for view in snap.ranks if view.step is not None]
+            self.disk.check(now, max(steps, default=None), force=final)
+        extra.extend(self.disk.findings())
+        if live:
+            extra.extend(self.merge.findings(now, self.nodes))
+        diagnosis = diagnose(snap, extra_findings=extra, held=self._held)
+        if diagnosis.confirmed and diagnosis.primary is not None:
+            self._confirmed[diagnosis.verdict] = diagnosis.primary
+        snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
+        snap = self._ended_verdict(snap, live)
+        if (
+            self.capture_stacks
+            and snap.verdict is Verdict.HANG
+            and self._captured_for != snap.culprits
+            and live
+            and self._held is None  # stopped: its stacks were taken before, the ranks are ending
+        ) and self._start_capture(snap):
+            self._captured_for = snap.culprits
+            snap = replace(snap, stack_status=self.stacks.status)
+        if not final:
+            self.flight_recorder.maybe_ask(snap, now)
+            if not self.merge.active:  # a follower sees the other nodes once its ranks wait
+                self.merge.observe(
+                    any(
+                        v.state in _PULL_STATES and self.state.node_of(v.rank) == self.node_rank
+                        for v in snap.ranks
+                    )
+                )
+        self._last = snap
+        self._write(snap)
+        return snap
+
+    def _ended_verdict(self, snap: Snapshot, live: bool) -> Snapshot:
+        """The verdicts only an ended run gets (ddpdoctor.monitor.judge.run_end)."""
+        interrupted, before = self._interrupted
+        if interrupted and not (before is not None and before.is_problem):
+            return interrupted_snapshot(snap)
+        if self.state.last_t is not None:
+            if interrupted:  # after a problem was found: it stands (held, or as diagnosed)
+                return snap
+            if self._held is None and (self.job_ended or not live or snap.finished):
+                code, launcher = self._job_exit
+                # a watcher, once every rank has ended: did `ddpdoctor run` itself get killed?
+                killed = None if self.job_ended or not snap.finished else self._launcher_killed()
+                snap = ended_with_ranks(snap, code, launcher, killed)
+            return snap
+        if live or snap.verdict is not Verdict.RUNNING:
+            return snap
+        return not_started_snapshot(snap, self.run, self.tailer.events_dir_error)
+
+    def _launcher_killed(self) -> tuple[int, dict[str, Any] | None] | None:
+        """(its pid, the last diagnosis it wrote) when the `ddpdoctor run` that launched this
+        run died while its job ran (its reaper then ended the job and left
+        RUN_DIR/launcher-killed.json) and wrote no final diagnosis
+        (ddpdoctor.monitor.judge.run_end.launcher_killed_snapshot)."""
+        if self._killed_launcher is None:
+            previous = self._read_previous_diagnosis()
+            pid = self.run.read_run_json().get("launcher_pid")
+            # its reaper says so (a diagnosis.json deleted from a copy must not read as this)
+            killed = processes.launcher_was_killed(self.run.path) and not (
+                previous and previous.get("final") is True
+            )
+            self._killed_launcher = (pid, previous) if killed else False
+        return self._killed_launcher or None
+
+    def _timing(self, diagnosis: Diagnosis, now: float, live: bool) -> float | None:
+        """detected_after_s: problem start -> the poll that first reached the verdict (live), or
+        -> the moment the verdict's condition held (post-mortem)."""
+        if not diagnosis.verdict.is_problem:
+            return None
+        if not live:
+            previous = self._previous
+            if previous and previous.get("verdict") == diagnosis.verdict.value:
+                recorded = previous.get("detected_after_s")
+                if isinstance(recorded, (int, float)):
+                    return float(recorded)
+            return diagnosis.detected_after_s
+        if diagnosis.started_t is None:
+            return None
+        # The same problem (verdict and start) keeps the time it was first seen, even if a
+        # poll in between missed it (a heartbeat late on a loaded machine).
+        key = (diagnosis.verdict, round(diagnosis.started_t, 1))
+        if self._first_problem is None or self._first_problem[0] != key:
+            self._first_problem = (key, now)
+        return max(0.0, self._first_problem[1] - diagnosis.started_t)
+
+    def _start_capture(self, snap: Snapshot) -> bool:
+        targets = self.own_ranks(snap)
+        remote = {
+            v.rank: self.state.node_of(v.rank)
+            for v in snap.ranks
+            if v.rank not in targets
+            and v.pid is not None
+            and not v.state.finished
+            and v.alive is not False
+        }
+        return self.stacks.start(targets, remote=remote)
+
+    def owns(self, view: RankView) -> bool:
+        """Whether this process captures the rank itself: a launcher the ranks of its own node
+        (not merely of its host: two agents may share one); a watcher the live ranks of its host
+        that no running launcher answers for."""
+        if view.alive is not True or view.pid is None or view.state.finished:
+            return False
+        node = self.state.node_of(view.rank)
+        if self.node_rank is not None:
+            return node == self.node_rank
+        # A watcher leaves a rank to its node's launcher while that one runs: py-spy attaches to
+        # a process one tracer at a time, and the launcher is there to capture it.
+        record = self.nodes.get(node) if node is not None else None
+        return record is None or record.ended
+
+    def own_ranks(self, snap: Snapshot | None = None) -> dict[int, int]:
+        """rank -> pid of the live ranks this process captures itself (see `owns`)."""
+        snap = snap or self._last
+        if snap is None:
+            return {}
+        return {v.rank: v.pid for v in snap.ranks if v.pid is not None and self.owns(v)}
+
+    def node_ranks(self, snap: Snapshot | None = None) -> dict[int, int | None]:
+        """For node N's launcher: every rank of node N, rank -> pid (None once it has ended)."""
+        snap = snap or self._last
+        if snap is None or self.node_rank is None:
+            return {}
+        return {
+            v.rank: v.pid if self.owns(v) else None
+            for v in snap.ranks
+            if self.state.node_of(v.rank) == self.node_rank
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _check_liveness(self, *, first_look: bool = False) -> None:
+        """Whether each local rank's process lives. `first_look`: only ranks seen for the first
+        time in this poll, and a dead one reads as unknown until the next poll checks it before
+        reading (its exit event may have been written after this poll read the file)."""
+        alive = self.state.alive
+        local = self._local_hosts
+        for rank, tracker in self.state.ranks.items():
+            if tracker.exit_code is not None or tracker.pid is None:
+                continue
+            here = local.get(tracker.host)
+            if here is None:  # (one answer per host: this runs per rank, twice a poll)
+                here = local[tracker.host] = is_local(tracker.host, self.local_host)
+            if first_look:
+                if here and rank not in alive:
+                    self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t) or None)
+                continue
+            if alive.get(rank) is False:
+                continue  # dead stays dead (a pid can be reused)
+            if not here:
+                alive[rank] = None  # another host's process: not this watcher's to tell
+                continue
+            self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
+
+    def _is_live(self, now: float) -> bool:
+        if any(a is True for a in self.state.alive.values()):
+            return True
+        last = self.state.last_t
+        if last is None:
+            # Nothing written yet: the job is starting, unless it is known to be over (every
+            # launcher of a job over several nodes has recorded its end).
+            over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
+            if not self.nodes and not self.job_ended:
+                over = launcher_gone(self.run, self.local_host)
+            return not (self.job_ended or over)
+        return now - last < LIVE_WINDOW_S
+
+    def _reload_run_json(self) -> None:
+        mtime = self._mtime(self.run.run_json)
+        if mtime != self._run_json_mtime:
+            self._run_json_mtime = mtime
+            data = self.run.read_run_json()
+            self.state.info = with_nodes(run_info(self.run, data), self.nodes)
+            if self.hang_after is None:
+                self.hang_after = recorded_hang_after(data)
+
+    def _read_nodes(self, now: float) -> None:
+        """The launchers' node records (a job that spans nodes), at most once a second."""
+        quiet = bool(self.node_rank and self.state.ranks and not self.merge.active)
+        records = self.node_watch.refresh(
+            now, quiet_follower=quiet, expected=self.state.info.nnodes
+        )
+        if records is not None:
+            self.nodes = records
+            self.state.set_nodes(records)
+            self.state.info = with_nodes(self.state.info, records)
+
+    def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
+        """The script checkup's findings: each doctor.json is read once as it appears (a watcher
+        may attach before the preflight wrote it); looked for at most once a second."""
+        last = self._checkup_read_t
+        if final or last is None or not 0 <= now - last < NODES_EVERY_S:
+            self._checkup_read_t = now
+            return self.checkup.refresh()
+        return self.checkup.notes
+
+    def _launcher_ended(self, node: int) -> bool:
+        record = self.nodes.get(node)
+        return record is not None and record.ended
+
+    @staticmethod
+    def _mtime(path: Path) -> float | None:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+
+    def _read_previous_diagnosis(self) -> dict[str, Any] | None:
+        try:
+            data = jsontext.read(self.run.diagnosis_json)
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write(self, snap: Snapshot, *, force: bool = False) -> None:
+        if not self.writes_diagnosis:
+            return
+        key = (
+            snap.verdict,
+            tuple((f.id, f.ranks, f.severity) for f in snap.findings),  # a wait escalates
+            snap.culprits,
+            len(snap.stacks),
+            snap.finished,
+            tuple((d.rank, d.request_id) for d in snap.flight_recorder)
+            if snap.verdict.is_problem
+            else (),
+        )
+        if not force and key == self._written_key:
+            return
+        if (
+            (
+                not force
+                and not snap.verdict.is_problem
+                and self._written_key is None
+                and not snap.finished
+            )
+            and snap.verdict is Verdict.RUNNING
+            and not snap.findings
+        ):
+            return  # nothing to say yet: do not litter a fresh run directory
+        if lead_wrote_the_final(self.run, self.node_rank, self._read_previous_diagnosis()):
+            self._written_key = key
+            return
+        try:
+            document = snap.diagnosis_json()
+            document["final"] = self._final
+            document["stopped_for"] = stop_record(self._held)
+            document["writer"] = writer_record(self.node_rank)
+            write_json_atomic(self.run.diagnosis_json, document)
+            self._written_key = key
+        except OSError as exc:
+            self.write_error = f"cannot write {self.run.diagnosis_json}: {exc.strerror or exc}"
+            self._written_key = key
+
+
+def skipped_event_findings(state: RunState) -> list[Finding]:
+    """Event lines whose rank lies outside the job's world: not folded in (no view is made per
+    rank up to a number a file states), and said here so the verdict is read knowing it."""
+    if not state.skipped_events or state.first_skipped is None:
+        return []
+    rel, line, rank = state.first_skipped
+    world = state.world_size
+    return [
+        Finding(
+            "run.bad_events",
+            Severity.WARNING,
+            f"{state.skipped_events} event line(s) skipped: rank {rank} is outside the world "
+            f"of {world} ranks ({rel}:{line})",
+            "The run directory holds events no rank of this job can have written (a file edited "
+            "or copied in, or a corrupted one); the verdict is from the other events.",
+        )
+    ]
+
+
+def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
+    """A file of the run (or events/ itself) that cannot be read: what it says is unknown, so
+    a verdict without it must say so."""
+    return [
+        Finding(
+            "run.unreadable",
+            Severity.ERROR,
+            f"cannot read {rel}: {why}: the ranks it records are not seen",
+            "Make the run directory readable to this user (chmod -R u+rX RUN_DIR), or watch it "
+            "as the user who ran it.",
+        )
+        for rel, why in sorted(unreadable.items())
+    ]

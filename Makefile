@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs docs-serve format clean bench cluster cluster-stop lab lab-stop lab-cluster
+.PHONY: demo test lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/monitor_scale.py
 	$(BIN)/python benchmarks/merge_scale.py
 	$(BIN)/python benchmarks/tui.py
+
+# ddpdoctor's NCCL path on a machine with an NVIDIA GPU, in one command and under five minutes: the
+# tests marked gpu, the doctor, the reference job on NCCL healthy and hanging, the step-time ratio;
+# build/gpu-check/summary.{json,txt}. Without a GPU it says so and exits 0. It runs under .venv's
+# Python when there is one, else python3: a GPU machine whose python3 holds torch needs no install.
+gpu-check:
+	@$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) scripts/gpu_check.py
 
 # A one-host Slurm (Debian's slurm-wlm and munge; needs root) for the tests marked `slurm`, which
 # are skipped, with the reason, while no Slurm node is idle. Idempotent.

@@ -1,6 +1,7 @@
 """What ddpdoctor's in-rank instrumentation costs a training job (target: under 2% of training time).
 
     python benchmarks/overhead.py [--reps 5] [--steps 300] [--nproc 2] [--json] [--only b,c]
+                                  [--backend gloo|nccl] [--json-out FILE]
 
 Side by side in one run, plain and instrumented runs interleaved (the order alternates every
 repetition), medians reported:
@@ -96,8 +97,12 @@ def count_events(run_dir: Path | None) -> dict[str, int]:
     return dict(counts)
 
 
+# The reference job's backend: gloo here, nccl on a GPU machine (scripts/gpu_check.py).
+BACKEND = ["gloo"]
+
+
 def measure_reference(nproc: int, steps: int, run_dir: Path | None) -> Measurement:
-    program = ["-m", "ddpdoctor.reference", "--steps", str(steps), "--backend", "gloo"]
+    program = ["-m", "ddpdoctor.reference", "--steps", str(steps), "--backend", BACKEND[0]]
     program += ["--log-every", str(steps)]
     out = torchrun(nproc, program, run_dir)
     match = REFERENCE_LINE.search(out)
@@ -250,8 +255,13 @@ def main() -> int:
     parser.add_argument(
         "--only", default="", metavar="CASES", help="some cases only, by name: e.g. 'b,c'"
     )
+    parser.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo", help="the reference job's, case (a)"
+    )
+    parser.add_argument("--json-out", type=Path, metavar="FILE", help="write the results there")
     args = parser.parse_args()
-    print(f"ddpdoctor overhead: {args.nproc} gloo ranks, {args.steps} steps, {args.reps} pairs")
+    BACKEND[0] = args.backend
+    print(f"ddpdoctor overhead: {args.nproc} {args.backend} ranks, {args.steps} steps, {args.reps} pairs")
     sides: list[tuple[str, Callable[..., Measurement]]] = [
         ("(0) control: plain torchrun against itself", measure_plain_twice),
         ("(a) reference job", measure_reference),
@@ -307,6 +317,8 @@ def main() -> int:
         )
     if args.json:
         print(json.dumps(results, indent=2))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2))
     return 0
 
 

@@ -71,7 +71,7 @@ class NodeSummary:
     t: float
     ranks: tuple[RankEvents, ...]
     rest: bytes = b""  # the second line, unparsed (or its start: see `source`)
-    # its routine ranks' rows, column by column, checked where applied (rank_rows.NodeRows)
+    # its routine ranks' rows, column by column, checked where applied (row_reader.NodeRows)
     rows: Any = None
     calls: Any = None  # the node's call table, which its rows' calls index (rank_rows)
     # (start t, duration) of the collectives its routine ranks finished since its last summary

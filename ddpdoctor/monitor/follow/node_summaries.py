@@ -23,7 +23,7 @@ from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.node_publisher import Publisher
-from ddpdoctor.monitor.follow.rank_rows import CallRecords, NodeRows, apply_rows
+from ddpdoctor.monitor.follow.row_reader import CallRecords, NodeRows, apply_rows
 from ddpdoctor.monitor.model.launchers import proc_children
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.node_summary import (

@@ -21,25 +21,21 @@ stuck C++ thread would hold the interpreter's exit), so the report comes by T pl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import Any
 
 from ddpdoctor.checks.context import CheckContext, DoctorOptions
-from ddpdoctor.checks.probes.bounded import bounded_call
 from ddpdoctor.checks.registry import Check, select_checks
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.checks.runner import run_check_list
 from ddpdoctor.console import error_line
-from ddpdoctor.distributed_doctor import join, reach_phase
-from ddpdoctor.distributed_doctor.bench_model import AllReduceResult, RankBench
-from ddpdoctor.distributed_doctor.collective_bench import LinkFault, default_config, run_bench
+from ddpdoctor.distributed_doctor import join, rank_setup, reach_phase
+from ddpdoctor.distributed_doctor.exchange import gather_reports, run_collective_check
 from ddpdoctor.distributed_doctor.facts import (
     RESOLVE_TIMEOUT_S,
     RankFacts,
@@ -47,6 +43,12 @@ from ddpdoctor.distributed_doctor.facts import (
     collect_rank_facts,
 )
 from ddpdoctor.distributed_doctor.nodes import Member, NodeMap
+from ddpdoctor.distributed_doctor.rank_setup import (
+    FOLLOW_GRACE_S,
+    SLACK_S,
+    Setup,
+    Store,
+)
 from ddpdoctor.distributed_doctor.reach_verdict import Reach, group_blocker
 from ddpdoctor.distributed_doctor.verdict import (
     ClusterOutcome,
@@ -56,24 +58,6 @@ from ddpdoctor.distributed_doctor.verdict import (
 )
 from ddpdoctor.launchers.identity import LaunchInfo, detect_launch
 from ddpdoctor.rank_ranges import fold_ranks
-
-SLACK_S = 30.0  # extra wait for steps whose length depends on other ranks' work
-GROUP_MIN_S = 2.0  # the least time the process group gets, even past the deadline
-FOLLOW_GRACE_S = 3.0  # a rank other than 0 waits this much past its deadline for rank 0's word
-Store = Any  # a torch.distributed Store (TCPStore or PrefixStore); torch is imported lazily
-
-
-@dataclass(frozen=True)
-class Setup:
-    info: LaunchInfo
-    checks: list[Check]
-    context: CheckContext
-    timeout_s: float
-    strict: bool
-    deadline: float = 0.0  # time.monotonic() by which rank 0 reports, whatever happened
-
-    def left(self, *, grace: float = 0.0) -> float:
-        return max(0.0, self.deadline + grace - time.monotonic())
 
 
 def main(args: argparse.Namespace, options: DoctorOptions) -> int:
@@ -106,14 +90,11 @@ def main(args: argparse.Namespace, options: DoctorOptions) -> int:
         emit_outcome(outcome.outcome, args)
     elif outcome.message:
         print(error_line(f"rank {info.rank}: {outcome.message}"), file=sys.stderr)
-    if _ABANDONED:  # a gloo call is stuck in C++: it would hold the interpreter's exit
+    if rank_setup.ABANDONED:  # a gloo call is stuck in C++: it would hold the interpreter's exit
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(outcome.code)
     return outcome.code
-
-
-_ABANDONED: list[str] = []  # the calls left running past the deadline
 
 
 def local_checks(ids: list[str] | None) -> list[Check]:
@@ -263,9 +244,11 @@ def _lead(
     join_s = time.monotonic() - join_started
     nodes = _nodes(records)
     reach, form, blocker = _reach(setup, store, verdict, lambda r: group_blocker(r, nodes))
-    payloads, group_error, group_s = _gather(setup, dist, base, store, local, facts, form, blocker)
+    payloads, group_error, group_s = gather_reports(
+        setup, dist, base, store, local, facts, form, blocker
+    )
     assert payloads is not None  # rank 0 (the lead) always has them, from the group or the store
-    benches = _bench(setup, dist, torch, store, verdict, group_error)
+    benches = run_collective_check(setup, dist, torch, store, verdict, group_error)
     outcome = joined_ok(
         info,
         payloads or [],
@@ -300,8 +283,8 @@ def _follow(
     verdict = join.verdict_from_json(said)
     if verdict.go:
         _, form, blocker = _reach(setup, store, verdict, None)
-        _, group_error, _ = _gather(setup, dist, base, store, local, facts, form, blocker)
-        _bench(setup, dist, torch, store, verdict, group_error)
+        _, group_error, _ = gather_reports(setup, dist, base, store, local, facts, form, blocker)
+        run_collective_check(setup, dist, torch, store, verdict, group_error)
     code = reach_phase.read_keys(store, ["exit_code"], setup.deadline + grace + 5).get("exit_code")
     join.acknowledge(store)
     _teardown(dist)
@@ -378,125 +361,6 @@ def _join_record(info: LaunchInfo, torch: Any, dist: Any) -> dict[str, Any]:
         "world_size": info.world_size,
         "gpu": gpu,
     }
-
-
-def _gather(
-    setup: Setup,
-    dist: Any,
-    base: Store,
-    store: Store,
-    local: DoctorReport,
-    facts: RankFacts,
-    form: bool = True,
-    blocker: str | None = None,
-) -> tuple[list[Any] | None, str | None, float | None]:
-    """Every rank's report and facts to rank 0 over gloo; the store keeps a copy in case the
-    process group cannot form (then that failure is itself the main finding). The group is not
-    tried when the probe showed it cannot form, and is abandoned at the deadline."""
-    info = setup.info
-    payload = {"rank": info.rank, "facts": facts.to_json(), "report": local.to_json()}
-    store.set(f"report/{info.rank}", json.dumps(payload))
-    started = time.monotonic()
-    error: str | None = None
-    gathered: list[Any] | None = None
-    if not form:
-        error = blocker or "not tried"
-    else:
-        # A healthy group forms in well under a second; a little past the deadline is allowed
-        # so that slow checks never turn a healthy job into a failed one.
-        left = max(setup.left(), GROUP_MIN_S)
-
-        def form_and_gather() -> list[Any] | None:
-            dist.init_process_group(
-                "gloo",
-                store=join.prefixed(dist, base, info, "pg"),
-                rank=info.rank,
-                world_size=info.world_size,
-                timeout=timedelta(seconds=max(1.0, left)),
-            )
-            out: list[Any] | None = [None] * info.world_size if info.is_rank0 else None
-            dist.gather_object(payload, out, dst=0)
-            return out
-
-        done = bounded_call(form_and_gather, left, name="gloo-group")
-        if done.timed_out:
-            _ABANDONED.append("init_process_group")
-            error = f"it did not form within --timeout {setup.timeout_s:g} s"
-        elif done.error is not None:  # a group that cannot form is the finding
-            error = join.first_line(done.error)
-        else:
-            gathered = done.value
-    if error is None:
-        return gathered, None, time.monotonic() - started
-    if not info.is_rank0:
-        return None, error, None
-    return _payloads_from_store(store, info, setup.deadline + 1), error, None
-
-
-def _payloads_from_store(store: Store, info: LaunchInfo, deadline: float) -> list[Any]:
-    found = reach_phase.read_keys(
-        store, [f"report/{rank}" for rank in range(info.world_size)], deadline
-    )
-    return [found.get(f"report/{rank}") for rank in range(info.world_size)]
-
-
-def _bench(
-    setup: Setup,
-    dist: Any,
-    torch: Any,
-    store: Store,
-    verdict: join.Verdict,
-    group_error: str | None,
-) -> list[Any] | None:
-    info = setup.info
-    bench = None
-    if group_error is None:
-        device = "cuda" if verdict.backend == "nccl" else "cpu"
-        left = setup.left(grace=0.0 if info.is_rank0 else FOLLOW_GRACE_S)
-        done = bounded_call(
-            lambda: _run_bench(setup, dist, torch, verdict), max(left, 0.1), name="bench"
-        )
-        if done.ok:
-            bench = done.value
-        else:  # e.g. NCCL cannot start, or a link that stalls (an MTU black hole): the finding
-            if done.timed_out:
-                _ABANDONED.append("collective check")
-            why = (
-                f"did not finish within --timeout {setup.timeout_s:g} s"
-                if done.timed_out
-                else join.first_line(done.error or RuntimeError("failed"))
-            )
-            bench = RankBench(
-                info.rank, verdict.backend, device, AllReduceResult(False, 0, error=why)
-            )
-    store.set(f"bench/{info.rank}", json.dumps(bench.to_json() if bench else None))
-    if not info.is_rank0:
-        return None
-    found = reach_phase.read_keys(
-        store, [f"bench/{rank}" for rank in range(info.world_size)], setup.deadline + 1
-    )
-    return [found.get(f"bench/{rank}") for rank in range(info.world_size)]
-
-
-def _run_bench(setup: Setup, dist: Any, torch: Any, verdict: join.Verdict) -> RankBench:
-    info = setup.info
-    device, group = "cpu", None
-    if verdict.backend == "nccl":
-        torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
-        device = f"cuda:{torch.cuda.current_device()}"
-        group = dist.new_group(backend="nccl")
-    return run_bench(
-        dist,
-        torch,
-        rank=info.rank,
-        world=info.world_size,
-        participants=list(verdict.participants),
-        device=device,
-        backend=verdict.backend,
-        group=group,
-        config=default_config(device.split(":")[0], min(setup.timeout_s, setup.left() + 1)),
-        fault=LinkFault.from_env(os.environ),
-    )
 
 
 def _close(setup: Setup, store: Store, code: int, *, expected: int) -> None:

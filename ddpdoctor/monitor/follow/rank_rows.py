@@ -25,7 +25,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ddpdoctor.monitor.model.rank_tracker import RankTracker, integer, num, text
+from ddpdoctor.monitor.model.event_fields import integer, num, text
+from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, CollectiveView
 from ddpdoctor.protocol.verdicts import ActivityState
 

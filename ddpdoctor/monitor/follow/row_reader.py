@@ -18,8 +18,9 @@ from ddpdoctor.monitor.follow.rank_rows import (
     ROW_FIELDS,
     CallKey,
 )
+from ddpdoctor.monitor.model.event_fields import integer, num, text
 from ddpdoctor.monitor.model.progress import Judgement
-from ddpdoctor.monitor.model.rank_tracker import RECENT_COLLECTIVES, RankTracker, integer, num, text
+from ddpdoctor.monitor.model.rank_tracker import RECENT_COLLECTIVES, RankTracker
 from ddpdoctor.monitor.model.snapshot import CallSite, CollectiveView
 
 # -- the watcher ----------------------------------------------------------------------------

@@ -10,11 +10,22 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ddpdoctor.monitor.model.event_fields import (
+    call_site,
+    integer,
+    ints,
+    location,
+    median,
+    num,
+    p2p_group,
+    shapes,
+    strings,
+    text,
+)
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
-    CallSite,
     CollectiveView,
     LogLine,
 )
@@ -43,96 +54,6 @@ _PROGRESS_KINDS = frozenset(
         ev.WARNING,
     }
 )  # errors and exits end a rank; they are not progress
-
-
-def num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def integer(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _p2p_group(group: str, peer: Any) -> str:
-    """Point-to-point sequence numbers count per peer, apart from the group's collectives."""
-    return f"{group}/p2p/{peer}"
-
-
-def _shapes(value: Any) -> tuple[tuple[int, ...], ...]:
-    if not isinstance(value, list):
-        return ()
-    out = []
-    for shape in value:
-        if isinstance(shape, list) and all(isinstance(d, int) for d in shape):
-            out.append(tuple(shape))
-    return tuple(out)
-
-
-def _strs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        return ()
-    return tuple(str(v) for v in value if v is not None)
-
-
-def _frame_text(value: Any, *, base: bool) -> str:
-    """ "ddp.py:303 DDPStrategy.barrier" from a site's {"file", "line", "function"} ("" if odd)."""
-    if not isinstance(value, dict):
-        return ""
-    file, line, function = value.get("file"), value.get("line"), value.get("function")
-    if not isinstance(file, str) or not isinstance(function, str):
-        return ""
-    if base:
-        file = file.replace("\\", "/").rpartition("/")[2]
-    return f"{file}:{line if isinstance(line, int) else '?'} {function}"
-
-
-def _location(value: Any) -> str | None:
-    """ "train.py:17 in main" from an error event's location (None when absent or odd)."""
-    frame = _frame_text(value, base=True)
-    if not frame:
-        return None
-    place, _, function = frame.partition(" ")
-    return f"{place} in {function}"
-
-
-def _site(value: Any) -> CallSite | None:
-    """A collective_start's site (the user's frame, via, issuer); None when absent or odd."""
-    user = _frame_text(value, base=True)
-    if not user:
-        return None
-    line = value.get("line")
-    return CallSite(
-        user,
-        _frame_text(value.get("via"), base=False),
-        _frame_text(value.get("issuer"), base=False),
-        file=value["file"],
-        line=line if isinstance(line, int) and not isinstance(line, bool) else None,
-        deferred=value.get("deferred") is True,
-    )
-
-
-def _median(values: list[float]) -> float | None:
-    """statistics.median, without its overhead: a rank's means are made again every step.
-    None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def _ints(value: Any) -> tuple[int, ...] | None:
-    if not isinstance(value, list):
-        return None
-    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
 
 
 class RankTracker:
@@ -301,7 +222,7 @@ class RankTracker:
                 group = text(opened.get("group")) or ev.DEFAULT_GROUP
                 p2p = bool(opened.get("p2p")) or op in POINT_TO_POINT_OPS
                 if p2p:
-                    group = _p2p_group(group, opened.get("peer"))
+                    group = p2p_group(group, opened.get("peer"))
                 key = (group, seq)
                 if key not in self.opens:
                     since = num(opened.get("since_t"))
@@ -323,12 +244,12 @@ class RankTracker:
             op,
             seq,
             0.0,
-            group=_p2p_group(group, e.get("peer")) if p2p else group,
-            shapes=_shapes(e.get("shapes")),
-            dtypes=_strs(e.get("dtypes")),
+            group=p2p_group(group, e.get("peer")) if p2p else group,
+            shapes=shapes(e.get("shapes")),
+            dtypes=strings(e.get("dtypes")),
             since_t=t,
-            group_ranks=_ints(e.get("group_ranks")),
-            site=_site(e.get("site")),
+            group_ranks=ints(e.get("group_ranks")),
+            site=call_site(e.get("site")),
         )
         self.opens[(view.group, seq)] = view
         if not p2p:
@@ -341,7 +262,7 @@ class RankTracker:
         group = text(e.get("group")) or ev.DEFAULT_GROUP
         op = text(e.get("op")) or "collective"
         if e.get("p2p") or op in POINT_TO_POINT_OPS:
-            group = _p2p_group(group, e.get("peer"))
+            group = p2p_group(group, e.get("peer"))
         opened = self.opens.pop((group, seq), None) if seq is not None else None
         if e.get("ok") is False and opened is not None:
             # A collective that failed (its peer died, a timeout): keep it, so the rank still
@@ -454,7 +375,7 @@ class RankTracker:
         self.traceback = text(e.get("traceback"))
         self.error_t = t
         self.error_at = where
-        self.error_line = _location(e.get("location"))
+        self.error_line = location(e.get("location"))
         self.last_event = f"error {exc_type}"
 
     def _exit(self, e: dict[str, Any], t: float | None, where) -> None:
@@ -504,7 +425,7 @@ class RankTracker:
         steps = len(self.own_work[0])
         if not steps:
             return None, None, None, 0
-        typical = [_median([v for v in column if v is not None]) for column in self.own_work]
+        typical = [median([v for v in column if v is not None]) for column in self.own_work]
         return typical[0], typical[1], typical[2], steps
 
     def latest_calls(self) -> tuple[CollectiveView, ...]:

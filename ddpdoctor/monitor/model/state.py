@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.monitor.model.launchers import LauncherGroups, launcher_groups, launcher_views
-from ddpdoctor.monitor.model.rank_tracker import RankTracker, num
+from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.rank_views import RankViews
 from ddpdoctor.monitor.model.snapshot import (
     LogLine,

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddpdoctor.checks.context import CheckContext, DoctorOptions
 from ddpdoctor.checks.report import DoctorReport
-from ddpdoctor.distributed_doctor import doctor
+from ddpdoctor.distributed_doctor import exchange, rank_setup
 from ddpdoctor.distributed_doctor.facts import RankFacts
 from ddpdoctor.launchers.identity import LaunchInfo
 
@@ -47,11 +47,11 @@ class StuckDist:
         NEVER.wait()
 
 
-def setup(timeout_s: float, rank: int = 0) -> doctor.Setup:
+def setup(timeout_s: float, rank: int = 0) -> rank_setup.Setup:
     info = LaunchInfo("env", rank, 2, 0, None, None, "198.18.0.11", 29500, False, "run")
     context = CheckContext(env={}, options=DoctorOptions(smoke=False))
     deadline = time.monotonic() + timeout_s
-    return doctor.Setup(info, [], context, timeout_s, False, deadline)
+    return rank_setup.Setup(info, [], context, timeout_s, False, deadline)
 
 
 def payload_args(store: DictStore) -> tuple[Any, Any]:
@@ -63,23 +63,23 @@ def payload_args(store: DictStore) -> tuple[Any, Any]:
 
 
 def test_a_group_that_never_forms_is_abandoned_at_the_deadline(monkeypatch):
-    monkeypatch.setattr(doctor, "_ABANDONED", [])
-    monkeypatch.setattr(doctor, "GROUP_MIN_S", 0.5)
+    monkeypatch.setattr(rank_setup, "ABANDONED", [])
+    monkeypatch.setattr(exchange, "GROUP_MIN_S", 0.5)
     dist, store = StuckDist(), DictStore()
     local, facts = payload_args(store)
     started = time.monotonic()
-    gathered, error, seconds = doctor._gather(setup(1.0), dist, store, store, local, facts)
+    gathered, error, seconds = exchange.gather_reports(setup(1.0), dist, store, store, local, facts)
     took = time.monotonic() - started
     assert dist.inits == 1 and took < 3.0
     assert error == "it did not form within --timeout 1 s" and seconds is None
-    assert doctor._ABANDONED == ["init_process_group"]  # the process will end with os._exit
+    assert rank_setup.ABANDONED == ["init_process_group"]  # the process will end with os._exit
     assert gathered is not None and [p["rank"] for p in gathered] == [0, 1]  # from the store
 
 
 def test_a_group_the_probe_ruled_out_is_not_tried(monkeypatch):
-    monkeypatch.setattr(doctor, "_ABANDONED", [])
+    monkeypatch.setattr(rank_setup, "ABANDONED", [])
     dist, store = StuckDist(), DictStore()
     local, facts = payload_args(store)
     why = "gloo on node 0 (h1) listens on 127.0.1.1 (...), which node 1 (h2) cannot reach: refused"
-    _, error, _ = doctor._gather(setup(60.0), dist, store, store, local, facts, False, why)
-    assert dist.inits == 0 and error == why and doctor._ABANDONED == []
+    _, error, _ = exchange.gather_reports(setup(60.0), dist, store, store, local, facts, False, why)
+    assert dist.inits == 0 and error == why and rank_setup.ABANDONED == []

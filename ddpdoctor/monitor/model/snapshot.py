@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.model.launchers import LauncherView
+from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
 from ddpdoctor.stacks.groups import StackGroup
@@ -283,62 +284,6 @@ def build_frozen(cls: type[T], fields: dict[str, Any]) -> T:
 
 
 @dataclass(frozen=True)
-class LogLine:
-    source: str  # "rank 1 stderr", "nccl vm.1234", ...
-    text: str
-    rank: int | None = None
-    level: str = "info"  # "error" | "warn" | "info"
-    file: str | None = None
-    line_no: int | None = None
-    finding_id: str | None = None  # set when a log explainer recognised this line
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    name: str
-    run_dir: str
-    world_size: int | None = None
-    backend: str | None = None
-    hosts: tuple[str, ...] = ()
-    started_t: float | None = None
-    command: tuple[str, ...] = ()
-    nnodes: int | None = None
-    total_steps: int | None = None
-    # run.json's: "torchrun" (ddpdoctor's own) or "command" (the user's launch command)
-    launch_mode: str | None = None
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """The times that separate normal from stuck, as the monitor set them for this snapshot."""
-
-    hang_after_s: float  # a collective waited on this long (heartbeats alive) is a hang
-    waiting_after_s: float  # longer than this in a collective shows as "waiting" (not yet a hang)
-    heartbeat_stale_s: float  # no heartbeat for this long: the rank's heartbeat has stopped
-    adaptive: bool = True  # False when --hang-after set it
-    basis: str = ""  # how the hang threshold was chosen, in words
-    # The process group's own timeout (init_process_group(timeout=...), else torch's default for
-    # the backend): a wait for a busy rank is an error as it nears it, when torch fails the job.
-    pg_timeout_s: float | None = None
-    pg_timeout_basis: str = ""
-    wait_warn_after_s: float | None = None  # a wait for a busy rank is a warning past this
-    wait_error_after_s: float | None = None  # ... and an error past this
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "hang_after_s": round(self.hang_after_s, 3),
-            "waiting_after_s": round(self.waiting_after_s, 3),
-            "heartbeat_stale_s": round(self.heartbeat_stale_s, 3),
-            "adaptive": self.adaptive,
-            "basis": self.basis,
-            "pg_timeout_s": self.pg_timeout_s,
-            "pg_timeout_basis": self.pg_timeout_basis,
-            "wait_warn_after_s": self.wait_warn_after_s,
-            "wait_error_after_s": self.wait_error_after_s,
-        }
-
-
-@dataclass(frozen=True)
 class WaitView:
     """Ranks waiting in one collective for ranks that have not reached it (diagnosis.json
     `waits`): a hang when those are blocked, a wait when they are busy."""
@@ -367,29 +312,6 @@ class WaitView:
             "timeout_in_s": None if self.timeout_in_s is None else round(self.timeout_in_s, 3),
             "summary": self.summary,
         }
-
-
-@dataclass(frozen=True)
-class CheckupNote:
-    """One finding of the preflight's script checkup (doctor.json, ddpdoctor.monitor.follow.checkup), as
-    a diagnosis cites it when the run shows its symptom (ddpdoctor.monitor.judge.script_citations)."""
-
-    rule: str  # "script.collective_under_rank_guard"
-    path: str  # the file as the checkup was given it (or found it, for a local module)
-    line: int
-    summary: str  # what the source shows and why it bites
-    text: str = ""  # the source line, stripped
-    block: tuple[int, int] | None = None  # rank-guard findings: the `if rank == 0:` body's lines
-
-    @property
-    def location(self) -> str:
-        return f"{self.path}:{self.line}"
-
-    def covers(self, line: int) -> bool:
-        """A rank at `line` of this file is at the flagged line, or in the guarded body."""
-        if self.block is not None and self.block[0] <= line <= self.block[1]:
-            return True
-        return line == self.line
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,20 @@ warning            code (dotted id, e.g. "sampler.set_epoch_missing"), message, 
 fault              inject (the --inject spec text), fault ("hang"|"crash"|...), step
 error              exc_type, message, traceback (str), thread (name), fatal (bool)
 exit               code (int | null), reason ("normal"|"exception"|"signal"|"sys.exit"|...)
+ray_call           state ("busy": the user's code started running in this Ray worker | "idle":
+                   none of it runs any more), call (the actor method's name, or "train_fn" for
+                   Ray Train's training function), ok (bool, on "idle": it returned without an
+                   exception). Ray ends a worker without exit handlers once its work is done:
+                   a rank that vanishes while idle finished; one that vanishes busy died.
 
 Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,
 heartbeat, warning, fault, error and exit are written at once; collective, step, epoch, phase and
 metrics events are queued on the training thread and written, in order, within ~20 ms by the
 heartbeat thread, or before the next immediate event.)
 
+hello              ray, in a Ray worker: {actor_name, actor_class, actor_id, job_id, node_id,
+                   node_ip, worker_id, busy (the user's code runs), calls [names]}
+                   (runtime/ray_worker.py).
 hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
                    a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
                    starts (backend null) and again when init_process_group returns (backend,
@@ -140,6 +148,7 @@ WARNING = "warning"
 FAULT = "fault"
 ERROR = "error"
 EXIT = "exit"
+RAY_CALL = "ray_call"
 
 KINDS = frozenset(
     {
@@ -155,6 +164,7 @@ KINDS = frozenset(
         FAULT,
         ERROR,
         EXIT,
+        RAY_CALL,
     }
 )
 

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster
+.PHONY: demo test lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster lab-ray lab-ray-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,14 @@ lab-stop:
 # A Slurm of the lab's own, one slurmd per lab host (after `make cluster` installed Slurm and munge).
 lab-cluster: lab
 	bash scripts/lab.sh slurm
+
+# A Ray cluster on the lab: head on h1, a node on every other host (RAY_ADDRESS=198.18.0.11:6390).
+# Idempotent; the tests marked `lab` that need it start it and stop it themselves.
+lab-ray: lab
+	RAY=$${RAY:-$(BIN)/ray} bash scripts/lab.sh ray
+
+lab-ray-stop:
+	RAY=$${RAY:-$(BIN)/ray} bash scripts/lab.sh ray-stop
 
 clean:
 	rm -rf $(VENV) build *.egg-info ddpdoctor-runs .pytest_cache .mypy_cache

@@ -133,6 +133,14 @@ def _add_doctor(sub) -> None:
         help="with --distributed: the report comes within SECONDS (+5), whatever the network "
         "does: joining, probing and forming the process group all share it (default 60)",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="with --distributed: run it on every node of a Ray cluster, one task per node "
+        "(ADDRESS as ray.init takes it; default: RAY_ADDRESS or the cluster on this machine)",
+    )
     p.add_argument("--junit-xml", metavar="FILE", help="also write the report as JUnit XML")
     p.add_argument(
         "--script",

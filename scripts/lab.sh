@@ -16,6 +16,9 @@
 #   scripts/lab.sh mtu HOST DEV MTU  set an interface's MTU (the bridge side stays at 1500)
 #   scripts/lab.sh slurm           a Slurm of the lab's own on its hosts (`make lab-cluster`);
 #                                  `down` stops it with the hosts
+#   scripts/lab.sh ray             a Ray cluster on the hosts: head on h1, a node on each other
+#                                  host (`make lab-ray`); idempotent
+#   scripts/lab.sh ray-stop        stop it (`make lab-ray-stop`); idempotent
 #
 # Needs root and iptables (Debian's package: apt-get install -y iptables). The kernel here has no
 # netem, so delay and loss cannot be produced; refusals, silence (DROP), wrong names, wrong
@@ -345,6 +348,121 @@ cmd_slurm() {
   die "the lab's Slurm nodes did not become idle in 60 s (see $SLURM_DIR/log)"
 }
 
+# -- a Ray cluster on the lab's hosts (`make lab-ray`) -----------------------------------------
+# `ray start --head` on h1, `ray start --address` on every other host, each with its own temp
+# dir under $STATE/ray/<host> (the machine's /tmp/ray, and any local cluster there, are left
+# alone), small object stores, a set number of CPUs, no dashboard, and fixed ports: each host
+# has its own network stack, so the same ports serve on every host and free ones are checked.
+# On every host but h1, $RAY_LOCAL is that host's own directory ($STATE/ray/<host>/local bound
+# over it in the mount namespace its Ray runs in): a path whose contents each host has to
+# itself, like a node's local disk, for runs whose hosts share no file system.
+RAY_DIR=$STATE/ray
+RAY_LOCAL=$RAY_DIR/local
+RAY_GCS_PORT=6390
+RAY_CPUS=${LAB_RAY_CPUS:-2}
+RAY_OBJECT_STORE=80000000  # bytes: Ray refuses less than 75 MiB
+# GCS, node manager, object manager, metrics, dashboard agent (2), runtime-env agent; workers.
+RAY_PORTS="6390 6391 6392 6394 6395 6396 6397"
+RAY_WORKER_PORTS="20000 20049"
+
+ray_bin() {
+  local bin
+  for bin in "${RAY:-}" "$(command -v ray 2>/dev/null || true)" "$PWD/.venv/bin/ray"; do
+    [ -n "$bin" ] && [ -x "$bin" ] && { echo "$bin"; return; }
+  done
+  die "the ray command is not installed (pip install 'ray[train]', or RAY=/path/to/ray)"
+}
+
+ray_daemons_up() {  # ray_daemons_up HOST: HOST runs a raylet (and h1 the GCS) of the lab's Ray
+  local want=raylet
+  run_on "$1" sh -c 'for want in "$@"; do
+      found=""
+      for c in /proc/[0-9]*/comm; do [ "$(cat "$c" 2>/dev/null)" = "$want" ] && found=1 && break; done
+      [ -n "$found" ] || exit 1
+    done' sh "$want" $([ "$1" = h1 ] && echo gcs_server) 2>/dev/null
+}
+
+ray_port_free() {  # ray_port_free HOST: none of the lab Ray's fixed ports is taken on HOST
+  local port busy=""
+  for port in $RAY_PORTS; do
+    if ip netns exec "$PREFIX-$1" python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))' "$port" 2>/dev/null; then :; else busy="$busy $port"; fi
+  done
+  [ -z "$busy" ] || die "ports$busy are taken on $1: the lab's Ray needs them (scripts/lab.sh ray-stop?)"
+}
+
+ray_start_on() {  # ray_start_on HOST: the head on h1, a node joining it elsewhere
+  local host=$1 ray addr role
+  ray=$(ray_bin)
+  addr=$NET0.$((10 + ${host#h}))
+  if [ "$host" = h1 ]; then
+    role=(--head --port "$RAY_GCS_PORT" --include-dashboard false)
+  else
+    role=(--address "$NET0.11:$RAY_GCS_PORT")
+  fi
+  mkdir -p "$RAY_DIR/$host/local" "$RAY_LOCAL"
+  chmod 700 "$RAY_DIR/$host/local"
+  local start=(env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled "$ray" start "${role[@]}" --node-ip-address "$addr"
+    --num-cpus "$RAY_CPUS" --object-store-memory "$RAY_OBJECT_STORE" --resources "{\"$host\": 1}"
+    --temp-dir "$RAY_DIR/$host" --disable-usage-stats --node-manager-port 6391
+    --object-manager-port 6392 --metrics-export-port 6394 --dashboard-agent-listen-port 6395
+    --dashboard-agent-grpc-port 6396 --runtime-env-agent-port 6397
+    --min-worker-port "${RAY_WORKER_PORTS% *}" --max-worker-port "${RAY_WORKER_PORTS#* }")
+  if [ "$host" = h1 ]; then
+    run_on "$host" "${start[@]}" >"$RAY_DIR/$host.start.log" 2>&1
+  else
+    # The node's Ray, and every worker it starts, see $RAY_LOCAL as this host's own directory.
+    # shellcheck disable=SC2016
+    run_on "$host" unshare --mount --propagation private -- sh -c \
+      'mount --bind "$0" "$1" && shift && exec "$@"' \
+      "$RAY_DIR/$host/local" "$RAY_LOCAL" "${start[@]}" >"$RAY_DIR/$host.start.log" 2>&1
+  fi || { tail -n 5 "$RAY_DIR/$host.start.log" >&2; die "ray start failed on $host (see $RAY_DIR/$host.start.log)"; }
+}
+
+cmd_ray() {
+  need_root
+  local names host
+  names=$(hosts)
+  [ -n "$names" ] || die "the lab is not up (make lab)"
+  ray_bin >/dev/null
+  mkdir -p "$RAY_DIR"
+  local all=1 any=0
+  for host in $names; do
+    if ray_daemons_up "$host"; then any=1; else all=0; fi
+  done
+  if [ -f "$RAY_DIR/up" ] && [ "$all" = 1 ]; then
+    log "Ray is up on the lab: RAY_ADDRESS=$(cat "$RAY_DIR/up")"
+    return
+  fi
+  if [ "$any" = 1 ]; then  # a part of it died, or a start was cut short: start it again whole
+    cmd_ray_stop >/dev/null
+    mkdir -p "$RAY_DIR"
+  fi
+  for host in $names; do ray_port_free "$host"; done
+  for host in $names; do ray_start_on "$host"; done
+  echo "$NET0.11:$RAY_GCS_PORT" > "$RAY_DIR/up"
+  log "Ray is up on the lab: RAY_ADDRESS=$NET0.11:$RAY_GCS_PORT"
+}
+
+cmd_ray_stop() {
+  need_root
+  local host ray
+  ray=$(ray_bin)
+  # `ray stop` sees only its host's processes (each host has its own PID namespace): nodes
+  # first, the head last. Nothing of the machine's own Ray is touched.
+  for host in $(hosts | sort -r); do
+    [ -n "$(host_pid "$host")" ] || continue
+    if ray_daemons_up "$host"; then
+      run_on "$host" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled timeout 60 "$ray" stop --force \
+        >/dev/null 2>&1 || true
+    fi
+  done
+  rm -rf "$RAY_DIR"
+  log "Ray is down on the lab"
+}
+
 cmd_status() {
   local names
   names=$(hosts)
@@ -396,8 +514,10 @@ main() {
     fw) cmd_fw "$@" ;;
     mtu) cmd_mtu "$@" ;;
     slurm) cmd_slurm ;;
+    ray) cmd_ray ;;
+    ray-stop) cmd_ray_stop ;;
     fw-clear) [ $# -eq 1 ] || die "usage: lab.sh fw-clear HOST"; cmd_fw_clear "$1" ;;
-    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST | mtu HOST DEV MTU | slurm" ;;
+    *) die "usage: lab.sh up [N] | down | status | exec [--hosts FILE] HOST CMD... | fw HOST RULE... | fw-clear HOST | mtu HOST DEV MTU | slurm | ray | ray-stop" ;;
   esac
 }
 

@@ -60,6 +60,12 @@ def main(args: argparse.Namespace) -> int:
     if args.list_checks:
         return list_checks(json_out=args.json)
     options = options_from_args(args)
+    if getattr(args, "ray", None) is not None:
+        if not args.distributed:
+            raise UsageError("--ray goes with --distributed: ddpdoctor doctor --distributed --ray")
+        from ddpdoctor.distributed_doctor.on_ray import main as ray_main
+
+        return ray_main(args)
     if args.distributed:
         from ddpdoctor.distributed_doctor.doctor import main as distributed_main
 

@@ -20,7 +20,7 @@ from ddpdoctor.launchers.variables import TORCH_VARS, parse_int
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    launcher: str  # "torchrun", "env" (RANK/WORLD_SIZE set by hand), "slurm" or "mpi"
+    launcher: str  # "torchrun", "env" (RANK/WORLD_SIZE set by hand), "slurm", "mpi" or "ray"
     rank: int
     world_size: int
     local_rank: int
@@ -47,6 +47,8 @@ def detect_launch(
     """Raises UsageError with a fix when no launcher (or a broken one) describes this process."""
     if "RANK" in env and "WORLD_SIZE" in env:
         launcher = "torchrun" if detect_launcher(env).torchrun else "env"
+        if launcher == "env" and env.get("DDPDOCTOR_LAUNCHED_BY") == "ray":
+            launcher = "ray"  # `doctor --distributed --ray` set them, one task per Ray node
         torch_env = {k: env[k] for k in TORCH_VARS if k in env}
     elif in_slurm_step(env):
         launcher = "slurm"
@@ -84,7 +86,7 @@ def detect_launch(
         raise UsageError(f"RANK={rank} must be at least 0 and below WORLD_SIZE={world}")
     local_world = parse_int(torch_env.get("LOCAL_WORLD_SIZE"))
     node_rank = parse_int(torch_env.get("GROUP_RANK"))
-    if node_rank is None and launcher == "env":
+    if node_rank is None and launcher in ("env", "ray"):
         node_rank = parse_int(env.get("NODE_RANK"))
     return LaunchInfo(
         launcher=launcher,

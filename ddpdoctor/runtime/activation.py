@@ -111,11 +111,23 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         import torch  # noqa: F401 - the hooks need it; a rank imports it anyway
     except ImportError:
         return
-    from ddpdoctor.runtime import c10d_hooks, data_hooks, ddp_hooks, frameworks, optim_hooks
+    from ddpdoctor.runtime import (
+        c10d_hooks,
+        data_hooks,
+        ddp_contract,
+        ddp_hooks,
+        frameworks,
+        fsdp_hooks,
+        funcol_hooks,
+        optim_hooks,
+    )
 
     for name, installer in (
         ("collectives", c10d_hooks.install),
+        ("functional collectives", funcol_hooks.install),
         ("ddp", ddp_hooks.install),
+        ("ddp contract", ddp_contract.install),
+        ("fsdp", fsdp_hooks.install),
         ("data", data_hooks.install),
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),

@@ -76,6 +76,9 @@ class _Nesting(threading.local):
     depth = 0
     # While a DDP comm hook runs: the Works its nested calls return (they tell when it is done).
     capture: list[Any] | None = None
+    # While an FSDP unit gathers or reduces (fsdp_hooks.py): the site its collectives take, the
+    # unit's own (its module and the line that called fully_shard), in place of a frame walk.
+    unit: str | None = None
 
 
 NESTING = _Nesting()
@@ -188,7 +191,8 @@ def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
         tracker = runtime.collectives
         # written before the call is entered: a rank that dies in it (gloo aborts the process on
         # a size mismatch) has said what it was calling, with which shapes
-        rec = tracker.begin(desc, call_sites.caller_site(1))
+        unit = NESTING.unit
+        rec = tracker.begin(desc, unit if unit is not None else call_sites.caller_site(1))
         NESTING.depth += 1
         t0 = runtime.mono_clock()
         try:

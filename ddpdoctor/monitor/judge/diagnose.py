@@ -22,6 +22,7 @@ from ddpdoctor.findings import Finding, sort_findings
 from ddpdoctor.monitor.judge.fr_evidence import annotate as with_flight_recorder
 from ddpdoctor.monitor.judge.job_text import weigh_exit_reports
 from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.rules import contract as contract_rule
 from ddpdoctor.monitor.judge.rules import crash as crash_rule
 from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
 from ddpdoctor.monitor.judge.rules import fr_mismatch as fr_mismatch_rule
@@ -68,7 +69,10 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
     mismatch = (
-        mismatch_rule.detect(snap) or world_size_rule.detect(snap) or fr_mismatch_rule.detect(snap)
+        contract_rule.detect(snap)
+        or mismatch_rule.detect(snap)
+        or world_size_rule.detect(snap)
+        or fr_mismatch_rule.detect(snap)
     )
     if mismatch is not None and (
         crash is None

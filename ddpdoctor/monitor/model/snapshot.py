@@ -31,6 +31,10 @@ SHAPE_AGREEING_OPS = frozenset(
         "all_gather_into_tensor",
         "reduce_scatter",
         "reduce_scatter_tensor",
+        # what FSDP2 and the functional collectives (DTensor, tensor parallelism) call
+        "all_gather_single",
+        "reduce_scatter_single",
+        "all_gather_tensor",
     }
 )
 # How many of each rank's latest calls the mismatch rule compares across ranks.

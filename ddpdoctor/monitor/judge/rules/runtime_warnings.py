@@ -10,7 +10,12 @@ from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
 HANDLED = frozenset(
-    {"sampler.set_epoch_missing", "sampler.uneven_batches", "init.world_size_mismatch"}
+    {
+        "sampler.set_epoch_missing",
+        "sampler.uneven_batches",
+        "init.world_size_mismatch",
+        "spmd.contract_mismatch",
+    }
 )
 
 

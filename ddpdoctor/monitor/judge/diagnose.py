@@ -28,6 +28,7 @@ from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
 from ddpdoctor.monitor.judge.rules import fr_mismatch as fr_mismatch_rule
 from ddpdoctor.monitor.judge.rules import hang as hang_rule
 from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
+from ddpdoctor.monitor.judge.rules import network as network_rule
 from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
@@ -80,7 +81,10 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     ):
         return mismatch, crash
     # the events' hang first: with the flight recorder's at the same onset, the events' wins
-    outcomes = (hang_rule.detect(snap), fr_hang_rule.detect(snap), transport_rule.detect(snap))
+    hang, fr_hang = hang_rule.detect(snap), fr_hang_rule.detect(snap)
+    # no culprit: which link stopped carrying bytes, where the nodes' looks tell
+    network = network_rule.detect(snap) if hang is None and fr_hang is None else None
+    outcomes = (hang, fr_hang, network or transport_rule.detect(snap))
     stuck = [o for o in outcomes if o is not None]
     if stuck:
         first = min(stuck, key=lambda o: o.onset_t or 0.0)
@@ -169,6 +173,7 @@ def diagnose(
         sampler_rule.detect(snap),
         straggler_rule.detect(snap),
         warnings_rule.detect(snap),
+        network_rule.names(snap) if primary is None or primary.rule != "network" else None,
     ):
         if outcome is not None:
             secondary.extend(outcome.findings)

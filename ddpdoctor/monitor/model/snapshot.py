@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.model.launchers import LauncherView
+from ddpdoctor.monitor.model.network import NodeNetwork
 from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
@@ -349,6 +350,7 @@ class Snapshot:
     fr_status: str | None = None  # "asked 12:01:03", "2/2 ranks answered 12:01:04", ...
     # The preflight's script checkup findings (read from doctor.json once), which diagnoses cite.
     checkup: tuple[CheckupNote, ...] = ()
+    network: tuple[NodeNetwork, ...] = ()  # the nodes' looks at a stall (follow.net_watch)
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)

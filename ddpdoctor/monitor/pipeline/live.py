@@ -45,6 +45,7 @@ from ddpdoctor.monitor.judge.run_end import (
 )
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
 from ddpdoctor.monitor.tell.diagnosis_file import lead_wrote_the_final, writer_record
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
@@ -155,6 +156,8 @@ class Monitor:
         self._job_exit: tuple[int | None, str | None] = (None, None)
         self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
         self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
+        # a launcher's looks at its ranks' connections once they all stall; every node's read
+        self.network = NetworkFollow(self.run, node_rank, data, look=write_diagnosis)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -288,6 +291,8 @@ class Monitor:
             fr_status=self.flight_recorder.status(),
             checkup=checkup,
         )
+        nodes = set(self.nodes) | set(range(snap.run.nnodes or 1))
+        snap = replace(snap, network=self.network.read(snap, nodes, now))
         extra = list(self.stacks.findings)
         if self.logs is not None:
             extra.extend(self.logs.findings)
@@ -322,6 +327,8 @@ class Monitor:
                         for v in snap.ranks
                     )
                 )
+        if not final and live and self._held is None:
+            self.network.observe(snap, self.own_ranks(snap), now)
         self._last = snap
         self._write(snap)
         return snap

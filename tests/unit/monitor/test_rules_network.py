@@ -1,0 +1,133 @@
+"""The network rule on the looks two lab hosts wrote at real cuts (tests/fixtures/network/,
+recorded from `ddpdoctor run --nnodes 2` on h1 and h2 of `make lab`), and on made-up ones."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import network
+from ddpdoctor.monitor.model.network import NameView, node_network_from_json
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
+from tests.unit.monitor.test_monitor_builders import NOW, snap, view, waiting
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "network"
+
+
+def looks(case: str, now: float = NOW):
+    out = []
+    for node in (0, 1):
+        report = node_network_from_json(
+            json.loads((FIXTURES / case / f"node-{node}.json").read_text())
+        )
+        assert report is not None
+        out.append(replace(report, t=now))
+    return tuple(out)
+
+
+def stalled(rank: int, host: str, for_s: float = 10.0):
+    return view(rank, RankState.STALLED, host=host, last_progress_t=NOW - for_s)
+
+
+def test_both_ways_cut_names_the_pair_the_connection_and_the_probe():
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=looks("cut-both")))
+    assert out is not None and out.verdict is Verdict.HANG and out.confirmed and not out.culprits
+    summary = out.findings[0].summary
+    assert "the link between h1 and h2 carries nothing in either direction" in summary
+    assert "queued on rank 0's connection to 198.19.77.12" in summary
+    assert "a probe from h1 to h2 times out" in summary
+
+
+def test_one_way_cut_names_the_direction_from_both_ends_segment_counts():
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=looks("cut-one-way")))
+    assert out is not None
+    assert "the link h2 → h1 carries nothing (h1 → h2 does)" in out.findings[0].summary
+    texts = [e.text for e in out.findings[0].evidence]
+    assert any("segments h2 sent on the job's connections never reached h1" in t for t in texts)
+
+
+def test_a_rank_still_progressing_is_no_network_hang():
+    ranks = [stalled(0, "h1"), view(1, host="h2")]
+    assert network.detect(snap(ranks, network=looks("cut-both"))) is None
+
+
+def test_a_short_stall_is_not_judged():
+    ranks = [stalled(0, "h1", 2.0), stalled(1, "h2", 2.0)]
+    assert network.detect(snap(ranks, network=looks("cut-both"))) is None
+
+
+def test_links_that_carry_make_no_finding():
+    quiet = []
+    for report in looks("cut-both"):
+        links = tuple(
+            replace(
+                link,
+                send_q=0,
+                retransmits=0,
+                total_retrans=0,
+                last_ack_ms=100,
+                segs_in=5,
+                segs_out=5,
+            )
+            for link in report.links
+        )
+        probes = tuple(replace(p, answered=True, outcome="connected") for p in report.probes)
+        quiet.append(replace(report, links=links, probes=probes))
+    ranks = [stalled(0, "h1"), stalled(1, "h2")]
+    assert network.detect(snap(ranks, network=tuple(quiet))) is None
+
+
+def test_a_hang_with_a_culprit_stays_the_hang_rules():
+    # rank 1 is behind (it never reached #41): the hang rule names it, the network rule waits
+    ranks = [
+        waiting(0, 41, 9.0, host="h1"),
+        view(1, RankState.STALLED, host="h2", seq=40, last_progress_t=NOW - 9),
+    ]
+    diagnosis = diagnose(snap(ranks, network=looks("cut-both")))
+    assert diagnosis.culprits == frozenset({1})
+    assert all(f.id != "network.link" for f in diagnosis.findings)
+
+
+def test_a_changed_name_while_running_is_a_warning_with_both_answers():
+    report = looks("cut-both")[1]
+    name = NameView("h1", "rendezvous endpoint", ("198.18.0.11",), ("198.18.0.99",), None, 0.0)
+    moved = replace(report, links=(), probes=(), names=(name,))
+    diagnosis = diagnose(snap([view(0, host="h1"), view(1, host="h2")], network=(moved,)))
+    assert diagnosis.verdict is Verdict.RUNNING
+    found = [f for f in diagnosis.findings if f.id == "network.name_changed"]
+    assert found and found[0].summary == (
+        "on h2, rendezvous endpoint h1 resolved to 198.18.0.11 when the job started; now to 198.18.0.99"
+    )
+
+
+def test_a_name_that_stopped_resolving_says_so():
+    name = NameView("h1", "MASTER_ADDR", ("198.18.0.11",), (), "Name or service not known", 0.0)
+    assert network.describe_name("h2", name).endswith("now to nothing (Name or service not known)")
+
+
+def test_crafted_reports_are_dropped_not_raised():
+    assert node_network_from_json({"schema_version": 1, "t": "x"}) is None
+    assert node_network_from_json([1, 2]) is None
+    data = json.loads((FIXTURES / "cut-both" / "node-0.json").read_text())
+    data["links"] = [{"rank": "zero"}, *data["links"]]
+    report = node_network_from_json(data)
+    assert report is not None and len(report.links) == len(data["links"]) - 1
+
+
+def test_an_interface_set_down_is_named_and_its_peer_has_no_carrier():
+    out = network.detect(
+        snap([stalled(0, "h1"), stalled(1, "h2")], network=looks("interface-down"))
+    )
+    assert out is not None and out.confirmed
+    summary = out.findings[0].summary
+    assert "h2's ddn0 (198.19.77.12) is down" in summary
+    assert "h1's ddn0 (198.19.77.11) has no carrier" in summary
+
+
+def test_with_one_node_look_the_peer_is_named_by_the_names_it_resolved():
+    only_h2 = looks("interface-down")[1:]
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=only_h2))
+    assert out is not None
+    assert "the link between h1 and h2" in out.findings[0].summary

@@ -261,7 +261,9 @@ def main() -> int:
     parser.add_argument("--json-out", type=Path, metavar="FILE", help="write the results there")
     args = parser.parse_args()
     BACKEND[0] = args.backend
-    print(f"ddpdoctor overhead: {args.nproc} {args.backend} ranks, {args.steps} steps, {args.reps} pairs")
+    print(
+        f"ddpdoctor overhead: {args.nproc} {args.backend} ranks, {args.steps} steps, {args.reps} pairs"
+    )
     sides: list[tuple[str, Callable[..., Measurement]]] = [
         ("(0) control: plain torchrun against itself", measure_plain_twice),
         ("(a) reference job", measure_reference),

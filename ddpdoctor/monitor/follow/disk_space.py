@@ -24,6 +24,7 @@ class DiskWatch:
         self.full_after_step: int | None = None  # the latest step seen when it was first full
         self.full_seen = False
         self.free_bytes: int | None = None
+        self.read_only = False
         self._checked: float | None = None
 
     def check(self, now: float, step: int | None, *, force: bool = False) -> None:
@@ -35,9 +36,17 @@ class DiskWatch:
         except OSError:
             return
         self.free_bytes = st.f_bavail * st.f_frsize
-        if self.free_bytes < FULL_BELOW_BYTES and not self.full_seen:
+        self.read_only = bool(st.f_flag & os.ST_RDONLY)
+        if (self.free_bytes < FULL_BELOW_BYTES or self.read_only) and not self.full_seen:
             self.full_seen = True
             self.full_after_step = step
+
+    @property
+    def events_lost(self) -> str | None:
+        """Why the ranks' events may be missing from now on (None: nothing says so)."""
+        if not self.full_seen:
+            return None
+        return "read-only" if self.read_only else "full"
 
     def findings(self) -> list[Finding]:
         if not self.full_seen:
@@ -47,13 +56,18 @@ class DiskWatch:
             if self.full_after_step is not None
             else "from the start"
         )
+        what = (
+            "run directory read-only"
+            if self.read_only
+            else f"run directory full ({self.free_bytes or 0} bytes free on its file system)"
+        )
         return [
             Finding(
                 FINDING_ID,
                 Severity.WARNING,
-                f"run directory full ({self.free_bytes or 0} bytes free on its file system): "
-                f"events {after} dropped, rank output from then on shown on the console but not "
-                "kept in the rank logs; the verdict rests on what was recorded",
+                f"{what}: events {after} dropped, rank output from then on shown on the console but not "
+                "kept in the rank logs; the ranks' ends are from what ddpdoctor saw of their "
+                "processes and their launcher's exit status",
                 "Free space on the run directory's file system, or put runs on a larger one "
                 "(--run-dir DIR). The job itself was not stopped by it.",
             )

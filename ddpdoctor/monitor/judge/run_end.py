@@ -19,6 +19,7 @@ from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
+DISK_FULL = "run.disk_full"  # (ddpdoctor.monitor.follow.disk_space)
 # Findings that say how the ranks ended: after the user stopped the run, that was the stop.
 STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal"})
 
@@ -171,6 +172,11 @@ def launcher_exit_snapshot(snap: Snapshot, code: int | None, launcher: str | Non
             break
     how = f"was killed by {signame}" if signame else f"exited with code {code}"
     clean = "" if signame or reported else ", although every rank recorded a clean exit"
+    if not reported and any(f.id == DISK_FULL for f in snap.findings):
+        clean = (
+            "; how each rank ended is not recorded: the run directory could not take their "
+            f"exit events ({DISK_FULL})"
+        )
     summary = f"the launcher ({name}) {how}{clean}{where}"
     if reported:
         summary = f"{summary}: {reported}"

@@ -40,6 +40,7 @@ class RankViews:
     agents: dict[str, AgentLogParser]
     agent_files: dict[str, str]
     reported: set[int]
+    events_lost: str | None
     _settled: dict[int, tuple[RankTracker, int, dict[str, Any]]]
     _shared_items: tuple[dict[str, int] | None, tuple[tuple[str, int], ...]]
     _last_views: list[RankView] | None
@@ -284,6 +285,10 @@ class RankViews:
                 agent.exit_code,
                 agent.signal,
             )
+        if self.events_lost is not None:
+            lost = events_lost_state(tracker, self.alive.get(tracker.rank), now, th)
+            if lost is not None:
+                return lost, None, None, None
         if self.alive.get(tracker.rank) is False:
             if tracker.ray_busy is False:  # Ray ended it after its code returned
                 return RankState.DONE, None, None, None
@@ -314,6 +319,21 @@ class RankViews:
                 return RankState.RUNNING, None, None, None  # no events, but busy in its own code
             return RankState.STALLED, None, None, None
         return RankState.RUNNING, None, None, None
+
+
+def events_lost_state(
+    tracker: RankTracker, alive: bool | None, now: float, th: Thresholds
+) -> RankState | None:
+    """A rank's state while its events cannot be written (the run directory's file system is
+    full or read-only): a process gone without an exit event ended as far as ddpdoctor knows
+    (how, its launcher's exit status tells: ddpdoctor.monitor.judge.run_end), and a record gone
+    quiet says nothing about progress. None: its record still speaks."""
+    if alive is False:
+        return RankState.DONE
+    last_sign = tracker.last_heartbeat_t or tracker.last_event_t
+    if last_sign is not None and now - last_sign > th.heartbeat_stale_s:
+        return RankState.RUNNING
+    return None
 
 
 def _steady_until(tracker: RankTracker, th: Thresholds) -> float:

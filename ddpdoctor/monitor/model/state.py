@@ -91,6 +91,13 @@ class RunState(RankViews):
         # events whose rank lies outside the world: how many, and the first (file, line, rank)
         self.skipped_events = 0
         self.first_skipped: tuple[str, int, int] | None = None
+        # ranks refused (no process of the job behind them) -> the pid of their refused hello:
+        # their events are not folded in until a hello of another process
+        self.refused: dict[int, int | None] = {}
+        self.refused_events = 0
+        # why the ranks' events cannot be written now (the run directory's file system full or
+        # read-only), when ddpdoctor saw so: their records then end short of their processes
+        self.events_lost: str | None = None
 
     # -- input -----------------------------------------------------------------------------
 
@@ -124,6 +131,9 @@ class RunState(RankViews):
             if self.first_skipped is None:
                 self.first_skipped = (*(where or ("events", 0)), rank)
             return
+        if rank in self.refused and not self._new_process(rank, event):
+            self.refused_events += 1
+            return
         if rank in self.reported:  # (a record made from rows never takes events on top)
             self.restart_rank(rank)
         tracker = self.tracker(rank)
@@ -150,6 +160,29 @@ class RunState(RankViews):
                 self.by_local[(tracker.host, tracker.local_rank)] = rank
             if tracker.host is not None and tracker.pid is not None:
                 self.by_pid[(tracker.host, tracker.pid)] = rank
+
+    def refuse(self, rank: int) -> None:
+        """Drop a rank no process of the job is behind (ddpdoctor.monitor.follow.vouching):
+        no view, no culprit, no world size of its saying."""
+        tracker = self.ranks.pop(rank, None)
+        self.refused[rank] = tracker.pid if tracker is not None else None
+        self.alive.pop(rank, None)
+        self.reported.discard(rank)
+        self._others = None
+        self._remake.add(rank)
+        self._settled.pop(rank, None)
+        self._by_node_local = None
+        self._launcher_groups = None
+        self.by_local = {k: r for k, r in self.by_local.items() if r != rank}
+        self.by_pid = {k: r for k, r in self.by_pid.items() if r != rank}
+
+    def _new_process(self, rank: int, event: dict[str, Any]) -> bool:
+        """A hello of another process than the refused one: the rank is looked at anew."""
+        pid = event.get("pid")
+        if event["kind"] != ev.HELLO or not isinstance(pid, int) or pid == self.refused[rank]:
+            return False
+        del self.refused[rank]
+        return True
 
     def row_applied(self, tracker: RankTracker, *, stepped: bool) -> None:
         """What `apply` notes of a rank's events, for a row copied onto its record (a rank of
@@ -181,7 +214,9 @@ class RunState(RankViews):
             stated = event.get("world_size")
             if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
                 self.hello_world = max(self.hello_world, min(stated, ev.MAX_RANKS))
-        known = max(self.info.world_size or 0, self.hello_world)
+        # The world ddpdoctor's own launch made (nproc x nnodes) is a fact: no hello enlarges it.
+        # A user's command's world is known only from what its ranks say.
+        known = self.info.world_size or self.hello_world
         return min(known, ev.MAX_RANKS) if known > 0 else ev.MAX_RANKS
 
     def _training_started(self, t: float | None) -> None:
@@ -266,6 +301,12 @@ class RunState(RankViews):
             self._by_node_local = index
         return self._by_node_local
 
+    def set_events_lost(self, why: str | None) -> None:
+        if why != self.events_lost:
+            self.events_lost = why
+            self._remake.update(self.ranks)
+            self._last_views = None
+
     def set_alive(self, rank: int, alive: bool | None) -> None:
         if self.alive.get(rank, alive) != alive or rank not in self.alive:
             self._remake.add(rank)
@@ -275,6 +316,8 @@ class RunState(RankViews):
 
     @property
     def world_size(self) -> int:
+        if self.info.world_size:  # ddpdoctor's own launch: what it started, whatever a hello says
+            return min(self.info.world_size, ev.MAX_RANKS)
         sizes = [t.world_size for t in self.ranks.values() if t.world_size]
         known = max(sizes, default=0)
         world = max(known, self.info.world_size or 0, max(self.ranks, default=-1) + 1)

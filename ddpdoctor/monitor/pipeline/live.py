@@ -34,6 +34,7 @@ from ddpdoctor.monitor.follow.node_summaries import NodeMerge
 from ddpdoctor.monitor.follow.node_watch import NODES_EVERY_S, NodeWatch
 from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.follow.tail import RunTailer
+from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.held import held_by_launcher, stop_record, stopped_by_peer
 from ddpdoctor.monitor.judge.rules import RuleOutcome
@@ -155,9 +156,12 @@ class Monitor:
         # The launcher's exit status as whoever ran it saw it, and its name (close()).
         self._job_exit: tuple[int | None, str | None] = (None, None)
         self._killed_launcher: Any = None  # _launcher_killed's answer, once asked
+        self._launcher_pid: int | None = None  # run.json's launcher_pid (0: none), once read
         self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
         # a launcher's looks at its ranks' connections once they all stall; every node's read
         self.network = NetworkFollow(self.run, node_rank, data, look=write_diagnosis)
+        # which ranks are processes of the job (a file's word alone makes no rank)
+        self.vouching = Vouching(self.run.path, self.run.events_file)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -264,14 +268,17 @@ class Monitor:
                 if event is not None:
                     apply(event, (lines.rel, line_no))
                     note(event["rank"], line_no, event)
-        self.merge.publish(now, force=final)
         self._check_liveness(first_look=True)
+        self._vouch()
+        self.merge.publish(now, force=final)
         self.host_probes.probe(self.state, self._last, now)
         interesting = False
         for log in batch.logs:
             if self.state.apply_log_lines(log.source, log.lines):
                 interesting = True
         live = self._is_live(now)
+        if live or self.job_ended:  # a run read later: today's free space says nothing of it
+            self._check_disk(now, final)
         taken = now if live else (self.state.last_t or now)
         snap = self.state.snapshot(taken, live=live, hang_after=self.hang_after)
         if self.logs is not None:
@@ -298,9 +305,7 @@ class Monitor:
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
         extra.extend(skipped_event_findings(self.state))
-        if live or self.job_ended:  # a run read later: today's free space says nothing of it
-            steps = [view.step for view in snap.ranks if view.step is not None]
-            self.disk.check(now, max(steps, default=None), force=final)
+        extra.extend(self.vouching.findings(self.state.world_size))
         extra.extend(self.disk.findings())
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
@@ -455,6 +460,40 @@ class Monitor:
                 alive[rank] = None  # another host's process: not this watcher's to tell
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
+
+    def _check_disk(self, now: float, final: bool) -> None:
+        """Whether the ranks' events can be written, before the ranks are judged: a rank seen
+        gone without its exit event is looked at at once (was it the disk that kept it out?)."""
+        ranks, alive = self.state.ranks, self.state.alive
+        steps = [t.step for t in ranks.values() if t.step is not None]
+        vanished = any(alive.get(r) is False and t.exit_code is None for r, t in ranks.items())
+        self.disk.check(now, max(steps, default=None), force=final or vanished)
+        self.state.set_events_lost(self.disk.events_lost)
+
+    def _vouch(self) -> None:
+        """Vouch for the ranks of this host while the job runs here: a launcher of the run
+        (until its job has ended), or a watcher that sees one of the run's ranks alive here."""
+        launcher = self._launcher_pids()
+        if self.job_ended or not (os.getpid() in launcher or True in self.state.alive.values()):
+            return
+        here = self._local_hosts
+        self.vouching.look(
+            self.state,
+            lambda host: here.get(host) or is_local(host, self.local_host),
+            roots=launcher,
+        )
+
+    def _launcher_pids(self) -> set[int]:
+        """The pids of the run's launchers on this host (run.json's, the node records')."""
+        pids = {r.launcher_pid for r in self.nodes.values() if is_local(r.host, self.local_host)}
+        pid = self._launcher_pid
+        if pid is None:
+            data = self.run.read_run_json()
+            found, hosts = data.get("launcher_pid"), data.get("hosts")
+            host = hosts[0] if isinstance(hosts, list) and hosts else None
+            local = isinstance(host, str) and is_local(host, self.local_host)
+            pid = self._launcher_pid = found if type(found) is int and local else 0
+        return {p for p in (*pids, pid) if isinstance(p, int) and p > 0}
 
     def _is_live(self, now: float) -> bool:
         if any(a is True for a in self.state.alive.values()):

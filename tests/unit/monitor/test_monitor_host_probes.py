@@ -13,7 +13,7 @@ from ddpdoctor.monitor.follow.liveness import this_host
 from ddpdoctor.monitor.model.snapshot import Verdict
 from ddpdoctor.protocol.verdicts import ActivityState
 from tests.procs import background
-from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run
+from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run, run_env
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 SPINNER = [
@@ -60,7 +60,7 @@ def _rank0_idle_rank1_in_barrier(tmp_path, pid: int, gpu: RecordedGpuProbe):
 
 
 def test_a_rank_whose_gpu_works_is_waited_for_not_a_hang(tmp_path):
-    with background(SLEEPER) as proc:
+    with background(SLEEPER, env=run_env(tmp_path / "run")) as proc:
         gpu = RecordedGpuProbe({proc.pid: 92.0})
         snaps = _rank0_idle_rank1_in_barrier(tmp_path, proc.pid, gpu)
     last = snaps[-1]
@@ -72,7 +72,7 @@ def test_a_rank_whose_gpu_works_is_waited_for_not_a_hang(tmp_path):
 
 
 def test_the_same_rank_with_an_idle_gpu_is_the_culprit_of_a_hang(tmp_path):
-    with background(SLEEPER) as proc:
+    with background(SLEEPER, env=run_env(tmp_path / "run")) as proc:
         snaps = _rank0_idle_rank1_in_barrier(tmp_path, proc.pid, RecordedGpuProbe({proc.pid: 0}))
     last = snaps[-1]
     assert last.verdict is Verdict.HANG and last.culprits == {0} and last.confirmed

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import pytest
 from ddpdoctor.monitor import Monitor
 from ddpdoctor.monitor.follow.liveness import this_host
 from ddpdoctor.monitor.model.snapshot import RankState, Verdict
-from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.rundir import ENV_RUN_DIR, RunDir
 from ddpdoctor.stacks import capture as stacks_module
 from ddpdoctor.stacks.groups import Frame, RankStacks, StackCapture, ThreadStack
 from tests.unit.monitor.test_monitor_builders import NOW
@@ -29,6 +30,12 @@ class Writer:
 
     def __init__(self, run: RunDir, clock: Clock, host: str = "elsewhere") -> None:
         self.run, self.clock, self.host = run, clock, host
+        self.held: list = []  # event files held open, as a rank's writer holds its own
+
+    def hold(self, rank: int) -> None:
+        """This test process stands in for the rank: it holds the rank's event file open, as
+        the runtime's writer does, so that ddpdoctor can vouch for it as a process of the run."""
+        self.held.append(open(self.run.events_file(rank), "a"))  # noqa: SIM115
 
     def ev(self, rank: int, kind: str, **fields) -> None:
         event = {"v": 1, "t": self.clock.t, "mono": 0.0, "rank": rank, "kind": kind, **fields}
@@ -39,7 +46,14 @@ class Writer:
         for r in range(world):
             pid = pids[r] if pids else 5000 + r
             self.ev(r, "hello", local_rank=r, world_size=world, host=self.host, pid=pid)
+            if pid == os.getpid():
+                self.hold(r)
             self.ev(r, "phase", phase="train")
+
+
+def run_env(run: RunDir | os.PathLike[str]) -> dict[str, str]:
+    """The environment of a process that stands in for a rank: the run started it."""
+    return {**os.environ, ENV_RUN_DIR: str(run.path if isinstance(run, RunDir) else run)}
 
 
 def new_run(tmp_path) -> RunDir:
@@ -159,7 +173,7 @@ def test_torn_event_line_is_read_once_complete(tmp_path):
 
 def test_a_local_process_that_vanishes_is_gone_and_the_run_crashed(tmp_path):
     run, clock = new_run(tmp_path), Clock(time.time())
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=run_env(run))
     try:
         w = Writer(run, clock, host=this_host())
         w.start(pids=[proc.pid, 999_999])  # rank 1's pid exists nowhere

@@ -1,0 +1,201 @@
+"""Vouching: which ranks are processes of the job, as ddpdoctor saw them itself.
+
+A rank's events are what a file says. They count, as a rank that can be a culprit or a reason to
+stop the job, only once ddpdoctor has seen the process behind them: the pid its hello names runs
+on this host, was started before that hello, and is the process that writes the rank's event
+file (it holds that file open), or one the run started (its environment names this run
+directory, or it descends from the run's launcher). A rank on another host is vouched for by
+that host's launcher, which makes the same check and names in its node summary the ranks it
+refused (ddpdoctor.monitor.follow.node_publisher).
+
+A rank that fails the check is refused: its record is dropped and its later events are not
+folded in (ddpdoctor.monitor.model.state.RunState.refuse), and a warning says so. A refusal
+costs at worst a missed fault (a real rank that ended before ddpdoctor first looked at it);
+believing a file costs a healthy job stopped for a rank that never existed.
+
+Ranks are looked at only while the job runs on this host (a launcher of the run, or a watcher
+that sees one of the run's ranks alive here): a run read after the fact has no process left to
+look at, and its ranks are taken from their files, bounded by the world of the launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.rank_ranges import named_ranks
+
+# A process created this much after the rank said hello is not that rank (clock granularity).
+_PID_REUSE_SLACK_S = 2.0
+MAX_FDS_LOOKED_AT = 4096  # a rank's descriptors looked through for its event file
+MAX_ANCESTORS = 64
+ENV_RUN_DIR = b"DDPDOCTOR_RUN_DIR="
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rank: int
+    pid: int | None
+    host: str | None
+    why: str  # "pid 999999 is no process on vm"
+    by: str | None = None  # "node 1's launcher" when another host's launcher refused it
+
+    def to_json(self) -> list[Any]:
+        return [self.rank, self.pid, self.why]
+
+
+def vouch_local(
+    pid: int | None,
+    hello_t: float | None,
+    events_file: Path,
+    run_dir: Path,
+    roots: Iterable[int] = (),
+) -> str | None:
+    """None when the process `pid` on this host is the rank that wrote `events_file`'s hello,
+    else why not (one short clause)."""
+    if pid is None:
+        return "its hello names no process"
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"pid {pid} has ended"
+        if hello_t is not None and proc.create_time() > hello_t + _PID_REUSE_SLACK_S:
+            return f"pid {pid} was started after that hello (another process)"
+    except psutil.AccessDenied:
+        return f"pid {pid} belongs to another user"
+    except psutil.Error:
+        return f"pid {pid} is no process"
+    if _holds(pid, events_file) or _names_run(pid, run_dir) or _descends(proc, set(roots)):
+        return None
+    return f"pid {pid} is not a process of this run (it neither writes that file nor was started by it)"
+
+
+def _holds(pid: int, events_file: Path) -> bool:
+    """Whether the process holds `events_file` open (the runtime's writer keeps it so)."""
+    try:
+        target = events_file.stat()
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds[:MAX_FDS_LOOKED_AT]:
+        try:
+            found = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
+
+
+def _names_run(pid: int, run_dir: Path) -> bool:
+    """Whether the process's environment names this run directory (the run started it)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read(1 << 20)
+    except OSError:
+        return False
+    for item in env.split(b"\0"):
+        if item.startswith(ENV_RUN_DIR):
+            try:
+                return os.path.samefile(item[len(ENV_RUN_DIR) :].decode(errors="replace"), run_dir)
+            except (OSError, ValueError):
+                return False
+    return False
+
+
+def _descends(proc: psutil.Process, roots: set[int]) -> bool:
+    if not roots:
+        return False
+    try:
+        for parent in proc.parents()[:MAX_ANCESTORS]:
+            if parent.pid in roots:
+                return True
+    except psutil.Error:
+        return False
+    return False
+
+
+class Vouching:
+    """The ranks this watcher has vouched for (rank -> pid) and those it refused."""
+
+    def __init__(self, run_dir: Path, events_file: Callable[[int], Path]) -> None:
+        self.run_dir = run_dir
+        self.events_file = events_file
+        self.vouched: dict[int, int] = {}
+        self.refused: dict[int, Refusal] = {}
+
+    def look(
+        self,
+        state: Any,
+        here: Callable[[str | None], bool],
+        roots: Iterable[int] = (),
+    ) -> list[Refusal]:
+        """Look at every rank of this host not vouched for yet (its current pid); refuse those
+        that fail, in `state` too. Returns the new refusals."""
+        new: list[Refusal] = []
+        roots = tuple(roots)
+        for rank, tracker in list(state.ranks.items()):
+            pid = tracker.pid
+            if self.vouched.get(rank) == pid and pid is not None:
+                continue
+            if tracker.hello_t is None and tracker.host is None:
+                if getattr(tracker, "events_seen", 0) and rank not in getattr(
+                    state, "reported", ()
+                ):
+                    new.append(self._refuse(state, rank, tracker, "its events have no hello"))
+                continue
+            if not here(tracker.host):
+                continue  # its own host's launcher vouches for it
+            if tracker.exit_code == 0 and tracker.error_t is None:
+                continue  # ended cleanly before a first look: nothing to act on, nothing to refute
+            why = vouch_local(pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots)
+            if why is None:
+                self.vouched[rank] = pid
+            else:
+                new.append(self._refuse(state, rank, tracker, why))
+        return new
+
+    def refuse_for(
+        self, state: Any, refusals: Iterable[tuple[int, int | None, str]], by: str
+    ) -> None:
+        """Ranks another host's launcher refused (its node summary): refused here too, when
+        the record here is of the same process."""
+        for rank, pid, why in refusals:
+            tracker = state.ranks.get(rank)
+            if tracker is not None and tracker.pid == pid and self.vouched.get(rank) != pid:
+                self._refuse(state, rank, tracker, why, by=by)
+
+    def _refuse(
+        self, state: Any, rank: int, tracker: Any, why: str, *, by: str | None = None
+    ) -> Refusal:
+        refusal = Refusal(rank, tracker.pid, tracker.host, why, by)
+        self.refused[rank] = refusal
+        state.refuse(rank)
+        return refusal
+
+    def findings(self, world: int) -> list[Finding]:
+        if not self.refused:
+            return []
+        lines = []
+        for refusal in sorted(self.refused.values(), key=lambda r: r.rank)[:8]:
+            where = f" on {refusal.host}" if refusal.host else ""
+            who = f" ({refusal.by})" if refusal.by else ""
+            lines.append(f"rank {refusal.rank}{where}: {refusal.why}{who}")
+        ranks = named_ranks(self.refused)
+        return [
+            Finding(
+                "run.unvouched",
+                Severity.WARNING,
+                f"{ranks} not counted: no process of the job behind {'its' if len(self.refused) == 1 else 'their'} "
+                f"events ({'; '.join(lines)}); the verdict is from the {world} rank(s) ddpdoctor saw",
+                "The run directory holds events that no process of this job wrote (a file "
+                "edited or copied in, or left from another run): they are reported, never acted "
+                "on. Remove them, or give each run its own run directory.",
+            )
+        ]

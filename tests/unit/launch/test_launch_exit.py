@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ddpdoctor.exit_codes import ExitCode
-from ddpdoctor.launch.launcher import (
+from ddpdoctor.launch.closing import (
     RunOutcome,
     closing_lines,
     exit_code_for,

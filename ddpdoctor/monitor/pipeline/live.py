@@ -23,7 +23,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.checkup import CheckupReader
 from ddpdoctor.monitor.follow.disk_space import DiskWatch
 from ddpdoctor.monitor.follow.fr_collector import FrCollector
@@ -36,7 +35,7 @@ from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with
 from ddpdoctor.monitor.follow.tail import RunTailer
 from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
-from ddpdoctor.monitor.judge.held import held_by_launcher, stop_record, stopped_by_peer
+from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
     ended_with_ranks,
@@ -44,14 +43,15 @@ from ddpdoctor.monitor.judge.run_end import (
     launcher_gone,
     not_started_snapshot,
 )
+from ddpdoctor.monitor.judge.run_findings import skipped_event_findings, unreadable_findings
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
-from ddpdoctor.monitor.tell.diagnosis_file import lead_wrote_the_final, writer_record
+from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.node_records import NodeRecord
-from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.stacks.collector import StackCollector
 
 # A follower's ranks in one of these states: it pulls the other nodes' summaries.
@@ -139,10 +139,10 @@ class Monitor:
         self._previous = self._read_previous_diagnosis()
         self._first_problem: tuple[tuple[Verdict, float], float] | None = None
         self._captured_for: frozenset[int] | None = None
-        self._written_key: tuple | None = None
         self._loaded_stored_stacks = False
         self._last: Snapshot | None = None
-        self.write_error: str | None = None
+        # diagnosis.json, written when what it says changes
+        self.writer = DiagnosisWriter(self.run, node_rank)
         self.polls = 0
         # The launcher's own diagnosis.json of an ended run is authoritative: a watcher never
         # writes over it (its verdict could only be the same or, from a partial read, worse).
@@ -236,6 +236,11 @@ class Monitor:
             snap = self._poll(final=True)
             self._write(snap, force=True)
             return snap
+
+    @property
+    def write_error(self) -> str | None:
+        """Why diagnosis.json could not be written, once it could not (said, never raised)."""
+        return self.writer.error
 
     @property
     def writes_diagnosis(self) -> bool:
@@ -556,75 +561,11 @@ class Monitor:
         return data if isinstance(data, dict) else None
 
     def _write(self, snap: Snapshot, *, force: bool = False) -> None:
-        if not self.writes_diagnosis:
-            return
-        key = (
-            snap.verdict,
-            tuple((f.id, f.ranks, f.severity) for f in snap.findings),  # a wait escalates
-            snap.culprits,
-            len(snap.stacks),
-            snap.finished,
-            tuple((d.rank, d.request_id) for d in snap.flight_recorder)
-            if snap.verdict.is_problem
-            else (),
-        )
-        if not force and key == self._written_key:
-            return
-        if (
-            (
-                not force
-                and not snap.verdict.is_problem
-                and self._written_key is None
-                and not snap.finished
+        if self.writes_diagnosis:
+            self.writer.write(
+                snap,
+                force=force,
+                final=self._final,
+                held=self._held,
+                previous=self._read_previous_diagnosis,
             )
-            and snap.verdict is Verdict.RUNNING
-            and not snap.findings
-        ):
-            return  # nothing to say yet: do not litter a fresh run directory
-        if lead_wrote_the_final(self.run, self.node_rank, self._read_previous_diagnosis()):
-            self._written_key = key
-            return
-        try:
-            document = snap.diagnosis_json()
-            document["final"] = self._final
-            document["stopped_for"] = stop_record(self._held)
-            document["writer"] = writer_record(self.node_rank)
-            write_json_atomic(self.run.diagnosis_json, document)
-            self._written_key = key
-        except OSError as exc:
-            self.write_error = f"cannot write {self.run.diagnosis_json}: {exc.strerror or exc}"
-            self._written_key = key
-
-
-def skipped_event_findings(state: RunState) -> list[Finding]:
-    """Event lines whose rank lies outside the job's world: not folded in (no view is made per
-    rank up to a number a file states), and said here so the verdict is read knowing it."""
-    if not state.skipped_events or state.first_skipped is None:
-        return []
-    rel, line, rank = state.first_skipped
-    world = state.world_size
-    return [
-        Finding(
-            "run.bad_events",
-            Severity.WARNING,
-            f"{state.skipped_events} event line(s) skipped: rank {rank} is outside the world "
-            f"of {world} ranks ({rel}:{line})",
-            "The run directory holds events no rank of this job can have written (a file edited "
-            "or copied in, or a corrupted one); the verdict is from the other events.",
-        )
-    ]
-
-
-def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
-    """A file of the run (or events/ itself) that cannot be read: what it says is unknown, so
-    a verdict without it must say so."""
-    return [
-        Finding(
-            "run.unreadable",
-            Severity.ERROR,
-            f"cannot read {rel}: {why}: the ranks it records are not seen",
-            "Make the run directory readable to this user (chmod -R u+rX RUN_DIR), or watch it "
-            "as the user who ran it.",
-        )
-        for rel, why in sorted(unreadable.items())
-    ]

@@ -64,7 +64,9 @@ heartbeat          open also carries p2p (bool) and peer (int | null). step is t
                    thread's run-queue wait, seconds), io_bytes (rchar + wchar), child_cpu_s (CPU
                    seconds of the main thread's live child processes), frame (the main
                    thread's innermost frame, "file.py:LINE function") and where (its innermost
-                   frame in the user's own code).
+                   frame in the user's own code). The main thread is the user's thread unless the
+                   user's code runs on another one only (Ray Train's "TrainingThread(...)"):
+                   frame and where are then that thread's, and thread names it.
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on
                    point-to-point ops only. Their seq counts per group AND peer, apart from the
                    collectives' seq, so ranks that take no part in a send do not look behind:

@@ -55,12 +55,31 @@ class NodeActor:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.join(run_dir, "events"), mode=0o700, exist_ok=True)
         self.fold = NodeFold(run_dir, node_rank)
+        self.responder: Any = None
 
     def whoami(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid()}
 
     def summary(self) -> str:
-        return self.fold.summary()
+        text = self.fold.summary()
+        self._answer_stack_requests()
+        return text
+
+    def _answer_stack_requests(self) -> None:
+        """Stacks of this node's ranks, asked in the run directory (seen here when it is
+        shared): py-spy runs on their host, as a node's launcher does."""
+        try:
+            if self.responder is None:
+                from ddpdoctor.stacks.responder import StackResponder
+
+                self.responder = StackResponder(self.fold.run, self.fold.node_rank)
+            mine = {
+                rank: None if facts["gone"] or facts["ended"] else facts["pid"]
+                for rank, facts in self.fold.ranks().items()
+            }
+            self.responder.poll(mine)
+        except Exception:  # noqa: BLE001 - no stacks from here; the summary still goes
+            pass
 
     def ranks(self) -> dict[int, dict[str, Any]]:
         self.fold.poll()

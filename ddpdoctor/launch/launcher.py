@@ -44,6 +44,7 @@ from ddpdoctor.launch.closing import (
 from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
 from ddpdoctor.launch.hangup import Hangup
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.launch.ray_relay import RelayProcess
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
 from ddpdoctor.launch.torchrun_cmd import ENV_DDP_BUCKETS, job_env, torchrun_argv
@@ -262,8 +263,11 @@ def run_job(
     # After the TUI has closed, the same diagnosis is printed once more as plain text.
     view = watchers.headless(console, live=console.is_terminal and not use_tui)
     interrupts = Interrupts(monitor=monitor)
+    relay = None
     try:
         job.start()
+        if plan.command is not None and node is None:  # a Ray job's other nodes, through Ray
+            relay = RelayProcess.start(run_dir, env)
         if recorder is not None:
             recorder.started(job.pid, time.time())
         with forward_signals(job, interrupts, leave_tui=use_tui):
@@ -284,8 +288,12 @@ def run_job(
             else:
                 watch_headless(supervised, job, view, lines)
         end_job(job)
+        if relay is not None:
+            relay.finish()  # the other nodes' last events in, before the last look
     finally:
         job.kill()
+        if relay is not None:
+            relay.kill()
     launcher = launcher_name(plan)
     final = monitor.close(
         job_ended=job.returncode() is not None,

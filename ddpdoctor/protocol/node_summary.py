@@ -26,8 +26,12 @@ only then, so a reader in step parses a few events per rank a second, not the wh
      "t": <unix time written>, "calls": [[op, group, seq, ...], ...], "waits": [[t, s], ...],
      "rows": {"rank": [R, ...], "last": [L, ...], "after": [A, ...],
               "same": {column: value}, "each": {column: [value per rank]}},
-     "ranks": [{"rank": R, "last": L, "after": A, "events": [[line_no, {event}], ...]}, ...]}
+     "ranks": [{"rank": R, "last": L, "after": A, "events": [[line_no, {event}], ...]}, ...],
+     "gone": [R, ...]}
     {"ranks": [{"rank": R, "events": [[line_no, {event}], ...]}, ...]}
+
+`gone` (optional): the node's ranks whose process its watcher saw end without an exit event (a
+node that sees its ranks' processes: the Ray relay's node actor, ddpdoctor/launch/ray_relay.py).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ SCHEMA_VERSION = 3
 SUMMARY_NAME = "summary.json"
 MAX_SUMMARY_BYTES = 64 << 20
 HEAD_READ = 8 << 10  # the first read of a summary: its head, for 8 routine ranks and more
+MAX_GONE = 4096  # ranks a summary may name as gone (a node has a few)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class NodeSummary:
     # (path, inode, size) of the file, when only the head was read: `full()` reads the rest
     # from there, if the file is still that one (a reader in step never needs it)
     source: tuple[str, int, int] | None = None
+    gone: tuple[int, ...] = ()  # ranks whose process its node saw end without an exit event
 
     def row_ranks(self) -> list[int]:
         """The ranks the summary has a row of (their events are in `full` only)."""
@@ -127,6 +133,10 @@ class NodeSummary:
             # Each pair is checked where it is used (`valid_event`).
             ranks.append(RankEvents(entry["rank"], events, last, after))
         host, pid = data.get("host"), data.get("pid")
+        gone = data.get("gone")
+        gone_ranks = (
+            tuple(r for r in gone[:MAX_GONE] if _is_int(r)) if isinstance(gone, list) else ()
+        )
         return cls(
             node,
             host if isinstance(host, str) else "",
@@ -139,6 +149,7 @@ class NodeSummary:
             data.get("calls"),
             data.get("waits"),
             source,
+            gone_ranks,
         )
 
 

@@ -136,6 +136,23 @@ class Publisher:
         if not force and self.written_t is not None and 0 <= now - self.written_t < PUBLISH_EVERY_S:
             return False
         self.written_t = now
+        text = self.compose(now, own, trackers=trackers)
+        try:
+            write_summary_text(self.run, self.node_rank, text)
+            self.error = None
+        except OSError as exc:  # a summary lost: the others read this node's files instead
+            self.error = exc.strerror or str(exc)
+        return True
+
+    def compose(
+        self,
+        now: float,
+        own: Iterable[int],
+        *,
+        trackers: Mapping[int, RankTracker] | None = None,
+        extra_head: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The next summary's text (its two lines); `extra_head`: more fields for its head."""
         self.seq += 1
         own = sorted(own)
         table, rows = rows_of(trackers, own) if trackers is not None else (None, {})
@@ -178,18 +195,14 @@ class Publisher:
                     ensure_ascii=False,
                 )[1:-1]
             )
-        text = (
+        for key, value in (extra_head or {}).items():
+            extra += f",{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}"
+        return (
             f'{{"schema_version":{SUMMARY_SCHEMA},"node_rank":{self.node_rank},'
             f'"host":{json.dumps(self.host, ensure_ascii=False)},"pid":{os.getpid()},'
             f'"seq":{self.seq},"t":{json.dumps(now)}{extra},"ranks":[{",".join(heads)}]}}\n'
             f'{{"ranks":[{",".join(fulls)}]}}\n'
         )
-        try:
-            write_summary_text(self.run, self.node_rank, text)
-            self.error = None
-        except OSError as exc:  # a summary lost: the others read this node's files instead
-            self.error = exc.strerror or str(exc)
-        return True
 
 
 def _event_text(event: dict[str, Any]) -> str:

@@ -255,6 +255,10 @@ class NodeMerge:
         if summary.rows is not None:
             self._apply_rows(node, summary, standing)
         self._full = None
+        for rank in summary.gone:  # its node saw the process end: not this watcher's to see
+            tracker = self.state.ranks.get(rank)
+            if self.via.get(rank) == node and tracker is not None and tracker.exit_code is None:
+                self.state.set_alive(rank, False)
 
     def _takes(self, rank: int, node: int, standing: set[int], last: int) -> bool:
         """Whether this watcher follows `rank` through node's summary, and is behind `last`."""

@@ -1,0 +1,229 @@
+"""The Ray relay: each node's ranks reach the watcher through Ray itself, not a shared file system.
+
+`ddpdoctor run -- COMMAND` with RAY_ADDRESS set (a job on a running Ray cluster) starts this next
+to the job, as its own process (ddpdoctor/launch/ray_relay.py):
+`python -m ddpdoctor.monitor.follow.ray_relay RUN_DIR ADDRESS`. It joins
+the cluster as a Ray driver of its own and places one small actor on every other alive node
+(NodeAffinitySchedulingStrategy; no CPU asked). Each actor folds its node's ranks' event files
+where they are written (ddpdoctor.monitor.follow.node_fold: a node launcher's publisher, run
+there) and, once a second, this process writes each node's summary into the run directory as
+nodes/node-<N>/summary.json with its node record (nodes/node-<N>/node.json: the host, the
+actor's pid as the node's watcher, the raylet's pid as the ranks' parent), which is how the
+monitor's existing merge takes in other nodes' ranks.
+
+The node the watcher runs on (this host) gets no actor: its ranks are read from their files as
+ever. A node that joins later gets its actor at the next look (every 10 s). At its end (SIGTERM
+from the launcher, or the launcher gone) each actor's ranks' files are brought into the run
+directory whole where it does not have them (a node whose run directory is its own), so that
+the final diagnosis and `ddpdoctor watch` afterwards read every event; then the node records
+say the relay ended, and leaving the cluster ends its actors. Nothing here touches the job:
+the relay is a separate Ray job whose failure leaves the watch to the files it can read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
+from ddpdoctor.protocol.node_summary import write_summary_text
+from ddpdoctor.protocol.rundir import RunDir
+
+PUBLISH_EVERY_S = 1.0
+NODES_EVERY_S = 10.0
+CALL_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 60.0
+
+
+class NodeActor:
+    """On one node (as a Ray actor): its ranks' files folded, its summary, its files."""
+
+    def __init__(self, run_dir: str, node_rank: int) -> None:
+        from ddpdoctor.monitor.follow.node_fold import NodeFold
+
+        # The run directory at the same path as the driver's: made here when this node has
+        # its own (the ranks write into it).
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.join(run_dir, "events"), mode=0o700, exist_ok=True)
+        self.fold = NodeFold(run_dir, node_rank)
+        self.responder: Any = None
+
+    def whoami(self) -> dict[str, Any]:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid()}
+
+    def summary(self) -> str:
+        text = self.fold.summary()
+        self._answer_stack_requests()
+        return text
+
+    def _answer_stack_requests(self) -> None:
+        """Stacks of this node's ranks, asked in the run directory (seen here when it is
+        shared): py-spy runs on their host, as a node's launcher does."""
+        try:
+            if self.responder is None:
+                from ddpdoctor.stacks.responder import StackResponder
+
+                self.responder = StackResponder(self.fold.run, self.fold.node_rank)
+            mine = {
+                rank: None if facts["gone"] or facts["ended"] else facts["pid"]
+                for rank, facts in self.fold.ranks().items()
+            }
+            self.responder.poll(mine)
+        except Exception:  # noqa: BLE001 - no stacks from here; the summary still goes
+            pass
+
+    def ranks(self) -> dict[int, dict[str, Any]]:
+        self.fold.poll()
+        return self.fold.ranks()
+
+    def file_bytes(self, rank: int, start: int) -> bytes:
+        return self.fold.file_bytes(rank, start)
+
+
+@dataclass
+class _Node:
+    node_rank: int
+    node_id: str
+    actor: Any
+    record: NodeRecord | None = None
+
+
+class Relay:
+    def __init__(self, ray: Any, run: RunDir) -> None:
+        self.ray = ray
+        self.run = run
+        self.nodes: dict[str, _Node] = {}  # Ray node id -> its relay
+        self.here = socket.gethostname()
+        self.actor_class = ray.remote(num_cpus=0, max_restarts=0)(NodeActor)
+
+    def place(self) -> None:
+        """An actor on each alive node of another host that has none yet."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        for entry in self.ray.nodes():
+            node_id = str(entry.get("NodeID"))
+            if not entry.get("Alive") or node_id in self.nodes:
+                continue
+            if entry.get("NodeManagerHostname") == self.here:
+                continue  # this host's ranks: read from their files
+            rank = len(self.nodes) + 1
+            strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+            actor = self.actor_class.options(scheduling_strategy=strategy).remote(
+                str(self.run.path), rank
+            )
+            self.nodes[node_id] = _Node(rank, node_id, actor)
+
+    def publish(self) -> None:
+        for node in list(self.nodes.values()):
+            try:
+                if node.record is None:
+                    who = self.ray.get(node.actor.whoami.remote(), timeout=CALL_TIMEOUT_S)
+                    node.record = NodeRecord(
+                        node_rank=node.node_rank,
+                        host=str(who["host"]),
+                        launcher_pid=int(who["pid"]),
+                        torchrun_pid=int(who["ppid"]),  # the raylet: its workers' parent
+                        started_t=time.time(),
+                    )
+                    write_node_record(self.run, node.record)
+                text = self.ray.get(node.actor.summary.remote(), timeout=CALL_TIMEOUT_S)
+                write_summary_text(self.run, node.node_rank, text)
+            except Exception as exc:  # noqa: BLE001 - a node lost: its summary stops, named stale
+                _note(f"node {node.node_rank}: {type(exc).__name__}: {exc}")
+
+    def bring_home(self) -> None:
+        """Each node's ranks' files, whole, where the run directory lacks them or has less."""
+        for node in self.nodes.values():
+            try:
+                ranks = self.ray.get(node.actor.ranks.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - that node is gone: its summaries stand as they were
+                continue
+            for rank, facts in ranks.items():
+                path = self.run.events_dir / f"rank-{rank}.jsonl"
+                have = _size(path)
+                if have is not None and have >= int(facts.get("bytes") or 0):
+                    continue  # a shared run directory: the rank wrote it here
+                with contextlib.suppress(Exception):
+                    start = have or 0
+                    data = self.ray.get(
+                        node.actor.file_bytes.remote(rank, start), timeout=CALL_TIMEOUT_S
+                    )
+                    _append(path, data, start)
+
+    def end(self) -> None:
+        self.bring_home()
+        now = time.time()
+        for node in self.nodes.values():
+            if node.record is not None:
+                with contextlib.suppress(OSError):
+                    write_node_record(self.run, node.record.with_(ended_t=now, exit_code=0))
+
+
+def _size(path: Path) -> int | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_size if os.path.isfile(path) and not os.path.islink(path) else None
+
+
+def _append(path: Path, data: bytes, start: int) -> None:
+    """The file's bytes from `start` on: a new file (0600, never through a link) or its rest."""
+    if not data:
+        return
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags if start else flags | os.O_EXCL, 0o600)
+    try:
+        os.pwrite(fd, data, start)
+    finally:
+        os.close(fd)
+
+
+def _note(message: str) -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"ddpdoctor ray relay: {message}\n")
+
+
+def main(argv: list[str]) -> int:
+    run_dir, address = argv[0], argv[1]
+    parent = os.getppid()
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when the relay ends
+    import ray
+
+    ray.init(
+        address=address,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+        namespace="ddpdoctor-relay",
+        runtime_env={"env_vars": {"DDPDOCTOR_RAY_RELAY_ACTOR": "1"}},
+    )
+    # (after ray.init, which installs a handler of its own that ends the process at once)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    relay = Relay(ray, RunDir(Path(run_dir)))
+    try:
+        looked = 0.0
+        while not stop.is_set() and os.getppid() == parent:
+            now = time.monotonic()
+            if now - looked >= NODES_EVERY_S:
+                looked = now
+                relay.place()
+            relay.publish()
+            stop.wait(PUBLISH_EVERY_S)
+        relay.end()
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

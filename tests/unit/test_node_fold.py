@@ -1,0 +1,60 @@
+"""A node's ranks folded where they run (the Ray relay's node actor): only this host's ranks,
+their summary as the merge reads it, a process that ended without an exit event named gone, and
+the files given whole for the watcher's run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddpdoctor.monitor.follow.node_fold import NodeFold
+from ddpdoctor.protocol.node_summary import NodeSummary
+
+
+def _hello(rank: int, host: str, pid: int) -> dict:
+    return {"v": 1, "t": time.time() - 5, "mono": 1.0, "rank": rank, "kind": "hello",
+            "host": host, "pid": pid, "local_rank": 0, "world_size": 3}  # fmt: skip
+
+
+def _write(run: Path, rank: int, *events: dict, tail: str = "") -> None:
+    events_dir = run / "events"
+    events_dir.mkdir(parents=True, exist_ok=True)
+    with open(events_dir / f"rank-{rank}.jsonl", "a") as fh:
+        fh.write("".join(json.dumps(e) + "\n" for e in events) + tail)
+
+
+def _head(text: str) -> NodeSummary:
+    return NodeSummary.from_head(json.loads(text.splitlines()[0]))
+
+
+def test_only_this_hosts_ranks_are_summarized_and_a_dead_one_is_gone(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = os.getpid()
+    _write(tmp_path, 0, _hello(0, "h1", live))  # another host's rank (a shared directory)
+    step = {"v": 1, "t": time.time(), "mono": 2.0, "rank": 1, "kind": "step", "step": 3}
+    _write(tmp_path, 1, _hello(1, "h2", live), step, tail='{"v": 1, "t": 1')  # a torn last line
+    _write(tmp_path, 2, _hello(2, "h2", dead.pid))
+    fold = NodeFold(str(tmp_path), 1, host="h2")
+    summary = _head(fold.summary())
+    assert summary.node_rank == 1 and summary.host == "h2"
+    assert sorted(r.rank for r in summary.ranks) == [1, 2]
+    assert summary.gone == (2,)
+    rank1 = next(r for r in summary.ranks if r.rank == 1)
+    assert [e["kind"] for _, e in rank1.events] == ["hello", "step"]
+    assert set(fold.ranks()) == {1, 2}
+    whole = fold.file_bytes(1)
+    assert whole.count(b"\n") == 2 and not whole.endswith(b'{"v": 1, "t": 1')
+    assert fold.file_bytes(0) == b""  # not this host's
+
+
+def test_a_rank_file_that_is_not_a_regular_file_is_not_read(tmp_path: Path) -> None:
+    (tmp_path / "events").mkdir()
+    os.mkfifo(tmp_path / "events" / "rank-0.jsonl")
+    (tmp_path / "events" / "rank-1.jsonl").symlink_to("/etc/passwd")
+    fold = NodeFold(str(tmp_path), 1, host="h2")
+    assert _head(fold.summary()).ranks == ()

@@ -35,7 +35,6 @@ import torch.nn as nn  # noqa: E402
 
 from ddpdoctor.runtime import fingerprint  # noqa: E402
 
-
 CPU: list[float] = []  # the timed rank's own CPU time per comparison (its thread)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ddpdoctor.runtime import call_sites, core, fingerprint
+from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
 from ddpdoctor.runtime.c10d_hooks import GROUPS
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
 from ddpdoctor.runtime.patching import patch
@@ -109,7 +109,11 @@ def install(runtime: core.Runtime) -> None:
                     on_synced_forward(self, rt)
             except Exception:  # noqa: BLE001 - a check, never a reason to stop the forward
                 pass
-        return original_forward(self, *inputs, **kwargs)
+        try:
+            return original_forward(self, *inputs, **kwargs)
+        except RuntimeError as exc:
+            ddp_errors.on_forward_error(self, exc)
+            raise
 
     @functools.wraps(original_no_sync)
     def no_sync(self: Any) -> Any:

@@ -7,10 +7,11 @@ adaptive hang threshold) and reads each one's final JSON document:
                  scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
                  or checkpoints while the others wait) and the framework corpus's
                  (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
-                 `ddpdoctor run ... -- COMMAND`). A false alarm is a hang / mismatch / crash
+                 `ddpdoctor run ... -- COMMAND`) and the FSDP corpus's (tests/corpus/fsdp/corpus.json:
+                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation). A false alarm is a hang / mismatch / crash
                  verdict, a finding of severity warning or error, a stopped job or a non-zero exit.
     faulty set:  the run corpus's faulty jobs, the framework corpus's planted faults, sample_jobs'
-                 broken scripts, and the reference job with `--inject hang|crash|mismatch|exit` on
+                 broken scripts, the FSDP corpus's planted SPMD breaks, and the reference job with `--inject hang|crash|mismatch|exit` on
                  rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
                  expected ones.
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus" / "run"
 FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
+FSDP = REPO / "tests" / "corpus" / "fsdp"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
@@ -118,11 +120,28 @@ def framework_jobs(kind: str) -> list[Job]:
     ]
 
 
+def fsdp_jobs(kind: str) -> list[Job]:
+    """The FSDP corpus (FSDP2, HSDP and TP+DP meshes, DDP accumulation), each at its own size."""
+    manifest = json.loads((FSDP / "corpus.json").read_text())
+    return [
+        Job(
+            f"fsdp-{j['name']}",
+            ("--", str(FSDP / j["script"]), *j["args"]),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=("--nproc", str(j["nproc"]), "--backend", "gloo"),
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
-    return [
-        Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]
-    ] + framework_jobs("healthy")
+    return (
+        [Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]]
+        + framework_jobs("healthy")
+        + fsdp_jobs("healthy")
+    )
 
 
 def faulty_jobs() -> list[Job]:
@@ -137,6 +156,7 @@ def faulty_jobs() -> list[Job]:
         for j in manifest["faulty"]
     ]
     jobs += framework_jobs("faulty")
+    jobs += fsdp_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),

@@ -74,6 +74,7 @@ DESCRIPTIONS: dict[str, str] = {
     "c10d.env_missing": "env:// without RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT",
     "ddp.unused_parameters": "`Expected to have finished reduction`: parameters without gradients",
     "ddp.marked_ready_twice": "a gradient seen twice (reentrant checkpointing)",
+    "ddp.grad_strides": "gradient strides differ from DDP's bucket views (a copy every step)",
     "ddp.model_mismatch": "the model differs across ranks at DDP construction",
     "ddp.collective_mismatch": "TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints: both ranks and ops",
     "ddp.syncbn_without_ddp": "SyncBatchNorm used outside DDP",

@@ -42,9 +42,15 @@ RULES = (
         r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>[\d ]+)",
         ["Expected to have finished reduction", "did not receive grad"],
         _unused_summary,
-        "Make every output feed the loss, remove or freeze (requires_grad=False) the unused "
-        "parameters, or pass find_unused_parameters=True (slower) or static_graph=True to DDP; "
-        "TORCH_DISTRIBUTED_DEBUG=INFO names the parameters.",
+        "Use every parameter in the loss, or freeze (requires_grad_(False)) or remove the ones a "
+        "step does not use; where some steps really skip parameters, let DDP look for them: "
+        "plain DDP: DistributedDataParallel(model, find_unused_parameters=True) (or "
+        "static_graph=True when the same ones are always unused); Lightning: "
+        'Trainer(strategy="ddp_find_unused_parameters_true"); accelerate: '
+        "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]); "
+        "the HF Trainer: TrainingArguments(ddp_find_unused_parameters=True). Under ddpdoctor run "
+        "the parameters are named (ddp.unused_parameter_names); else "
+        "TORCH_DISTRIBUTED_DEBUG=INFO names them.",
         examples=(
             "Expected to have finished reduction in the prior iteration before starting a new one.",
         ),
@@ -61,7 +67,12 @@ RULES = (
             + ": reentrant activation checkpointing or a parameter shared across passes"
         ),
         "Use torch.utils.checkpoint(..., use_reentrant=False) (Hugging Face: "
-        "gradient_checkpointing_kwargs={'use_reentrant': False}), or static_graph=True in DDP.",
+        "gradient_checkpointing_kwargs={'use_reentrant': False}; Lightning/accelerate: the same "
+        "argument to the checkpoint call), or tell DDP the graph is static: plain DDP: "
+        "DistributedDataParallel(model, static_graph=True); Lightning: "
+        "DDPStrategy(static_graph=True); accelerate: "
+        "DistributedDataParallelKwargs(static_graph=True). A parameter used twice in one forward "
+        "(shared weights) needs static_graph=True too.",
         examples=(
             "Parameter at index 440 with name backbone.layers.3.mlp.fc2.bias has been marked as "
             "ready twice.",
@@ -82,6 +93,24 @@ RULES = (
         examples=(
             "RuntimeError: DDP expects same model across all ranks, but Rank 3 has 2247 params, "
             "while rank 0 has inconsistent 0 params.",
+        ),
+    ),
+    rule(
+        "ddp.grad_strides",
+        WARNING,
+        r"Grad strides do not match bucket view strides",
+        ["Grad strides do not match bucket view strides"],
+        "A gradient's memory layout (strides) differs from DDP's bucket view of it: DDP copies "
+        "it on every step (slower), typically a parameter made non-contiguous or changed to "
+        "channels_last after DDP was built",
+        "Change the model's memory format (model.to(memory_format=torch.channels_last)) or "
+        "make parameters contiguous BEFORE wrapping it in DDP, and keep them that way; "
+        "gradient_as_bucket_view=True makes the gradients the bucket views themselves.",
+        examples=(
+            "[W reducer.cpp:1300] Warning: Grad strides do not match bucket view strides. This "
+            "may indicate grad was not created according to the gradient layout contract, or "
+            "that the param's strides changed since DDP was constructed.  This is not an error, "
+            "but may impair performance.",
         ),
     ),
     rule(

@@ -1,4 +1,4 @@
-"""DistributedDataParallel's side of the SPMD contract (fingerprint.py).
+"""DistributedDataParallel's side of the SPMD contract (fingerprint.py), and its gradient syncs.
 
 DDP checks at construction that every rank's parameters have the same shapes; what it does not
 check is which of them train (`requires_grad`) and how it was asked to reduce them
@@ -7,6 +7,13 @@ that differs in one of those builds other buckets, or waits for gradients the ot
 reduce. The DDP constructor is wrapped to remember the user's line that called it (once per
 model), and the model's first forward with grad compares the contract across ranks, before its
 backward reduces anything.
+
+Gradient syncs: every forward with grad outside `no_sync()` makes its backward all-reduce the
+gradients (every bucket flushes once). Each one is recorded as a collective of its own, op
+`ddp_gradient_sync` in the group `<DDP group>:ddp_grads` (numbered per rank, ended at once: it
+only counts), with the line that decides it: the latest `no_sync()` call of the model, else the
+forward's own line. A rank that syncs more often than the others (its accumulation count
+differs) then stands out by its number: the judge's gradient-sync rule compares them.
 """
 
 from __future__ import annotations
@@ -14,11 +21,18 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ddpdoctor.runtime import core, fingerprint
+from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
+from ddpdoctor.runtime.c10d_hooks import GROUPS
+from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
 from ddpdoctor.runtime.patching import patch
+from ddpdoctor.runtime.records import CollectiveDesc
 
 SITE_ATTR = "_ddpdoctor_ddp_site"  # the user's line that made the DDP model
 DONE_ATTR = "_ddpdoctor_contract_done"
+NO_SYNC_ATTR = "_ddpdoctor_no_sync_site"  # the site text of the model's latest no_sync() call
+SYNCS_ATTR = "_ddpdoctor_sync_desc"  # the description of its gradient syncs, made once
+SYNC_OP = "ddp_gradient_sync"
+SYNC_GROUP_SUFFIX = ":ddp_grads"
 
 
 def settings_text(ddp: Any) -> str:
@@ -45,12 +59,34 @@ def check(ddp: Any, rt: core.Runtime) -> None:
     fingerprint.compare(rt, "ddp", title, contract_of(ddp))
 
 
+def sync_desc(ddp: Any) -> CollectiveDesc | None:
+    desc = ddp.__dict__.get(SYNCS_ATTR)
+    if desc is None:
+        group = GROUPS.describe(ddp.process_group)
+        if group is None:
+            return None
+        pseudo = GroupInfo(group.name + SYNC_GROUP_SUFFIX, group.size, group.ranks)
+        desc = CollectiveDesc(SYNC_OP, pseudo, TensorSummary(), is_async=False)
+        ddp.__dict__[SYNCS_ATTR] = desc
+    return desc
+
+
+def on_synced_forward(ddp: Any, rt: core.Runtime) -> None:
+    """A forward whose backward will all-reduce the gradients: counted, with its deciding line."""
+    desc = sync_desc(ddp)
+    if desc is None:
+        return
+    site = ddp.__dict__.get(NO_SYNC_ATTR) or call_sites.caller_site(2)
+    rt.collectives.end(rt.collectives.begin(desc, site))
+
+
 def install(runtime: core.Runtime) -> None:
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     original_init = DDP.__init__
     original_forward = DDP.forward
+    original_no_sync = DDP.no_sync
     if vars(DDP).get("__init__") is None or hasattr(original_init, SITE_ATTR):
         return
     grad_enabled = torch.is_grad_enabled
@@ -65,13 +101,27 @@ def install(runtime: core.Runtime) -> None:
     @functools.wraps(original_forward)
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
         rt = core._active
-        if rt is not None and not self.__dict__.get(DONE_ATTR) and grad_enabled():
+        if rt is not None and grad_enabled():
             try:
-                check(self, rt)
+                if not self.__dict__.get(DONE_ATTR):
+                    check(self, rt)
+                if self.require_backward_grad_sync:
+                    on_synced_forward(self, rt)
             except Exception:  # noqa: BLE001 - a check, never a reason to stop the forward
                 pass
-        return original_forward(self, *inputs, **kwargs)
+        try:
+            return original_forward(self, *inputs, **kwargs)
+        except RuntimeError as exc:
+            ddp_errors.on_forward_error(self, exc)
+            raise
+
+    @functools.wraps(original_no_sync)
+    def no_sync(self: Any) -> Any:
+        if core._active is not None:
+            self.__dict__[NO_SYNC_ATTR] = call_sites.caller_site(1)
+        return original_no_sync(self)
 
     setattr(__init__, SITE_ATTR, True)
     patch(runtime, DDP, "__init__", __init__, original_init)
     patch(runtime, DDP, "forward", forward, original_forward)
+    patch(runtime, DDP, "no_sync", no_sync, original_no_sync)

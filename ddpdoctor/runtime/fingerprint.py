@@ -31,6 +31,7 @@ from typing import Any
 
 from ddpdoctor.protocol.events import WARNING
 from ddpdoctor.runtime import call_sites, core
+from ddpdoctor.runtime.collectives import dtype_name
 
 CODE = "spmd.contract_mismatch"
 PREFIX = "ddpdoctor/contract/"
@@ -84,8 +85,9 @@ def place(where: Where | None) -> str:
 
 
 def exchange(rt: core.Runtime, label: str, title: str, entries: Sequence[Entry]) -> str | None:
-    """Publish this rank's contract; the last rank compares. Returns the mismatch message this
-    rank wrote (None: no difference, or not the last rank to arrive, or no store)."""
+    """Publish this rank's contract over the default process group's store; the last rank to
+    arrive compares. Returns the mismatch message this rank wrote (None: no difference, or not
+    the last rank to arrive, or no process group)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -93,10 +95,29 @@ def exchange(rt: core.Runtime, label: str, title: str, entries: Sequence[Entry])
         return None
     store = c10d._get_default_store()
     rank, world = dist.get_rank(), dist.get_world_size()
+    message = exchange_on(store, rank, world, label, title, entries, rt.wall_clock())
+    if message is not None:
+        named = message.rpartition("[culprits ")[2].partition(";")[0].split(",")
+        culprits = [int(r) for r in named if r.isdigit()]
+        rt.emit(WARNING, code=CODE, message=message, details={"label": label, "culprits": culprits})
+    return message
+
+
+def exchange_on(
+    store: Any,
+    rank: int,
+    world: int,
+    label: str,
+    title: str,
+    entries: Sequence[Entry],
+    now: float,
+) -> str | None:
+    """exchange() on a given store (the benchmark's): the message when this rank, the last to
+    arrive, finds that the contracts differ."""
     entries = list(entries[:MAX_ENTRIES])
     mine = digest(entries)
     prefix = f"{PREFIX}{label}/"
-    store.set(f"{prefix}e/{rank}", json.dumps([list(e) for e in entries]))
+    store.set(f"{prefix}e/{rank}", encode(entries))
     store.set(f"{prefix}d/{rank}", mine)
     if int(store.add(f"{prefix}n", 1)) != world or world < 2:
         return None
@@ -129,18 +150,29 @@ def exchange(rt: core.Runtime, label: str, title: str, entries: Sequence[Entry])
     line = f"; line {first_where[0]}:{first_where[1]}" if first_where else ""
     message = (
         f"the ranks differ in the SPMD contract of {title}: " + "; ".join(parts)
-        + f" [culprits {','.join(map(str, culprits))}{line}; t {rt.wall_clock():.3f}]"
+        + f" [culprits {','.join(map(str, culprits))}{line}; t {now:.3f}]"
     )  # fmt: skip
-    rt.emit(WARNING, code=CODE, message=message, details={"label": label, "culprits": culprits})
     return message
+
+
+def encode(entries: Sequence[Entry]) -> str:
+    """A contract as JSON: the distinct lines once, each entry [key, value, index of its line]."""
+    wheres: dict[Any, int] = {}
+    rows = []
+    for key, value, where in entries:
+        index = wheres.setdefault(where, len(wheres))
+        rows.append((key, value, index))
+    return json.dumps({"where": list(wheres), "entries": rows})
 
 
 def _entries(store: Any, key: str) -> list[Entry]:
     out: list[Entry] = []
     try:
-        for item in json.loads(store.get(key)):
-            where = item[2]
-            out.append((str(item[0]), str(item[1]), tuple(where) if where else None))
+        doc = json.loads(store.get(key))
+        wheres = [tuple(w) if isinstance(w, list) and len(w) == 3 else None for w in doc["where"]]
+        for name, value, index in doc["entries"]:
+            where = wheres[index] if 0 <= index < len(wheres) else None
+            out.append((str(name), str(value), where))
     except Exception:  # noqa: BLE001 - a contract that cannot be read is compared as empty
         pass
     return out
@@ -186,17 +218,18 @@ def compare(rt: core.Runtime | None, kind: str, title: str, entries: Sequence[En
 
 
 def shape_text(shape: Any) -> str:
-    return "[" + ",".join(str(int(n)) for n in shape) + "]"
+    return str([int(n) for n in shape])
 
 
 def param_entries(named: Any, where_of: Any, prefix: str = "param ") -> list[Entry]:
     """One entry per parameter: name -> `[shape] dtype grad|frozen`, made where `where_of(name)`
-    says (its unit's fully_shard line, the DDP constructor)."""
+    says (its unit's fully_shard line, the DDP constructor). ~2 µs a parameter."""
     out: list[Entry] = []
+    append = out.append
     for name, param in named:
-        dtype = str(param.dtype).removeprefix("torch.")
-        state = "grad" if param.requires_grad else "frozen"
-        out.append((prefix + name, f"{shape_text(param.shape)} {dtype} {state}", where_of(name)))
+        state = " grad" if param.requires_grad else " frozen"
+        value = f"{list(param.shape)} {dtype_name(param.dtype)}{state}"
+        append((prefix + name, value, where_of(name)))
         if len(out) >= MAX_ENTRIES:
             break
     return out

@@ -91,3 +91,12 @@ def test_a_job_torch_aborted_at_exit_counts_apart_and_only_if_ddpdoctor_said_jus
     plain = bench.Outcome(HEALTHY, 1, "crash", (1,), ("run.launcher_failed",), None, None, 9.0)
     assert plain.false_alarm  # without the abort in its logs, a failed healthy job is an alarm
     assert "aborted by torch at exit, said so: 1" in "\n".join(bench.summary([said], []))
+
+
+def test_the_fsdp_corpus_runs_in_both_sets_at_its_own_size():
+    healthy = {job.name: job for job in bench.healthy_jobs()}
+    assert healthy["fsdp-hsdp-2x2"].flags[:2] == ("--nproc", "4")
+    assert healthy["fsdp-fsdp2-1d"].verdicts == {"healthy"}
+    faulty = {job.name: job for job in bench.faulty_jobs()}
+    assert faulty["fsdp-fsdp2-extra-wrap"].culprits == (1,)
+    assert faulty["fsdp-ddp-accumulate-per-rank"].verdicts == {"mismatch"}

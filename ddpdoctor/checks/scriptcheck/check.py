@@ -11,6 +11,7 @@ from ddpdoctor.checks.scriptcheck import (  # noqa: F401
     rules_collectives,
     rules_data,
     rules_devices,
+    rules_fsdp,
     rules_gpu,
     rules_io,
     rules_setup,

@@ -26,6 +26,7 @@ from ddpdoctor.monitor.judge.rules import contract as contract_rule
 from ddpdoctor.monitor.judge.rules import crash as crash_rule
 from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
 from ddpdoctor.monitor.judge.rules import fr_mismatch as fr_mismatch_rule
+from ddpdoctor.monitor.judge.rules import grad_syncs as grad_syncs_rule
 from ddpdoctor.monitor.judge.rules import hang as hang_rule
 from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.judge.rules import network as network_rule
@@ -72,6 +73,7 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     mismatch = (
         contract_rule.detect(snap)
         or mismatch_rule.detect(snap)
+        or grad_syncs_rule.detect(snap)
         or world_size_rule.detect(snap)
         or fr_mismatch_rule.detect(snap)
     )

@@ -26,6 +26,7 @@ from pathlib import PurePath
 from ddpdoctor.checks.scriptcheck.rules_collectives import RANK_GUARD
 from ddpdoctor.checks.scriptcheck.rules_data import SET_EPOCH
 from ddpdoctor.checks.scriptcheck.rules_devices import DEVICE, DEVICE_IDS
+from ddpdoctor.checks.scriptcheck.rules_fsdp import FREEZE, GATHER, WRAP
 from ddpdoctor.checks.scriptcheck.rules_setup import HARDCODED, PORT, TCP, UNUSED
 from ddpdoctor.findings import Evidence, Finding
 from ddpdoctor.monitor.model.snapshot import CheckupNote, Snapshot
@@ -48,10 +49,12 @@ class Cites:
 TABLE: dict[str, Cites] = {
     # ranks wait in a collective the others never reach: the collective (or DDP forward) that
     # only `if rank == 0:` runs; the line tells it apart from every other cause of a hang
-    "hang": Cites((RANK_GUARD,), at_the_line=True, may_explain=True),
+    "hang": Cites((RANK_GUARD, GATHER), at_the_line=True, may_explain=True),
     # with the flight recorder (and on gloo) that rank-0-only call meets the other ranks' next
     # collective at the same sequence number: a mismatch, at the flagged line
-    "mismatch": Cites((RANK_GUARD,), at_the_line=True),
+    "mismatch": Cites((RANK_GUARD, GATHER), at_the_line=True),
+    # the ranks' SPMD contracts differ: a fully_shard or a requires_grad_ under a rank guard
+    "spmd.contract_mismatch": Cites((WRAP, FREEZE)),
     # the runtime's sampler audit sees what the source showed: no set_epoch(epoch) per epoch
     "sampler.set_epoch_missing": Cites((SET_EPOCH,)),
     # a port fixed in the code (MASTER_PORT, tcp://host:PORT) is taken by another job or by a

@@ -82,6 +82,47 @@ CLEAN = {
             dist.destroy_process_group()
             return loader, plain
         """,
+    "script.fully_shard_rank_dependent": """
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        def main(model, layers):
+            dist.init_process_group("gloo")
+            for layer in layers:
+                fully_shard(layer)
+            fully_shard(model)
+            if dist.get_rank() == 0:
+                print(model)
+            dist.destroy_process_group()
+        """,
+    "script.requires_grad_rank_dependent": """
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        def main(model, freeze_embeddings):
+            dist.init_process_group("gloo")
+            if freeze_embeddings:
+                model.embed.weight.requires_grad_(False)
+            for p in model.head.parameters():
+                p.requires_grad = False
+            fully_shard(model)
+            dist.destroy_process_group()
+        """,
+    "script.full_state_dict_rank_zero": """
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.fsdp import fully_shard
+
+        def main(model):
+            dist.init_process_group("gloo")
+            fully_shard(model)
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            state = get_model_state_dict(model, options=options)
+            if dist.get_rank() == 0:
+                torch.save(state, "model.pt")
+            dist.destroy_process_group()
+        """,
     "script.collective_under_rank_guard": """
         import os
         import torch

@@ -228,7 +228,13 @@ def test_citing_is_idempotent_and_nothing_without_a_checkup():
 
 def test_the_table_names_real_rules_and_real_findings():
     checkup_rules = {spec.id for spec in RULES}
-    monitor_ids = {"hang", "mismatch", "sampler.set_epoch_missing", "init.world_size_mismatch"}
+    monitor_ids = {
+        "hang",
+        "mismatch",
+        "sampler.set_epoch_missing",
+        "init.world_size_mismatch",
+        "spmd.contract_mismatch",
+    }
     for finding_id, cites in script_citations.TABLE.items():
         assert finding_id in monitor_ids or finding_id in DESCRIPTIONS, finding_id
         assert cites.rules and set(cites.rules) <= checkup_rules, finding_id

@@ -1,0 +1,68 @@
+"""The SPMD rules: a contract that differs across ranks, and a rank that syncs DDP gradients more
+often than a peer that finished (ddpdoctor/monitor/judge/rules/contract.py, grad_syncs.py)."""
+
+from __future__ import annotations
+
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import contract, grad_syncs
+from ddpdoctor.monitor.model.snapshot import CallSite, RankState, Verdict
+from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view
+
+MESSAGE = (
+    "the ranks differ in the SPMD contract of the FSDP model Net (fully_shard at train.py:70 "
+    "(main)): rank 1 has unit head (cpu mesh [2] dims shard, 2 parameters) made at train.py:69 "
+    f"(main); rank 0 not [culprits 1; line /src/train.py:69; t {NOW - 3.0:.3f}]"
+)
+
+
+def test_contract_message_is_parsed_into_culprits_line_and_time():
+    summary, culprits, file, line, t = contract.parse(MESSAGE)
+    assert summary.endswith("rank 0 not") and "[culprits" not in summary
+    assert culprits == (1,) and (file, line) == ("/src/train.py", 69) and t == NOW - 3.0
+    assert contract.parse("no bracket") == ("no bracket", (), None, None, None)
+    assert contract.parse("x [culprits a,b; line nowhere; t soon]")[1:] == ((), None, None, None)
+
+
+def test_a_differing_contract_is_a_mismatch_of_its_culprit_before_the_crash_it_causes():
+    warned = view(0, warnings=((contract.CODE, MESSAGE),), step=0)
+    died = view(1, RankState.FAILED, step=0, exit_code=-6, failed_t=NOW - 2.5, alive=False)
+    diagnosis = diagnose(snap([warned, died]))
+    assert diagnosis.verdict is Verdict.MISMATCH and diagnosis.culprits == {1}
+    finding = diagnosis.findings[0]
+    assert finding.id == contract.CODE and finding.severity.value == "error"
+    assert (finding.evidence[0].file, finding.evidence[0].line) == ("/src/train.py", 69)
+    assert [f.id for f in diagnosis.findings].count(contract.CODE) == 1  # not again as a warning
+
+
+def test_no_contract_warning_no_outcome():
+    assert contract.detect(snap([view(0), view(1)])) is None
+
+
+SYNCS = "default" + grad_syncs.SUFFIX
+SITE = CallSite("acc.py:38 main", file="/src/acc.py", line=38)
+
+
+def synced(rank: int, count: int, **kw):
+    recent = tuple(
+        coll("ddp_gradient_sync", s, 0.0, group=SYNCS, done=True, site=SITE, shapes=(), dtypes=())
+        for s in range(1, count + 1)
+    )
+    return view(rank, group_seqs=((SYNCS, count),), recent_collectives=recent, **kw)
+
+
+def test_a_rank_that_syncs_again_after_its_peer_finished_is_the_culprit_at_the_no_sync_line():
+    finished = synced(0, 2, state=RankState.DONE, exit_code=0, alive=False)
+    failed = synced(1, 3, state=RankState.FAILED, exit_code=1, failed_t=NOW, alive=False)
+    outcome = grad_syncs.detect(snap([finished, failed]))
+    assert outcome is not None and outcome.verdict is Verdict.MISMATCH
+    assert outcome.culprits == {1}
+    finding = outcome.findings[0]
+    assert "3 times" in finding.summary and "only 2 times" in finding.summary
+    assert (finding.evidence[0].file, finding.evidence[0].line) == ("/src/acc.py", 38)
+
+
+def test_equal_counts_or_everyone_finished_is_no_finding():
+    done = dict(state=RankState.DONE, exit_code=0, alive=False)
+    assert grad_syncs.detect(snap([synced(0, 2, **done), synced(1, 3, **done)])) is None
+    assert grad_syncs.detect(snap([synced(0, 2, **done), synced(1, 2)])) is None
+    assert grad_syncs.detect(snap([synced(0, 2), synced(1, 3)])) is None

@@ -1,0 +1,89 @@
+"""The SPMD contract's comparison (ddpdoctor/runtime/fingerprint.py) on a real TCPStore: the last
+rank to arrive compares, names the first differing entry, its line and the culprit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddpdoctor.runtime import fingerprint
+
+HERE = ("/src/train.py", 12, "main")
+WRAP = ("/src/train.py", 20, "main")
+
+
+@pytest.fixture
+def stores():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    clients = [
+        dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=10))
+        for _ in range(3)
+    ]
+    yield clients
+    del clients, server
+
+
+def entries(model: nn.Module) -> list[fingerprint.Entry]:
+    return fingerprint.param_entries(model.named_parameters(), lambda _name: HERE)
+
+
+def run(stores, contracts, label="m1"):
+    """Every rank publishes in order; the last one's answer."""
+    out = None
+    for rank, contract in enumerate(contracts):
+        out = fingerprint.exchange_on(
+            stores[rank], rank, len(contracts), label, "the model", contract, 5.0
+        )
+        if rank < len(contracts) - 1:
+            assert out is None  # only the last to arrive compares
+    return out
+
+
+def test_entries_name_shape_dtype_and_whether_it_trains():
+    model = nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    assert entries(model) == [
+        ("param weight", "[2, 3] float32 grad", HERE),
+        ("param bias", "[2] float32 frozen", HERE),
+    ]
+
+
+def test_same_contracts_say_nothing(stores):
+    model = nn.Linear(3, 2)
+    assert run(stores[:2], [entries(model), entries(model)]) is None
+
+
+def test_a_frozen_parameter_on_one_of_two_ranks_blames_the_rank_that_froze_it(stores):
+    healthy, frozen = nn.Linear(3, 2), nn.Linear(3, 2)
+    frozen.bias.requires_grad_(False)
+    message = run(stores[:2], [entries(healthy), entries(frozen)])
+    assert message is not None
+    assert "param bias: rank 1 [2] float32 frozen, rank 0 [2] float32 grad" in message
+    assert message.endswith("[culprits 1; line /src/train.py:12; t 5.000]")
+    # the other way round: still the rank that froze it
+    message = run(stores[:2], [entries(frozen), entries(healthy)], label="m2")
+    assert message is not None and "[culprits 0;" in message
+
+
+def test_an_extra_unit_blames_the_rank_that_has_it_and_a_majority_wins(stores):
+    base = [("unit (root)", "cpu mesh [3] dims -", WRAP)]
+    extra = [*base, ("unit head", "cpu mesh [3] dims -", ("/src/train.py", 21, "main"))]
+    message = run(stores, [base, extra, base])
+    assert message is not None and "rank 1 has unit head" in message
+    assert "[culprits 1; line /src/train.py:21;" in message
+    message = run(stores[:2], [extra, base], label="m2")
+    assert message is not None and "[culprits 0;" in message
+
+
+def test_a_shape_difference_between_two_ranks_names_both(stores):
+    message = run(stores[:2], [entries(nn.Linear(3, 2)), entries(nn.Linear(3, 4))])
+    assert message is not None and "[culprits 0,1;" in message
+
+
+def test_contract_text_round_trips_through_the_store_encoding(stores):
+    contract = [*entries(nn.Linear(2, 2)), ("mesh", "cpu mesh [2] dims dp", None)]
+    stores[0].set("k", fingerprint.encode(contract))
+    assert fingerprint._entries(stores[0], "k") == contract

@@ -45,6 +45,6 @@ def test_a_name_that_never_resolves_says_so_at_the_deadline(monkeypatch):
 
     monkeypatch.setattr(join.socket, "create_connection", no_such_name)
     start = time.monotonic()
-    with pytest.raises(join.JoinError, match="master.never does not resolve"):
+    with pytest.raises(join.JoinError, match=r"master\.never does not resolve"):
         join.wait_until_reached("master.never", 29500, time.monotonic() + 0.5)
     assert time.monotonic() - start < 5

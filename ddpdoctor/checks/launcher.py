@@ -19,6 +19,7 @@ from ddpdoctor.launchers.detect import (
     mpi_local_size,
     slurm_tasks_per_node,
 )
+from ddpdoctor.launchers.kubernetes import PetConfig
 
 SLURM_MAPPING = (
     "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_STEP_NUM_TASKS LOCAL_RANK=$SLURM_LOCALID "
@@ -34,7 +35,7 @@ TORCHRUN_HINT = "launch with torchrun (e.g. `torchrun --nproc-per-node=2 train.p
 @check("launcher.detect", "Launcher")
 def launcher_detect(ctx: CheckContext) -> CheckOutcome:
     info = detect_launcher(ctx.env)
-    facts = {"launcher": info.name, "variables": info.seen}
+    facts: dict[str, object] = {"launcher": info.name, "variables": info.seen}
     problems: list[Problem] = []
     if info.torchrun and info.slurm:
         per_node, source = slurm_tasks_per_node(ctx.env)
@@ -60,9 +61,44 @@ def launcher_detect(ctx: CheckContext) -> CheckOutcome:
     details = [f"{name}={value}" for name, value in sorted(info.seen.items())]
     if not info.any:
         details.insert(0, "no launcher variables: run the job with torchrun, srun or mpirun")
-    return outcome_from(
-        problems, ok_summary=f"started by {info.name}", details=details, facts=facts
-    )
+    summary = f"started by {info.name}"
+    if info.pet is not None:
+        # in a pod, torchrun's PET_* variables are the launch (Kubeflow's PyTorchJob, Trainer)
+        summary += f": {info.pet.describe()}"
+        facts["pet"] = {
+            "nnodes": info.pet.nnodes,
+            "nproc_per_node": info.pet.nproc_per_node,
+            "node_rank": info.pet.node_rank,
+            "master_addr": info.pet.master_addr,
+            "master_port": info.pet.master_port,
+        }
+        problems.extend(pet_problems(info.pet))
+    facts["kubernetes"] = info.kubernetes
+    return outcome_from(problems, ok_summary=summary, details=details, facts=facts)
+
+
+def pet_problems(pet: PetConfig) -> list[Problem]:
+    """What torchrun would refuse or misread in the PET_* variables."""
+    out = []
+    if (pet.nnodes or 1) > 1 and not pet.master_addr:
+        out.append(
+            Problem(
+                f"PET_NNODES={pet.seen.get('PET_NNODES')} but neither PET_MASTER_ADDR nor "
+                "PET_RDZV_ENDPOINT is set: the pods cannot find each other",
+                fix="Set PET_MASTER_ADDR to the master pod's service name (Kubeflow sets it "
+                "for a PyTorchJob with more than one replica).",
+            )
+        )
+    if pet.nnodes is not None and pet.node_rank is not None and not 0 <= pet.node_rank < pet.nnodes:
+        out.append(
+            Problem(
+                f"PET_NODE_RANK={pet.node_rank} is not below PET_NNODES={pet.nnodes}",
+                fix="Each pod's PET_NODE_RANK must be 0..PET_NNODES-1 (Kubeflow sets it from "
+                "the replica index).",
+                fatal=True,
+            )
+        )
+    return out
 
 
 @check("launcher.env", "Rank environment")

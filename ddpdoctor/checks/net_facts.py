@@ -101,6 +101,8 @@ def port_label(ctx: CheckContext) -> str:
         return ctx.options.address_flag or "--master-port"
     if ctx.plan.scheme == "tcp":
         return ctx.plan.init_method
+    if "MASTER_PORT" not in ctx.env and "PET_MASTER_PORT" in ctx.env:
+        return "PET_MASTER_PORT"
     return "MASTER_PORT"
 
 
@@ -109,6 +111,8 @@ def addr_label(ctx: CheckContext) -> str:
         return ctx.options.address_flag or "--master-addr"
     if ctx.plan.scheme == "tcp":
         return "the host of --init-method"
+    if "MASTER_ADDR" not in ctx.env and "PET_MASTER_ADDR" in ctx.env:
+        return "PET_MASTER_ADDR"
     return "MASTER_ADDR"
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from ddpdoctor.launchers.kubernetes import pet_config
 from ddpdoctor.launchers.variables import parse_int
 
 DEFAULT_MASTER_PORT = 29500
@@ -30,6 +31,7 @@ class Plan:
     master_addr: str | None
     master_port: int | None
     master_port_text: str | None  # the raw text, for messages about bad values
+    node_rank: int | None = None  # this host's node index, where the launch says (PET_NODE_RANK)
 
     @property
     def multi_node(self) -> bool:
@@ -39,6 +41,8 @@ class Plan:
         """True when this host would run the TCPStore: rank 0, a loopback address or our own name."""
         if self.rank is not None:
             return self.rank == 0
+        if self.node_rank is not None:
+            return self.node_rank == 0
         addr = (self.master_addr or "").lower()
         if not addr or addr in LOOPBACK_NAMES or addr.startswith("127.") or addr == "::1":
             return True
@@ -70,10 +74,12 @@ def build_plan(
     world = parse_int(env.get("WORLD_SIZE"))
     local_world = parse_int(env.get("LOCAL_WORLD_SIZE"))
     slurm_tasks_per_node = parse_int((env.get("SLURM_NTASKS_PER_NODE") or "").split("(")[0])
-    per_node = nproc or local_world or slurm_tasks_per_node
+    # torchrun's PET_* variables (a Kubernetes pod before torchrun starts) come last
+    pet = pet_config(env)
+    per_node = nproc or local_world or slurm_tasks_per_node or (pet.nproc_per_node if pet else None)
 
     nodes = nnodes or parse_int(env.get("NNODES")) or parse_int(env.get("SLURM_NNODES"))
-    nodes = nodes or parse_int(env.get("SLURM_JOB_NUM_NODES"))
+    nodes = nodes or parse_int(env.get("SLURM_JOB_NUM_NODES")) or (pet.nnodes if pet else None)
     if nodes is None and world and local_world and local_world > 0:
         nodes = max(1, world // local_world)
 
@@ -83,8 +89,10 @@ def build_plan(
         port_text = port_text or (
             str(parsed.port) if _safe_port(parsed) else parsed.netloc.rsplit(":", 1)[-1]
         )
-    addr = addr or env.get("MASTER_ADDR")
+    addr = addr or env.get("MASTER_ADDR") or (pet.master_addr if pet else None)
     port_text = port_text or env.get("MASTER_PORT")
+    if port_text is None and pet is not None and pet.master_port is not None:
+        port_text = str(pet.master_port)
 
     return Plan(
         init_method=method,
@@ -97,6 +105,7 @@ def build_plan(
         master_addr=addr,
         master_port=parse_int(port_text),
         master_port_text=port_text,
+        node_rank=pet.node_rank if pet is not None else None,
     )
 
 

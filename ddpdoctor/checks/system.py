@@ -14,13 +14,19 @@ from ddpdoctor.checks.context import CheckContext
 from ddpdoctor.checks.model import CheckOutcome, passed, warning, worst
 from ddpdoctor.checks.probes.system import PtraceInfo
 from ddpdoctor.checks.registry import check
+from ddpdoctor.launchers.kubernetes import in_kubernetes
 
 GiB = 1 << 30
 MiB = 1 << 20
 SHM_DIR = "/dev/shm"
 SHM_MIN_MULTI_RANK = 1 * GiB  # NCCL uses ~10 MB per local peer connection; DataLoaders far more
 SHM_MIN_ANY = 64 * MiB
-DOCKER_DEFAULT_SHM = 64 * MiB
+DOCKER_DEFAULT_SHM = 64 * MiB  # Docker's and containerd's default, a Kubernetes pod's too
+SHM_NEEDS = (
+    "what uses it: NCCL's shared-memory transport maps NCCL_BUFFSIZE (4 MiB by default) per "
+    "channel for each pair of ranks on the node; each DataLoader worker hands its batches to its "
+    "rank through it (prefetch_factor, 2 by default, batches in flight per worker)"
+)
 DEFAULT_LOCAL_RANKS = 2  # the smoke test's default without GPUs
 DEFAULT_WORKERS = 2  # DataLoader workers per rank assumed when --workers is not given
 # Open files a rank needs: ~1024 for Python, torch and CUDA libraries; each DataLoader worker
@@ -97,15 +103,30 @@ def shm(ctx: CheckContext) -> CheckOutcome:
     }
     sizes = f"{size_text(space.free_bytes)} free of {size_text(space.total_bytes)}"
     outcomes = []
-    docker = " (Docker's default)" if space.total_bytes == DOCKER_DEFAULT_SHM else ""
+    pod = in_kubernetes(ctx.env)
+    default = ""
+    if space.total_bytes == DOCKER_DEFAULT_SHM:
+        default = " (a container's default)" if pod else " (Docker's default)"
     if (ranks > 1 and space.free_bytes < SHM_MIN_MULTI_RANK) or space.free_bytes < SHM_MIN_ANY:
+        fix = (
+            "Give the container more shared memory: docker run --shm-size=8g (or "
+            "--ipc=host); Kubernetes: an emptyDir with medium: Memory mounted on /dev/shm. "
+            "Workarounds: NCCL_SHM_DISABLE=1, fewer DataLoader workers."
+        )
+        if pod:
+            fix = (
+                "In the pod spec, mount a memory-backed emptyDir on /dev/shm: volumes: "
+                "[{name: dshm, emptyDir: {medium: Memory, sizeLimit: 8Gi}}] and, in the "
+                "container, volumeMounts: [{name: dshm, mountPath: /dev/shm}] (it counts "
+                "against the container's memory limit). Workarounds: NCCL_SHM_DISABLE=1, "
+                "fewer DataLoader workers."
+            )
         outcomes.append(
             warning(
-                f"{SHM_DIR} has only {sizes}{docker} for {ranks} local ranks ({why}): NCCL "
+                f"{SHM_DIR} has only {sizes}{default} for {ranks} local ranks ({why}): NCCL "
                 "fails with 'No space left on device' and DataLoader workers die with 'Bus error'",
-                fix="Give the container more shared memory: docker run --shm-size=8g (or "
-                "--ipc=host); Kubernetes: an emptyDir with medium: Memory mounted on /dev/shm. "
-                "Workarounds: NCCL_SHM_DISABLE=1, fewer DataLoader workers.",
+                fix=fix,
+                details=(SHM_NEEDS,),
             )
         )
     if stale:
@@ -121,7 +142,11 @@ def shm(ctx: CheckContext) -> CheckOutcome:
         )
     chosen = worst(outcomes)
     if chosen is not None:
-        details = (*(o.summary for o in outcomes), f"{SHM_DIR}: {sizes}")
+        details = (
+            *(o.summary for o in outcomes),
+            *(d for o in outcomes for d in o.details),
+            f"{SHM_DIR}: {sizes}",
+        )
         fix = " ".join(o.fix or "" for o in outcomes).strip()
         return warning(chosen.summary, fix=fix, details=details, facts=facts)
     return passed(f"{sizes} for {ranks} local ranks ({why}); no stale segments", facts=facts)

@@ -263,6 +263,14 @@ def check_master_addr(facts: Sequence[RankFacts], nodes: NodeMap) -> CheckResult
     reached = [f.master_connect_ms for f in facts if f.master_connect_ms is not None]
     slowest = max(reached) if reached else None
     timing = f"; slowest connect {slowest:.1f} ms" if slowest is not None else ""
+    late = {f.rank: f.master_name_wait_s for f in facts if f.master_name_wait_s is not None}
+    if late:
+        worst = max(late.values())
+        timing += (
+            f"; the name did not resolve for {worst:.1f} s on {nodes.describe(sorted(late))} "
+            "before it did (retried within --timeout: a Kubernetes headless service's name "
+            "appears once its pod is ready)"
+        )
     addr = facts[0].master_addr
     if len(set(resolved.values())) > 1 and len(nodes) > 1:
         return cluster_result(
@@ -279,7 +287,11 @@ def check_master_addr(facts: Sequence[RankFacts], nodes: NodeMap) -> CheckResult
         title,
         Status.PASS,
         f"MASTER_ADDR {addr} ({shown}) reached from all {len(facts)} ranks{timing}",
-        facts={"resolved": list(facts[0].master_resolved), "slowest_connect_ms": slowest},
+        facts={
+            "resolved": list(facts[0].master_resolved),
+            "slowest_connect_ms": slowest,
+            "name_wait_s": {str(r): s for r, s in late.items()},
+        },
     )
 
 

@@ -127,10 +127,13 @@ def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
         except join.JoinError as exc:
             return RankResult(1, join_failed(info, local, str(exc), (), {}, setup.strict))
     connect_ms: float | None = None
+    name_wait_s: float | None = None
     master_error: str | None = None
     try:
         deadline = time.monotonic() + 3 if hosting else setup.deadline
-        connect_ms = join.wait_for_port(info.master_addr, info.master_port, deadline)
+        connect_ms, name_wait_s = join.wait_until_reached(
+            info.master_addr, info.master_port, deadline
+        )
     except join.JoinError as exc:
         if hosting:  # our own store does not answer at MASTER_ADDR: it names another host
             master_error = f"does not reach this host (rank 0) on port {info.master_port}"
@@ -148,11 +151,11 @@ def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
     store = join.prefixed(dist, base, info, "doctor")
     if info.is_rank0:
         return _after_connect(
-            setup, dist, torch, store, base, local, connect_ms, master_error, start
+            setup, dist, torch, store, base, local, connect_ms, master_error, start, name_wait_s
         )
     try:
         return _after_connect(
-            setup, dist, torch, store, base, local, connect_ms, master_error, start
+            setup, dist, torch, store, base, local, connect_ms, master_error, start, name_wait_s
         )
     except RuntimeError as exc:  # DistError and friends: rank 0's store went away
         _teardown(dist)
@@ -170,6 +173,7 @@ def _after_connect(
     connect_ms: float | None,
     master_error: str | None,
     start: float,
+    name_wait_s: float | None = None,
 ) -> RankResult:
     """Announce, check, describe this rank, then lead (rank 0) or follow."""
     info = setup.info
@@ -187,6 +191,8 @@ def _after_connect(
     )
     if master_error:
         facts = replace(facts, master_error=master_error)
+    if name_wait_s is not None:
+        facts = replace(facts, master_name_wait_s=round(name_wait_s, 1))
     join.mark_ready(store, info.rank)
     if info.is_rank0:
         return _lead(setup, dist, torch, base, store, local, facts, start)

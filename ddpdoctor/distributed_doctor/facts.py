@@ -39,6 +39,8 @@ class RankFacts:
     master_resolved: tuple[str, ...] = ()
     master_error: str | None = None  # why MASTER_ADDR could not be resolved or reached
     master_connect_ms: float | None = None  # time to open a TCP connection to the store
+    # how long MASTER_ADDR did not resolve before it did (a name that appears late); None: at once
+    master_name_wait_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -42,7 +42,17 @@ class Verdict:
 
 def wait_for_port(host: str, port: int, deadline: float) -> float:
     """Block until host:port accepts a TCP connection; return the connect time in ms."""
+    return wait_until_reached(host, port, deadline)[0]
+
+
+def wait_until_reached(host: str, port: int, deadline: float) -> tuple[float, float | None]:
+    """Block until host:port accepts a TCP connection: (the connect time in ms, how long the
+    name did not resolve before it did, None when it resolved at once). A name that does not
+    resolve yet is retried like a port that does not answer yet: a Kubernetes headless
+    service's name appears only once its pod is ready."""
     last_error = "no answer"
+    first = time.monotonic()
+    unresolved_until: float | None = None
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -53,7 +63,11 @@ def wait_for_port(host: str, port: int, deadline: float) -> float:
         start = time.perf_counter()
         try:
             with socket.create_connection((host, port), timeout=min(2.0, max(remaining, 0.05))):
-                return (time.perf_counter() - start) * 1e3
+                waited = unresolved_until - first if unresolved_until is not None else None
+                return (time.perf_counter() - start) * 1e3, waited
+        except socket.gaierror as exc:
+            last_error = f"{host} does not resolve: {exc.strerror or exc}"
+            unresolved_until = time.monotonic()
         except OSError as exc:
             last_error = exc.strerror or str(exc) or type(exc).__name__
         time.sleep(min(POLL_S * 2, max(0.0, deadline - time.monotonic())))

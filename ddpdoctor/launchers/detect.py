@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ddpdoctor.launchers.kubernetes import KUBERNETES_VARS, PetConfig, in_kubernetes, pet_config
 from ddpdoctor.launchers.variables import (
     MPI_VARS,
     SLURM_VARS,
@@ -30,6 +31,8 @@ class LauncherInfo:
     mpi: str | None  # which MPI flavour, if any
     manual: bool  # RANK / WORLD_SIZE set with no launcher's own variables
     seen: dict[str, str] = field(default_factory=dict)
+    kubernetes: bool = False  # in a Kubernetes pod
+    pet: PetConfig | None = None  # torchrun's PET_* variables (Kubeflow), when set
 
     @property
     def name(self) -> str:
@@ -40,13 +43,16 @@ class LauncherInfo:
             parts.append("srun" if self.srun_step else "Slurm batch job")
         if self.mpi:
             parts.append(f"mpirun ({self.mpi})")
+        if self.pet is not None and not self.torchrun:
+            parts.append("torchrun's PET_* variables (torchrun not started yet)")
         if not parts:
             parts.append("set by hand" if self.manual else "plain python (no launcher)")
-        return " inside ".join(parts) if len(parts) > 1 else parts[0]
+        name = " inside ".join(parts) if len(parts) > 1 else parts[0]
+        return f"{name} in a Kubernetes pod" if self.kubernetes else name
 
     @property
     def any(self) -> bool:
-        return self.torchrun or self.slurm or bool(self.mpi) or self.manual
+        return self.torchrun or self.slurm or bool(self.mpi) or self.manual or self.pet is not None
 
 
 def detect_launcher(env: Mapping[str, str]) -> LauncherInfo:
@@ -61,7 +67,13 @@ def detect_launcher(env: Mapping[str, str]) -> LauncherInfo:
     slurm = "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
     srun_step = slurm and "SLURM_STEP_NUM_TASKS" in env
     manual = not (torchrun or slurm or mpi) and ("RANK" in env or "WORLD_SIZE" in env)
-    return LauncherInfo(torchrun, slurm, srun_step, mpi, manual, seen)
+    pet = pet_config(env)
+    if pet is not None:
+        seen.update(pet.seen)
+    seen.update({name: env[name] for name in KUBERNETES_VARS if name in env})
+    return LauncherInfo(
+        torchrun, slurm, srun_step, mpi, manual, seen, kubernetes=in_kubernetes(env), pet=pet
+    )
 
 
 def first_count(text: str | None) -> int | None:

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.launchers.detect import detect_launcher
+from ddpdoctor.launchers.kubernetes import torch_env_from_pet
 from ddpdoctor.launchers.mpi import MpiEnvError, detect_flavor, torch_env_from_mpi
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
 from ddpdoctor.launchers.variables import TORCH_VARS, parse_int
@@ -20,7 +21,10 @@ from ddpdoctor.launchers.variables import TORCH_VARS, parse_int
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    launcher: str  # "torchrun", "env" (RANK/WORLD_SIZE set by hand), "slurm", "mpi" or "ray"
+    # "torchrun", "env" (RANK/WORLD_SIZE set by hand), "slurm", "mpi", "ray" (a task per node of a
+    # Ray cluster) or "pet" (torchrun's PET_* variables in a pod, before torchrun starts:
+    # ddpdoctor.launchers.kubernetes)
+    launcher: str
     rank: int
     world_size: int
     local_rank: int
@@ -56,10 +60,14 @@ def detect_launch(
     elif detect_flavor(env):
         launcher = "mpi"
         torch_env = _translated(torch_env_from_mpi, env, detect_flavor(env) or "MPI")
+    elif (pet := torch_env_from_pet(env)) is not None:
+        launcher = "pet"  # a pod's torchrun variables, before torchrun: one rank per pod
+        torch_env = pet
     else:
         raise UsageError(
             "--distributed needs a launcher: start it with torchrun, srun or mpirun on every node "
-            "(none of RANK/WORLD_SIZE, SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK is set)"
+            "(none of RANK/WORLD_SIZE, SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK or "
+            "PET_NNODES/PET_NODE_RANK is set)"
         )
 
     tcp_host, tcp_port = _tcp_endpoint(init_method)
@@ -137,4 +145,6 @@ def _run_id(launcher: str, env: Mapping[str, str]) -> str:
         )
     if launcher == "slurm":
         return f"{env.get('SLURM_JOB_ID', 'job')}.{env.get('SLURM_STEP_ID', 'step')}"
+    if launcher == "pet":
+        return f"pet.{env.get('PET_RDZV_ID', 'job')}"
     return launcher

@@ -52,7 +52,7 @@ class Job:
     fault: str | None
     steps: int = 2000
     run_dir: Path = Path()
-    hosts_file: Path = Path()
+    tmp: Path = Path()
     nodes: list[Finished] = field(default_factory=list)
     fault_t: float | None = None
     undo: list[list[str]] = field(default_factory=list)
@@ -96,10 +96,15 @@ def drop_link(job: Job) -> None:
         _ip("-n", _netns("h1"), "link", "del", job.iface)  # both ends, and every rule on it
 
 
-def write_hosts(job: Job, h1: str | None = None) -> None:
-    """The job's /etc/hosts; written in place, since it is bind-mounted into the job."""
+def hosts_file(job: Job, host: str) -> Path:
+    return job.tmp / f"{job.name}.{host}.hosts"
+
+
+def write_hosts(job: Job, host: str, h1: str | None = None) -> None:
+    """`host`'s /etc/hosts in the job; written in place, since it is bind-mounted into the job."""
+    path = hosts_file(job, host)
     text = f"127.0.0.1 localhost\n{h1 or job.addr('h1')} h1\n{job.addr('h2')} h2\n"
-    with open(job.hosts_file, "r+" if job.hosts_file.exists() else "w") as fh:
+    with open(path, "r+" if path.exists() else "w") as fh:
         fh.seek(0)
         fh.write(text)
         fh.truncate()
@@ -116,7 +121,7 @@ def apply_fault(job: Job) -> None:
     elif job.fault == "interface-down":
         _ip("-n", _netns("h2"), "link", "set", job.iface, "down")
     elif job.fault == "hosts-changed":
-        write_hosts(job, h1=f"198.19.7{job.index}.99")
+        write_hosts(job, "h2", h1=f"198.19.7{job.index}.99")  # h2's alone
     job.fault_t = time.time()
 
 
@@ -145,7 +150,7 @@ def launch(job: Job, cache: Path) -> None:
     ]  # fmt: skip
     cmds = [
         lab.on_host(
-            host, ddpdoctor_cmd(*common, "--node-rank", str(node)), hosts_file=job.hosts_file
+            host, ddpdoctor_cmd(*common, "--node-rank", str(node)), hosts_file=hosts_file(job, host)
         )
         for node, host in enumerate(("h1", "h2"))
     ]
@@ -184,8 +189,9 @@ def jobs(tmp_path_factory) -> dict[str, Job]:
     try:
         for job in specs:
             job.run_dir = tmp / job.name
-            job.hosts_file = tmp / f"{job.name}.hosts"
-            write_hosts(job)
+            job.tmp = tmp
+            write_hosts(job, "h1")
+            write_hosts(job, "h2")
             make_link(job)
             made.append(job)
         threads = [threading.Thread(target=launch, args=(j, cache)) for j in specs]
@@ -247,7 +253,9 @@ def test_a_name_changed_mid_run_is_named_before_and_after_and_the_job_is_not_sto
     diagnosis = job.diagnosis
     assert diagnosis["verdict"] == "healthy", job.explain()
     assert [n.returncode for n in job.nodes] == [0, 0], job.explain()
-    summary = job.finding("network.name_changed")["summary"]
+    changed = [f for f in diagnosis["findings"] if f["id"] == "network.name_changed"]
+    assert len(changed) == 1 and changed[0]["severity"] == "warning", job.explain()
+    summary = changed[0]["summary"]
     assert (
         f"on h2, rendezvous endpoint h1 resolved to {job.addr('h1')} when the job started; "
         f"now to 198.19.7{job.index}.99"

@@ -296,3 +296,12 @@ def test_cpu_with_workers_unknown_judges_ranks_and_says_what_fits():
     assert "no core to spare for DataLoader workers (num_workers=0 fits)" in result.summary
     crowded = system.cpu(ctx(sysp=FakeSystem(cpu=CpuInfo(2, 2)), nproc=4))
     assert crowded.status is Status.WARN, "more ranks than cores warns whatever the workers"
+
+
+def test_a_pods_default_shm_is_flagged_with_what_needs_it_and_the_pod_spec_fix():
+    pod = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    result = system.shm(ctx(pod, fs=FakeFs(DiskSpace("/dev/shm", 64 * MiB, 64 * MiB)), nproc=2))
+    assert result.status is Status.WARN
+    assert "(a container's default)" in result.summary
+    assert "emptyDir" in result.fix and "medium: Memory" in result.fix
+    assert any("NCCL_BUFFSIZE" in d and "DataLoader worker" in d for d in result.details)

@@ -524,3 +524,14 @@ def test_text_report_matrix_and_sections():
     text_rows = [line.plain for line in matrix_lines(rows, wide)]
     assert text_rows[1].split() == ["✗", "system.shm", "fail", "on", "node", "7"]
     assert text_rows[2].split() == ["✓", "nccl.env", "pass", "on", "all", "10", "nodes"]
+
+
+def test_a_master_name_that_resolved_late_is_reported_with_how_long_it_took():
+    facts = healthy()
+    facts[3] = replace(facts[3], master_name_wait_s=12.5)
+    result = check_master_addr(facts, node_map(facts))
+    assert result.status == Status.PASS
+    assert "the name did not resolve for 12.5 s on node 1 (gpu08, rank 3) before it did" in (
+        result.summary
+    )
+    assert result.facts["name_wait_s"] == {"3": 12.5}

@@ -99,10 +99,12 @@ def closing_lines(
     outcome: RunOutcome, agent_exits: dict[int, Any], *, run_dir: RunDir, exit_code: ExitCode
 ) -> list[str]:
     lines = rank_exit_lines(outcome.final, agent_exits)
-    if outcome.stopped_for is not None:
-        lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
-    elif outcome.interrupted:
+    if outcome.interrupted:
         lines.append("interrupted: the job was stopped")
+    elif outcome.stopped_for is Verdict.INTERRUPTED:
+        lines.append("interrupted on another node: this node stopped its part of the job with it")
+    elif outcome.stopped_for is not None:
+        lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
     elif outcome.abandoned_by is not None:
         node = outcome.abandoned_by
         lines = [

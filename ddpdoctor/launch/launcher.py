@@ -51,7 +51,7 @@ from ddpdoctor.launch.torchrun_cmd import ENV_DDP_BUCKETS, job_env, torchrun_arg
 from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
 from ddpdoctor.launch.user_command import command_env, guarded_argv
 from ddpdoctor.protocol import jsontext
-from ddpdoctor.protocol.node_records import NodeRecord, NodeRecorder
+from ddpdoctor.protocol.node_records import STOPPED_INTERRUPTED, NodeRecord, NodeRecorder
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.protocol.torchrun_logs import AgentLogParser
 from ddpdoctor.protocol.verdicts import Verdict
@@ -84,11 +84,14 @@ class Interrupts:
     signum: int | None = None
     monitor: Any = None
     verdict_before: Verdict | None = None  # the verdict when the user stopped the run
+    recorder: Any = None  # this node's record, in a job over several nodes
 
     def note(self, signum: int) -> None:
         if self.signum is None:
             last = getattr(self.monitor, "last", None)
             self.verdict_before = last.verdict if last is not None else None
+            if self.recorder is not None:  # the other nodes stop their part with this one's
+                self.recorder.stopped(STOPPED_INTERRUPTED)
         self.signum = signum
 
 
@@ -178,7 +181,7 @@ def run_and_report(
 ) -> int:
     """Run the job to its end, then print how it ended; the exit code."""
     launch_id = env[ENV_LAUNCH_ID]
-    reaper = Reaper(launch_id, run_dir=str(run_dir.path))
+    reaper = Reaper(launch_id, run_dir=str(run_dir.path), node_rank=plan.node_rank)
     try:
         outcome, agent_exits = run_job(
             plan, watchers, run_dir, console, argv, env, recorder=recorder, hangup=hangup
@@ -262,7 +265,7 @@ def run_job(
     )
     # After the TUI has closed, the same diagnosis is printed once more as plain text.
     view = watchers.headless(console, live=console.is_terminal and not use_tui)
-    interrupts = Interrupts(monitor=monitor)
+    interrupts = Interrupts(monitor=monitor, recorder=recorder)
     relay = None
     try:
         job.start()

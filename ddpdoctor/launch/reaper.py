@@ -11,12 +11,14 @@ torchrun's own cleanup never sees.
   The pipe reaches end-of-file when the launcher exits, however it exits (SIGKILL included);
   the reaper then ends whatever still carries the marker, and exits itself.
 
-    python -m ddpdoctor.launch.reaper LAUNCH_ID [RUN_DIR]     (reads stdin until EOF)
+    python -m ddpdoctor.launch.reaper LAUNCH_ID [RUN_DIR [NODE_RANK]]    (reads stdin until EOF)
 
 A launcher that ends normally has ended its job itself before it closes the pipe; when the reaper
 still finds processes of the job at EOF, the launcher died, and it says so in the run directory
 (RUN_DIR/launcher-killed.json, ddpdoctor.protocol.processes) so that a watcher's verdict is that
-the job was stopped with its launcher.
+the job was stopped with its launcher. The launcher of one node of a job over several nodes says
+it in that node's record instead (nodes/node-<N>/node.json: stopped_for "launcher_killed"), so that
+the other nodes tell the job's end as what it was.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 from ddpdoctor.launch.stop_protocol import end_sruns, is_srun, slurm_steps
 from ddpdoctor.protocol import processes
@@ -112,7 +115,11 @@ class Reaper:
     """The watchdog process: started before the job, told the launcher has gone by its pipe."""
 
     def __init__(
-        self, launch_id: str, env: Mapping[str, str] | None = None, run_dir: str | None = None
+        self,
+        launch_id: str,
+        env: Mapping[str, str] | None = None,
+        run_dir: str | None = None,
+        node_rank: int | None = None,
     ) -> None:
         self.launch_id = launch_id
         clean = {k: v for k, v in (env or os.environ).items() if k != ENV_LAUNCH_ID}
@@ -123,6 +130,7 @@ class Reaper:
                 "ddpdoctor.launch.reaper",
                 launch_id,
                 *([run_dir] if run_dir else []),
+                *([str(node_rank)] if run_dir and node_rank is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -145,7 +153,7 @@ class Reaper:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 2) or not argv[0]:
+    if len(argv) not in (1, 2, 3) or not argv[0]:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Blocks until the launcher closes the pipe or dies: then its job must end too.
@@ -155,6 +163,13 @@ def main(argv: list[str]) -> int:
     left = [p for p in marked_pids(argv[0]) if _alive(p)]
     if left and len(argv) == 2:
         processes.say_launcher_killed(argv[1], len(left))
+    elif left and len(argv) == 3 and argv[2].isdigit():
+        # a node of a job over several nodes: its own record says so, for the other nodes
+        from ddpdoctor.protocol.node_records import say_launcher_killed
+        from ddpdoctor.protocol.rundir import RunDir
+
+        with contextlib.suppress(Exception):
+            say_launcher_killed(RunDir(Path(argv[1])), int(argv[2]), time.time())
     end_marked(argv[0])
     return 0
 

@@ -26,6 +26,10 @@ from ddpdoctor.protocol.jsontext import is_int
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 
 SCHEMA_VERSION = 1
+# NodeRecord.stopped_for, beside a verdict: the launcher got Ctrl-C or a stop signal (the other
+# nodes stop their part with it), or it was killed and its reaper ended its node's part
+STOPPED_INTERRUPTED = "interrupted"
+STOPPED_LAUNCHER_KILLED = "launcher_killed"
 _NODE_FOLDER = re.compile(r"^node-(\d+)$")
 
 
@@ -175,6 +179,17 @@ def node_of(
             if record.torchrun_pid == ppid and record.host == host:
                 return record.node_rank
     return group_rank
+
+
+def say_launcher_killed(run: RunDir, node_rank: int, ended_t: float) -> None:
+    """The reaper's note, in its node's record, that the launcher died while its part of the
+    job ran and the reaper ended that part (never raises)."""
+    with contextlib.suppress(OSError, ValueError):
+        record = read_node_record(run, node_rank)
+        if record is not None and not record.ended:
+            write_node_record(
+                run, record.with_(stopped_for=STOPPED_LAUNCHER_KILLED, ended_t=ended_t)
+            )
 
 
 class NodeRecorder:

@@ -22,6 +22,10 @@ class NodeWatch:
         self._read_t: float | None = None
         self._full_t: float | None = None
 
+    def due_now(self) -> None:
+        """Read the records at the next refresh, not a second from now (the final word)."""
+        self._read_t = None
+
     def refresh(
         self, now: float, *, quiet_follower: bool, expected: int | None
     ) -> dict[int, NodeRecord] | None:

@@ -36,6 +36,7 @@ from ddpdoctor.monitor.follow.tail import RunTailer
 from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
+from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
     ended_with_ranks,
@@ -229,6 +230,8 @@ class Monitor:
             if self._held is None and not self.job_ended:  # a watcher: the launcher may have
                 self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
+            if self.job_ended and not interrupted:
+                self._await_nodes()
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None and self.merge.active:
                 # (a follower whose ranks never waited leaves the whole run's logs to node 0)
@@ -319,6 +322,11 @@ class Monitor:
             self._confirmed[diagnosis.verdict] = diagnosis.primary
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)
+        if len(self.nodes) > 1:
+            if snap.verdict.is_problem:  # has another node's part ended? (its record, now)
+                self.node_watch.due_now()
+                self._read_nodes(now)
+            snap = self._across_nodes(snap, now)
         if (
             self.capture_stacks
             and snap.verdict is Verdict.HANG
@@ -465,6 +473,53 @@ class Monitor:
                 alive[rank] = None  # another host's process: not this watcher's to tell
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
+
+    def _across_nodes(self, snap: Snapshot, now: float) -> Snapshot:
+        """How the other nodes' parts ended, as their launchers' records and the summaries
+        that stopped coming tell it (ddpdoctor.monitor.judge.node_ends)."""
+        silent = {
+            node: now - seen.changed_t
+            for node, seen in self.merge.feed.seen.items()
+            if seen.changed_t is not None
+        }
+        held = self._held
+        own_problem = bool(
+            held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
+        )
+        return across_nodes(
+            snap,
+            self.nodes,
+            {view.rank: self.state.node_of(view.rank) for view in snap.ranks},
+            silent,
+            own_node=self.node_rank,
+            held_problem=own_problem,
+        )
+
+    def _await_nodes(self) -> None:
+        """Before the final word of a job over several nodes: give the other nodes' launchers
+        time to record their end (a healthy job's do within a second or two), so that a node
+        whose launcher is silent is known lost, not guessed. Bounded by LOST_AFTER_S."""
+        if len(self.nodes) < 2:
+            return
+        deadline = time.monotonic() + LOST_AFTER_S + 1.0
+        while time.monotonic() < deadline:
+            self.node_watch.due_now()
+            self._poll()
+            pending = [
+                node
+                for node, record in self.nodes.items()
+                if node != self.node_rank and not record.ended and record.stopped_for is None
+            ]
+            seen = self.merge.feed.seen
+            now = self.clock()
+            if all(
+                node in seen
+                and seen[node].changed_t is not None
+                and now - seen[node].changed_t >= LOST_AFTER_S  # type: ignore[operator]
+                for node in pending
+            ):
+                return
+            time.sleep(0.5)
 
     def _check_disk(self, now: float, final: bool) -> None:
         """Whether the ranks' events can be written, before the ranks are judged: a rank seen

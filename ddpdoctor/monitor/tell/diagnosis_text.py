@@ -58,7 +58,7 @@ def headline_finding(snap: Snapshot) -> Finding | None:
     not started, interrupted, not distributed, not instrumented), if any."""
     if snap.verdict not in ENDED_WITHOUT_A_PROBLEM_FOUND:
         return None
-    return next((f for f in snap.findings if f.id.startswith("run.")), None)
+    return next((f for f in snap.findings if f.id.startswith(("run.", "node."))), None)
 
 
 def verdict_line(snap: Snapshot) -> Text:
@@ -76,6 +76,8 @@ def verdict_line(snap: Snapshot) -> Text:
     if snap.verdict.is_problem:
         if snap.culprits:
             text.append(f": culprit {named_ranks(snap.culprits)}")
+            if snap.findings and snap.findings[0].id == "node.lost":  # "host h2 lost: ..."
+                text.append(f" ({snap.findings[0].summary.partition(':')[0]})")
         elif snap.findings and snap.findings[0].id.startswith("run."):
             text.append(f": {snap.findings[0].summary}")  # no rank to blame: the reason
         if snap.detected_after_s is not None:

@@ -1,0 +1,182 @@
+"""One story across nodes: how another node's part of the job ended, told as what it was.
+
+A job that spans nodes ends on every node when one node's part ends, and each node's ranks then
+fail in their own way (a gloo peer resets the connection, torchrun stops the rest with SIGTERM).
+Read rank by rank, that is a crash of whichever rank failed first, often a survivor. What the
+launchers saw themselves says what happened (their node records, ddpdoctor.protocol.node_records,
+and whether their summaries still come):
+
+    interrupted      a node's `ddpdoctor run` got Ctrl-C or a stop signal: the job was stopped
+                     by a user on that node (INTERRUPTED on every node)
+    launcher_killed  a node's `ddpdoctor run` was killed (SIGKILL, the OOM killer): its job guard
+                     ended that node's ranks (INTERRUPTED, as on one node)
+    lost host        a node whose launcher has not ended and whose summaries stopped coming at
+                     once with its ranks: the host went down, was cut off or had every process
+                     killed. A crash or hang found meanwhile is that host's: its ranks are the
+                     culprits, the other hosts' failures the consequences.
+
+These only re-tell a problem or a stop that the records show; they never make one of a job that
+runs well (a node whose summaries are late while every rank progresses is `node.stale` only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.judge.rules.crash import consequences, looks_like_consequence, root_cause
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.protocol.node_records import (
+    STOPPED_INTERRUPTED,
+    STOPPED_LAUNCHER_KILLED,
+    NodeRecord,
+)
+from ddpdoctor.rank_ranges import named_ranks
+
+INTERRUPTED = STOPPED_INTERRUPTED  # NodeRecord.stopped_for of a launcher the user stopped
+LAUNCHER_KILLED = STOPPED_LAUNCHER_KILLED  # ... of one that was killed (its reaper wrote it)
+# A node silent this long (no new summary, by the watcher's clock), its launcher not ended: lost.
+LOST_AFTER_S = 5.0
+# Findings that only describe how the ranks were ended by the stop or the loss.
+_STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal", "run.stopped"})
+_FAILED = frozenset({RankState.FAILED, RankState.GONE})
+
+
+def across_nodes(
+    snap: Snapshot,
+    nodes: Mapping[int, NodeRecord],
+    node_of: Mapping[int, int | None],
+    silent_s: Mapping[int, float],
+    *,
+    own_node: int | None,
+    held_problem: bool = False,
+) -> Snapshot:
+    """The snapshot as the other nodes' ends tell it. `node_of`: rank -> its node; `silent_s`:
+    node -> seconds since its summary last changed (nodes whose summaries were read);
+    `held_problem`: this launcher stopped the job for a problem of its own finding (it stands)."""
+    others = {n: r for n, r in nodes.items() if n != own_node}
+    if not others or held_problem:
+        return snap
+    for why in (INTERRUPTED, LAUNCHER_KILLED):
+        stopped = sorted(n for n, r in others.items() if r.stopped_for == why)
+        if stopped:
+            return _stopped_on(snap, others[stopped[0]], why, node_of)
+    if snap.verdict not in (Verdict.CRASH, Verdict.HANG):
+        return snap
+    lost = sorted(
+        n
+        for n, r in others.items()
+        if not r.ended
+        and silent_s.get(n, 0.0) >= LOST_AFTER_S
+        and _ranks_silent(snap, _ranks_of(n, node_of))
+    )
+    if not lost or not _theirs(snap, set(lost), node_of):
+        return snap
+    return _lost(snap, [others[n] for n in lost], node_of, silent_s)
+
+
+def _theirs(snap: Snapshot, lost: set[int], node_of: Mapping[int, int | None]) -> bool:
+    """Whether the problem found can be the lost nodes': a crash whose first failure only
+    echoes a peer's (a connection reset) or is a rank of theirs; a hang with no culprit, or
+    only theirs. A rank of a live node that raised its own error stays the culprit."""
+    if snap.verdict is Verdict.CRASH:
+        root = root_cause(snap)
+        return root is None or looks_like_consequence(root) or node_of.get(root.rank) in lost
+    return all(node_of.get(rank) in lost for rank in snap.culprits)
+
+
+def _ranks_silent(snap: Snapshot, ranks: list[int]) -> bool:
+    """The node's ranks went silent with their launcher (a launcher alone that stops
+    publishing, while its ranks still write, is `node.stale`, not a lost host)."""
+    views = [v for v in snap.ranks if v.rank in set(ranks)]
+    return all(
+        v.state is RankState.GONE
+        or (v.heartbeat_age_s is not None and v.heartbeat_age_s >= LOST_AFTER_S)
+        for v in views
+    )
+
+
+def _ranks_of(node: int, node_of: Mapping[int, int | None]) -> list[int]:
+    return sorted(rank for rank, n in node_of.items() if n == node)
+
+
+def _launcher(record: NodeRecord) -> str:
+    return f"node {record.node_rank}'s launcher (ddpdoctor run on {record.host}, pid {record.launcher_pid})"
+
+
+def _stopped_on(
+    snap: Snapshot, record: NodeRecord, why: str, node_of: Mapping[int, int | None]
+) -> Snapshot:
+    ranks = _ranks_of(record.node_rank, node_of)
+    theirs = f" ({named_ranks(ranks)})" if ranks else ""
+    if why == INTERRUPTED:
+        finding = Finding(
+            "node.interrupted",
+            Severity.INFO,
+            f"the job was interrupted on node {record.node_rank} ({record.host}): its ddpdoctor "
+            f"run (pid {record.launcher_pid}) got Ctrl-C or a stop signal and stopped that "
+            f"node's ranks{theirs}; every other node stopped its part with it",
+            "Nothing to fix: rerun to let the job finish.",
+        )
+    else:
+        finding = Finding(
+            "node.launcher_killed",
+            Severity.WARNING,
+            f"{_launcher(record)} was killed (SIGKILL: a user, the OOM killer, a closed "
+            f"session) while the job ran; its job guard then ended that node's ranks{theirs}, "
+            "and the other nodes' ranks failed as a consequence",
+            f"Nothing to fix in the job: find what killed ddpdoctor on {record.host} "
+            "(`journalctl -k` for the OOM killer), and rerun.",
+            ranks=tuple(ranks),
+        )
+    kept = tuple(f for f in snap.findings if f.id not in _STOP_EFFECTS and f.id != "node.stale")
+    return replace(
+        snap,
+        verdict=Verdict.INTERRUPTED,
+        findings=(finding, *kept),
+        culprits=frozenset(),
+        detected_after_s=None,
+        confirmed=False,
+    )
+
+
+def _lost(
+    snap: Snapshot,
+    records: list[NodeRecord],
+    node_of: Mapping[int, int | None],
+    silent_s: Mapping[int, float],
+) -> Snapshot:
+    lost_ranks: list[int] = []
+    lines = []
+    for record in records:
+        ranks = _ranks_of(record.node_rank, node_of)
+        lost_ranks += ranks
+        silent = silent_s.get(record.node_rank, 0.0)
+        heard = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+        lines.append(
+            f"host {record.host} lost: {_launcher(record)} and its "
+            f"{named_ranks(ranks) if ranks else 'ranks'} went silent at once, last heard from "
+            f"at {heard} ({silent:.0f} s ago), and its launcher never recorded an end"
+        )
+    hosts = ", ".join(sorted({r.host for r in records}))
+    finding = Finding(
+        "node.lost",
+        Severity.ERROR,
+        "; ".join(lines)
+        + ": the host went down, was cut off from the others, or had every process killed",
+        f"See what happened to {hosts} (is it up? `ping`, the scheduler's node state, its "
+        "system log: an OOM or a reboot); the other hosts' failures follow from it.",
+        ranks=tuple(lost_ranks),
+    )
+    survivors = [v for v in snap.ranks if v.state in _FAILED and v.rank not in set(lost_ranks)]
+    findings: list[Finding] = [finding]
+    if survivors:
+        findings.append(consequences(survivors, None, after=f"the loss of {hosts}"))
+    kept = tuple(f for f in snap.findings if f.id not in _STOP_EFFECTS)
+    return replace(
+        snap,
+        findings=(*findings, *kept),
+        culprits=frozenset(lost_ranks),
+    )

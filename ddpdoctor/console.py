@@ -64,9 +64,24 @@ class SafeStream:
         if not self.broken:
             try:
                 self._stream.write(text)
+            except UnicodeEncodeError:
+                self._write_degraded(text)
             except (OSError, ValueError):
                 self._give_up()
         return len(text)
+
+    def _write_degraded(self, text: str) -> None:
+        """A character the stream cannot encode (PYTHONIOENCODING=ascii, a latin-1 locale) costs
+        that character, never the line: it is written as `?`."""
+        encoding = self.encoding
+        try:
+            degraded = text.encode(encoding, "replace").decode(encoding, "replace")
+        except LookupError:
+            degraded = text.encode("ascii", "replace").decode("ascii")
+        try:
+            self._stream.write(degraded)
+        except (OSError, ValueError):
+            self._give_up()
 
     def flush(self) -> None:
         if not self.broken:
@@ -114,6 +129,12 @@ def sanitize(text: str) -> str:
     if not _CONTROL.search(text):
         return text
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def one_line(text: str) -> str:
+    """`text` sanitized and kept on one line: newlines and tabs shown as `\\n` and `\\t` too
+    (a path or a name that holds them must not start a line ddpdoctor did not write)."""
+    return sanitize(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def sanitize_tree(value: T) -> T:

@@ -20,6 +20,7 @@ from ddpdoctor.explain.lines import (
 )
 from ddpdoctor.explain.log_rules import Analyzer, Candidate
 from ddpdoctor.findings import Finding, Severity, sort_findings
+from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.fr_files import DumpError, is_dump_file, load_dump
@@ -99,15 +100,15 @@ def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
     files = 0
     dumps: list[FrRank] = []
     for path, context in expand_paths(paths):
-        if is_dump_file(path):
+        if is_dump_file(path, follow=context.named):
             try:
-                dumps.append(load_dump(path))
+                dumps.append(load_dump(path, follow=context.named))
             except DumpError as exc:
                 raise UsageError(str(exc)) from None
             files += 1
             continue
         try:
-            explainer.feed_file(iter_file_lines(path, context), context.label)
+            explainer.feed_file(iter_file_lines(path, context, follow=context.named), context.label)
         except FileNotFoundError:
             continue  # a file of a live run directory that went away: nothing to explain
         except OSError as exc:
@@ -139,7 +140,7 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> Iterator[tuple[Path
             found = list(_directory_files(path))
         elif path.exists():
             _check_readable(path)
-            found = [(path, _plain_context(str(path)))]
+            found = [(path, replace(_plain_context(str(path)), named=True))]
         else:
             raise UsageError(f"cannot read {given}: no such file or directory")
         for file, context in found:
@@ -198,11 +199,9 @@ def _files_under(root: Path) -> list[Path]:
 
 
 def _regular(path: Path) -> bool:
-    """Only regular files inside a directory: a FIFO or device there is skipped, not read."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
+    """Only regular files inside a directory: a FIFO, a device or a symlink there is skipped,
+    not read."""
+    return bounded.is_regular(path)
 
 
 def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
@@ -251,7 +250,7 @@ def _hello_index(events_dir: Path) -> _HelloIndex:
     index = _HelloIndex()
     for path in sorted(events_dir.glob("rank-*.jsonl")) if events_dir.is_dir() else []:
         try:
-            with path.open("rb") as stream:
+            with bounded.open_regular(path, buffered=True) as stream:
                 for _, raw in zip(range(_HELLO_SCAN_LINES), stream, strict=False):
                     event = parse_event_line(raw)
                     if event is not None and event.get("kind") == "hello":

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
 
+from ddpdoctor.protocol import bounded
+
 # A line longer than this is cut (the rest of it is skipped): no single line can exhaust memory.
 MAX_LINE_BYTES = 64 * 1024
 # Lines are matched on their first this many characters (the head, where the launcher prefix,
@@ -62,6 +64,7 @@ class FileContext:
     label: str | None
     rank: int | None = None
     local_to_global: LocalRankMap | None = None
+    named: bool = False  # named by the user on the command line (not found in a folder)
 
     def make_line(self, text: str, line_no: int | None) -> SourceLine:
         if len(text) > MAX_MATCH_CHARS:
@@ -123,10 +126,14 @@ def _skip_rest_of_line(stream: BinaryIO) -> None:
             return
 
 
-def iter_file_lines(path: Path, context: FileContext) -> Iterator[SourceLine]:
+def iter_file_lines(
+    path: Path, context: FileContext, *, follow: bool = False
+) -> Iterator[SourceLine]:
     """The lines of a regular file, as far as it reached when it was opened: a file that grows
-    while it is read (a live log, a writer in a loop) cannot keep the reader going forever."""
-    with path.open("rb") as stream:
+    while it is read (a live log, a writer in a loop) cannot keep the reader going forever.
+    Never a FIFO or a device (protocol/bounded.py: NotRegularFile, an OSError); `follow`: a file
+    the user named may be a symlink, one found in a folder may not."""
+    with bounded.open_regular(path, buffered=True, follow=follow) as stream:
         size = os.fstat(stream.fileno()).st_size
         for number, text in enumerate(iter_text_lines(stream, size), start=1):
             yield context.make_line(text, number)

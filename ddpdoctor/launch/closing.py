@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ddpdoctor.console import one_line
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.protocol.torchrun_logs import signal_name
@@ -134,7 +135,7 @@ def closing_lines(
         signame = signal_name(code) if code < 0 else None
         how = f"was ended by {signame}" if signame else f"exited with code {code}"
         lines.append(f"{outcome.launcher} {how}")
-    lines.append(f"run directory: {run_dir.path}")
+    lines.append(f"run directory: {one_line(str(run_dir.path))}")
     verdict = (
         "not started" if not outcome.started else outcome.final.verdict.value.replace("_", " ")
     )

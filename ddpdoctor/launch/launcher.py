@@ -17,7 +17,6 @@ torchrun, answers the other launchers' stack requests, and watches every rank.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -32,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ddpdoctor.console import make_console, symbols_for, tui_capable
+from ddpdoctor.console import make_console, one_line, symbols_for, tui_capable
 from ddpdoctor.exit_codes import ExitCode
 from ddpdoctor.launch.capacity import HostCapacity, check_nproc
 from ddpdoctor.launch.closing import (
@@ -129,25 +128,9 @@ def _launch(plan: LaunchPlan, watchers: Watchers, hangup: Hangup) -> int:
     recorder = node_recorder(plan, run_dir, log_dir)
     if plan.command is None and plan.script and starts_own_ranks(plan.script):
         console.print(f"ddpdoctor: warning: {spawn_hint(plan.script)}", markup=False)
-    if plan.doctor and not preflight(plan, run_dir, console):
-        # diagnosis.json says so too, so `watch` on this directory ends at once: not started.
-        # (A node of a job over several nodes says it in its node record: the other launchers
-        # write the shared diagnosis.json.)
-        if plan.node_rank is None:
-            watchers.monitor(run_dir, hang_after=plan.hang_after).close(job_ended=True)
-        console.print(f"run directory: {run_dir.path}", markup=False)
-        console.print(f"verdict: not started (exit code {int(ExitCode.PROBLEMS)})", markup=False)
-        if recorder is not None:
-            recorder.ended(int(ExitCode.PROBLEMS), None, time.time())
-        if plan.json:
-            doc = {
-                "schema_version": 1,
-                "verdict": None,
-                "doctor": json.loads(run_dir.doctor_json_for(plan.node_rank).read_text()),
-                "job": {"exit_code": int(ExitCode.PROBLEMS), "started": False},
-            }
-            sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
-        return int(ExitCode.PROBLEMS)
+    refused = preflight(plan, run_dir, console) if plan.doctor else None
+    if refused is not None:
+        return refuse(plan, watchers, run_dir, console, recorder, refused)
     if plan.command is not None:
         env = command_env(
             os.environ,
@@ -167,6 +150,36 @@ def _launch(plan: LaunchPlan, watchers: Watchers, hangup: Hangup) -> int:
     # launcher itself is killed.
     env[ENV_LAUNCH_ID] = new_launch_id()
     return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
+
+
+def refuse(
+    plan: LaunchPlan,
+    watchers: Watchers,
+    run_dir: RunDir,
+    console: Console,
+    recorder: NodeRecorder | None,
+    report: dict[str, Any],
+) -> int:
+    """The preflight refused the launch: say so where every tool looks. diagnosis.json (so that
+    `watch` ends at once) holds the refusing checks as its findings, on one node or many (a node
+    of a job over several writes it unless the lead already wrote its final one); the node
+    record says this node ended; exit 1."""
+    code = int(ExitCode.PROBLEMS)
+    if recorder is not None:
+        recorder.ended(code, None, time.time())
+    monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
+    monitor.close(job_ended=True)
+    console.print(f"run directory: {one_line(str(run_dir.path))}", markup=False)
+    console.print(f"verdict: not started (exit code {code})", markup=False)
+    if plan.json:
+        doc = {
+            "schema_version": 1,
+            "verdict": None,
+            "doctor": report,
+            "job": {"exit_code": code, "started": False},
+        }
+        sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
+    return code
 
 
 def run_and_report(
@@ -321,9 +334,14 @@ def run_job(
         return outcome, dict(agent.exits)
 
 
-def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
-    """Run the doctor for this job; False (after printing why) when a check fails."""
+def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> dict[str, Any] | None:
+    """Run the doctor for this job and keep its report (doctor.json); the report's JSON when a
+    fact about this machine or launch refuses the launch (after printing why), else None.
+
+    The script checkup's findings never refuse (ddpdoctor.checks.gate): they are printed with
+    their line and fix, kept in doctor.json, and cited by the diagnosis if their symptom shows."""
     from ddpdoctor.checks.context import DoctorOptions
+    from ddpdoctor.checks.gate import refusing, static_problems
     from ddpdoctor.checks.progress import progress_spinner
     from ddpdoctor.checks.render import render_report
     from ddpdoctor.checks.runner import run_checks
@@ -344,25 +362,28 @@ def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> bool:
     )
     with progress_spinner(not plan.json) as on_progress:
         report = run_checks(options=options, on_progress=on_progress)
-    write_json_atomic(run_dir.doctor_json_for(plan.node_rank), report.to_json())
+    document = report.to_json()
+    write_json_atomic(run_dir.doctor_json_for(plan.node_rank), document)
     render_report(report, console, symbols=symbols_for(console.file))
-    if doctor_blocks(report.counts):
-        what = "failed a check" if report.counts["fail"] else "could not run a check"
+    blockers = refusing(report.results)
+    if blockers:
+        failed = any(r.status.value == "fail" for r in blockers)
+        what = "failed a check" if failed else "could not run a check"
         console.print(
-            f"ddpdoctor run: the doctor {what}, so the job was not started: "
-            "apply the fixes above, or rerun with --no-doctor to launch anyway",
+            f"ddpdoctor run: the doctor {what} about this machine or launch, so the job was not "
+            "started: apply the fixes above, or rerun with --no-doctor to launch anyway",
             markup=False,
         )
-        return False
+        return document
+    if static_problems(report.results):
+        console.print(
+            "ddpdoctor run: the script checkup's findings above are a reading of the source, "
+            "which cannot know which branch runs: the job starts, and the diagnosis cites them "
+            "if their symptom appears",
+            markup=False,
+        )
     console.print()
-    return True
-
-
-def doctor_blocks(counts: dict[str, int]) -> bool:
-    """A failed check, or one that could not run (`error`: it timed out, or raised), stops the
-    launch: a check that could not look is no evidence the job can run (`--nproc 100000` once
-    made the smoke test fail to start and the launch went on)."""
-    return bool(counts.get("fail") or counts.get("error"))
+    return None
 
 
 def watch_headless(

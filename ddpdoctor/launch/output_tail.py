@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.torchrun_logs import RANK_LOG, classify_log_path
 
 POLL_S = 0.1
@@ -34,10 +35,8 @@ class _Follow:
         self.partial = b""
 
     def lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read(READ_BYTES)
+        try:  # a regular file only: a FIFO or a device in its place never blocks the launcher
+            data = bounded.read_bytes(self.path, READ_BYTES, whole=False, offset=self.offset)
         except OSError:
             return []
         if not data:

@@ -18,19 +18,30 @@ timeout. A copied or checked-out file has a later time, which then says nothing 
 
 from __future__ import annotations
 
+import contextlib
 import io
-import json
+import os
 import pickle
 import re
+import resource
+import select
+import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import bounded, jsontext
 from ddpdoctor.protocol.flight_recorder import FrRank, parse_dump
 
 MAX_DUMP_BYTES = 64 << 20  # the default 2000-entry buffer with stacks is a few MB
 _RANK_SUFFIX = re.compile(r"(\d+)(?:\.json)?$")
 _PICKLE_PROTOCOLS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+# items a pickle may expand to per byte of the file (torch's own dumps: well under 1)
+EXPANSION = 16
+# what loading one pickle may take, on top of what grows with its size (see _load_pickle)
+CHILD_CPU_S = 5
+CHILD_MEMORY = 512 << 20
 # slack on top of the newest call's timeout for the time a dump may be written at
 _DUMP_SLACK_S = 60.0
 
@@ -58,30 +69,176 @@ def looks_like_dump(head: bytes) -> bool:
 
 
 def rank_from_name(path: Path) -> int | None:
+    """The rank a dump's name ends with (at most 12 digits: a number, not a world to build)."""
     match = _RANK_SUFFIX.search(path.name)
-    return int(match.group(1)) if match else None
+    return int(match.group(1)) if match and len(match.group(1)) <= 12 else None
 
 
-def load_dump(path: Path) -> FrRank:
-    """One rank's dump from a file; DumpError when it cannot be read as one."""
+def _expanded_size(value: Any, budget: int) -> int:
+    """How many items `value` holds with every shared reference counted each time it is
+    reached: the work any reading of it does. A pickle shares objects through its memo, so a
+    2 MB file can hold a list of a million references to one entry of a thousand numbers (a
+    billion items to read). Each distinct container is sized once (linear in what the file
+    holds); the count stops as soon as it passes `budget`, and a container that holds itself
+    (a dump never does) counts as past it."""
+    sizes: dict[int, int] = {}
+    keep: list[Any] = []  # the containers being sized or sized, alive while their ids are keys
+    stack: list[tuple[Any, list[Any] | None]] = [(value, None)]
+    while stack:
+        item, kids = stack.pop()
+        if kids is None:  # first visit: size the containers inside it first
+            if type(item) not in _CONTAINERS or id(item) in sizes:
+                continue
+            kids = [*item.keys(), *item.values()] if type(item) is dict else list(item)
+            sizes[id(item)] = -1  # being sized: met again below it, it holds itself
+            keep.append(item)
+            stack.append((item, kids))
+            inside = {id(c): c for c in kids if type(c) in _CONTAINERS and id(c) not in sizes}
+            stack.extend((c, None) for c in inside.values())
+            continue
+        total = 1
+        for child in kids:
+            size = sizes.get(id(child), 1) if type(child) in _CONTAINERS else 1
+            if size < 0:
+                return budget + 1  # a cycle
+            total += size
+        sizes[id(item)] = total
+        if total > budget:
+            return total
+    return max(sizes.get(id(value), 1), 1)
+
+
+_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _load_pickle(data: bytes, path: Path) -> Any:
+    """The plain containers of an untrusted pickle, its work bounded. Loading a pickle does what
+    its opcodes say: a memo bomb (a million references to one large entry) costs nothing to
+    load and everything to read, and a key made of tuples nested twice over at each level costs
+    2**depth to hash. So it is loaded in a forked child held to a CPU and a memory limit that
+    grow with the file's size, which also checks that the shared references do not expand
+    past EXPANSION items a byte, and hands the containers back re-pickled; loading them again
+    here costs no more than the child's load, which finished within its limits."""
+    read_fd, write_fd = os.pipe()
     try:
-        if path.stat().st_size > MAX_DUMP_BYTES:
-            raise DumpError(f"{path}: larger than {MAX_DUMP_BYTES >> 20} MB, not read")
-        data = path.read_bytes()
-        mtime = path.stat().st_mtime
-    except OSError as exc:
-        raise DumpError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if data.startswith(_PICKLE_PROTOCOLS):
+        pid = os.fork()
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise DumpError(f"cannot read {path}: no process to load it in") from None
+    if pid == 0:  # the child: never returns
+        os.close(read_fd)
+        _child_load(data, write_fd)
+    os.close(write_fd)
+    try:
+        payload = _read_child(read_fd, pid, len(data))
+    finally:
+        os.close(read_fd)
+    if payload is None:
+        raise DumpError(
+            f"{path}: not a flight-recorder dump (loading it took more time or memory than a "
+            "dump of its size can: a crafted pickle)"
+        )
+    try:
+        status, value = _PlainUnpickler(io.BytesIO(payload)).load()
+    except Exception:  # noqa: BLE001 - the child's answer cut short
+        raise DumpError(f"{path}: not a flight-recorder dump (it could not be loaded)") from None
+    if status != "ok":
+        raise DumpError(f"{path}: not a flight-recorder dump ({value})")
+    return value
+
+
+def _child_load(data: bytes, write_fd: int) -> None:
+    code = 0
+    try:
+        cpu = CHILD_CPU_S + len(data) // (1 << 20)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        allowed = _address_space() + CHILD_MEMORY + 64 * len(data)
+        resource.setrlimit(resource.RLIMIT_AS, (allowed, allowed))
         try:
             raw = _PlainUnpickler(io.BytesIO(data)).load()
+            budget = EXPANSION * len(data) + (1 << 16)
+            if _expanded_size(raw, budget) > budget:
+                answer: tuple[str, Any] = (
+                    "error",
+                    f"its shared references expand past {EXPANSION} items a byte: a crafted pickle",
+                )
+            else:
+                answer = ("ok", raw)
         except Exception as exc:  # noqa: BLE001 - any failure of an untrusted pickle
-            raise DumpError(f"{path}: not a flight-recorder dump ({exc})") from None
+            answer = ("error", str(exc)[:300])
+        payload = memoryview(pickle.dumps(answer, protocol=4))
+        while payload:
+            payload = payload[os.write(write_fd, payload) :]
+    except BaseException:  # noqa: BLE001 - a child that failed says nothing: refused
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _address_space() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read(200).split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 1 << 32
+
+
+def _read_child(read_fd: int, pid: int, size: int) -> bytes | None:
+    """The child's answer, or None when it was killed by its limits or ran out of time."""
+    deadline = time.monotonic() + CHILD_CPU_S * 3 + size / (1 << 20)
+    chunks: list[bytes] = []
+    total, limit = 0, 4 * MAX_DUMP_BYTES
+    try:
+        while total <= limit:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_fd], [], [], left)[0]:
+                return None
+            chunk = os.read(read_fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        else:
+            return None
+    finally:
+        _reap(pid)
+    return b"".join(chunks)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def load_dump(path: Path, *, follow: bool = False) -> FrRank:
+    """One rank's dump from a file; DumpError when it cannot be read as one.
+
+    Read as any file from outside is (protocol/bounded.py: a regular file, at most
+    MAX_DUMP_BYTES); a pickle whose shared references would expand past EXPANSION times its size
+    (a memo bomb) is refused before anything reads it."""
+    try:
+        with bounded.open_regular(path, follow=follow) as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_size > MAX_DUMP_BYTES:
+                raise DumpError(f"{path}: larger than {MAX_DUMP_BYTES >> 20} MB, not read")
+            data = bounded.read_all(fh, MAX_DUMP_BYTES + 1)
+        mtime = st.st_mtime
+    except OSError as exc:
+        raise DumpError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_DUMP_BYTES:
+        raise DumpError(f"{path}: larger than {MAX_DUMP_BYTES >> 20} MB, not read")
+    if data.startswith(_PICKLE_PROTOCOLS):
+        raw = _load_pickle(data, path)
     else:
         try:
-            raw = json.loads(data)
+            raw = jsontext.loads(data)
         except (ValueError, UnicodeDecodeError):
             raise DumpError(
-                f"{path}: not a flight-recorder dump (neither pickle nor JSON)"
+                f"{path}: not a flight-recorder dump (neither pickle nor JSON, or a JSON "
+                "document nested too deep or holding numbers out of range)"
             ) from None
     if isinstance(raw, dict) and "dump" in raw and "request_id" in raw:
         return _answer(raw, path)
@@ -121,11 +278,12 @@ def _answer(raw: dict, path: Path) -> FrRank:
         raise DumpError(f"{path}: {exc}") from None
 
 
-def is_dump_file(path: Path) -> bool:
-    """A regular file whose first bytes look like a dump."""
+def is_dump_file(path: Path, *, follow: bool = False) -> bool:
+    """A regular file (never a FIFO or a device: protocol/bounded.py) whose first bytes look
+    like a dump. `follow`: a path the user named may be a symlink to one."""
     try:
-        with path.open("rb") as stream:
-            return looks_like_dump(stream.read(4096))
+        with bounded.open_regular(path, follow=follow) as stream:
+            return looks_like_dump(bounded.read_all(stream, 4096))
     except OSError:
         return False
 

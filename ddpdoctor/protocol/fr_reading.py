@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from ddpdoctor.protocol.events import MAX_RANKS
 from ddpdoctor.protocol.flight_recorder import FrEntry, FrRank
 
 DEFAULT_PG = "0"
@@ -174,11 +175,18 @@ def read_groups(dumps: Sequence[FrRank], world_size: int | None = None) -> list[
 
 
 def _world(dumps: Sequence[FrRank], world_size: int | None) -> tuple[int, ...]:
-    if world_size:
+    """The default group's ranks: 0..world_size-1 when known, else every rank up to the highest
+    one a dump or pg_config names. Rank numbers from files stay sparse: past MAX_RANKS (a dump
+    named fr_trace_rank_50000000) the world is only the ranks named, never a range built to
+    the largest number a file made up."""
+    if world_size and 0 < world_size <= MAX_RANKS:
         return tuple(range(world_size))
     known = max((d.world for d in dumps), key=len, default=())
-    top = max([*known, *(d.rank for d in dumps)], default=-1)
-    return tuple(range(top + 1))
+    named = {*known, *(d.rank for d in dumps)}
+    top = max(named, default=-1)
+    if top < MAX_RANKS:
+        return tuple(range(top + 1))
+    return tuple(sorted(named))
 
 
 def _read_group(

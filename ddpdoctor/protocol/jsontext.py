@@ -12,6 +12,8 @@ import json
 import math
 from typing import Any, TypeGuard
 
+from ddpdoctor.protocol import bounded
+
 
 def finite(value: Any) -> Any:
     """`value` with every NaN / inf float (at any depth) replaced by None."""
@@ -44,24 +46,74 @@ def is_number(value: Any) -> TypeGuard[int | float]:
 
 
 # A run directory may come from anywhere (a copy mailed in a bug report, a shared folder): JSON
-# read from it is bounded in size, and in nesting by the parser's recursion limit, which is
-# turned into the ValueError every reader already handles as "not JSON".
-MAX_FILE_BYTES = 64 << 20
+# read from it is bounded in size (protocol/bounded.py), in nesting, and in its numbers. No writer
+# of ddpdoctor's writes NaN, Infinity, a number that overflows a float (1e400) or an integer of
+# hundreds of digits, and readers do arithmetic and allocate by the numbers they read, so a
+# document holding one is refused as "not JSON", like one nested deeper than MAX_DEPTH.
+MAX_FILE_BYTES = bounded.MAX_FILE_BYTES
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 24  # a nanosecond time or a 64-bit hash fits; a 400-digit "rank" does not
+
+
+def _parse_int(text: str) -> int:
+    if len(text) - text.startswith("-") > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number out of range: {text[:40]}")
+    return value
+
+
+def _parse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# One decoder for every document (json.loads with hooks would build a new one per call); its
+# hooks cost a call per number, less than any scan of the text for long numbers.
+_DECODER = json.JSONDecoder(
+    parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+)
 
 
 def loads(text: str | bytes) -> Any:
-    """json.loads, with a document nested too deep for the parser (`[[[[...`) a ValueError."""
+    """json.loads for text from outside: ValueError for a document nested deeper than MAX_DEPTH,
+    one holding NaN/Infinity, a number beyond a float's range, or an integer of more than
+    MAX_INT_DIGITS digits; else what json.loads gives."""
     try:
-        return json.loads(text)
+        if isinstance(text, bytes):
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        value = _DECODER.decode(text)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+        raise ValueError(f"JSON nested deeper than {MAX_DEPTH}")
+    return value
 
 
-def read(path: Any, max_bytes: int = MAX_FILE_BYTES) -> Any:
-    """The JSON document in a file of a run directory: OSError if it cannot be read, ValueError
-    if it is not JSON, nested too deep, or larger than `max_bytes`."""
-    with open(path, "rb") as fh:
-        data = fh.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path}: larger than {max_bytes >> 20} MiB")
-    return loads(data)
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value` (iterative: never recurses on crafted input)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return deepest
+
+
+def read(path: Any, max_bytes: int = MAX_FILE_BYTES, *, root: Any = None) -> Any:
+    """The JSON document in a regular file (protocol/bounded.py: never a FIFO or a device, never
+    blocking, a symlink followed only to a file inside `root`): OSError if it cannot be read,
+    ValueError if it is not JSON, nested too deep, holds a number out of range, or is larger
+    than `max_bytes`."""
+    return loads(bounded.read_bytes(path, max_bytes, root=root))

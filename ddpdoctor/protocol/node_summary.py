@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ddpdoctor.protocol import jsontext
+from ddpdoctor.protocol import bounded, jsontext
 from ddpdoctor.protocol.rundir import RunDir
 
 SCHEMA_VERSION = 3
@@ -228,12 +228,12 @@ def read_node_summary(run: RunDir, node_rank: int) -> NodeSummary | None:
     second line, every rank's whole digest, is most of the file and rarely needed."""
     path = _summary_file(run.path, node_rank)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(HEAD_READ)
+        with bounded.open_regular(path) as fh:  # never a FIFO or a device: node 0 would block
+            data = bounded.read_all(fh, HEAD_READ)
             head, newline, rest = data.partition(b"\n")
             source = None
             if not newline:  # a head longer than the first block: the whole file, then
-                data += fh.read(MAX_SUMMARY_BYTES - len(data))
+                data += bounded.read_all(fh, MAX_SUMMARY_BYTES - len(data))
                 head, _, rest = data.partition(b"\n")
             elif len(data) == HEAD_READ:  # more of the second line than this block
                 st = os.fstat(fh.fileno())
@@ -248,11 +248,11 @@ def _rest_of(source: tuple[str, int, int]) -> bytes | None:
     """The second line of the summary file `source` names, if the file is still that one."""
     path, inode, size = source
     try:
-        with open(path, "rb") as fh:
+        with bounded.open_regular(path) as fh:
             st = os.fstat(fh.fileno())
             if (st.st_ino, st.st_size) != (inode, size):
                 return None
-            data = fh.read(MAX_SUMMARY_BYTES)
+            data = bounded.read_all(fh, MAX_SUMMARY_BYTES)
     except OSError:
         return None
     return data.partition(b"\n")[2]

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import bounded, jsontext
+
+# never write through a link planted in the run directory
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 FILE_NAME = "processes.jsonl"
 LAUNCHER_KILLED = "launcher-killed.json"
 MAX_LINE_BYTES = 4000
@@ -77,7 +81,7 @@ def append(run_dir: str | os.PathLike[str], fields: dict[str, Any]) -> None:
         data = line_for(fields)
         if not data:
             return
-        fd = os.open(path_in(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path_in(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
         finally:
@@ -89,8 +93,7 @@ def append(run_dir: str | os.PathLike[str], fields: dict[str, Any]) -> None:
 def read(run_dir: str | os.PathLike[str]) -> list[ProcessRecord]:
     """The records (bounded: the first MAX_READ_BYTES, at most MAX_RECORDS); [] when none."""
     try:
-        with open(path_in(run_dir), "rb") as fh:
-            raw = fh.read(MAX_READ_BYTES)
+        raw = bounded.read_bytes(path_in(run_dir), MAX_READ_BYTES, whole=False)
     except OSError:
         return []
     records: list[ProcessRecord] = []
@@ -98,8 +101,8 @@ def read(run_dir: str | os.PathLike[str]) -> list[ProcessRecord]:
         if not line.strip() or len(line) > MAX_LINE_BYTES:
             continue
         try:
-            data = json.loads(line)
-        except (ValueError, RecursionError):
+            data = jsontext.loads(line)
+        except ValueError:
             continue
         if not isinstance(data, dict):
             continue
@@ -134,7 +137,8 @@ def say_launcher_killed(run_dir: str | os.PathLike[str], ended: int) -> None:
     """The reaper's note that it ended the job of a launcher that died (never raises)."""
     try:
         data = json.dumps({"v": 1, "t": time.time(), "ended": ended}).encode()
-        fd = os.open(Path(run_dir) / LAUNCHER_KILLED, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW
+        fd = os.open(Path(run_dir) / LAUNCHER_KILLED, flags, 0o600)
         try:
             os.write(fd, data)
         finally:

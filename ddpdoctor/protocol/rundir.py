@@ -290,11 +290,21 @@ def write_json_atomic(path: Path, data: Any, *, replace: bool = True) -> bool:
     atomically when the name is taken, even between hosts on a shared file system); the return
     value says whether this call wrote the file.
     """
+    text = jsontext.dumps(data, indent=2, sort_keys=False) + "\n"
+    return write_text_atomic(path, text, replace=replace)
+
+
+def write_text_atomic(path: Path, text: str, *, replace: bool = True) -> bool:
+    """Write `text` (UTF-8) the way every file ddpdoctor writes is written: into a temp file
+    of the same folder (mkstemp: 0600, a fresh name, O_EXCL), then renamed over `path`. A
+    rename replaces a symlink at `path` itself, never the file it points to, so no link is
+    followed; a reader sees the old file or the new one, never half of one. replace=False:
+    see write_json_atomic."""
     make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(jsontext.dumps(data, indent=2, sort_keys=False) + "\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         if replace:
             os.replace(tmp, path)
             return True

@@ -8,11 +8,11 @@ Sits above the monitor (a run without diagnosis.json is diagnosed from its files
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.monitor.pipeline.postmortem import diagnose_run_dir
+from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.fr_files import DumpError, load_dump
 from ddpdoctor.protocol.fr_requests import answers_dir
 from ddpdoctor.protocol.rundir import RunDir
@@ -70,7 +70,7 @@ def _dumps(run: RunDir) -> list:
 def _diagnosis(run: RunDir) -> dict[str, Any]:
     """The launcher's final diagnosis.json; without one, the post-mortem of the files."""
     try:
-        data = json.loads(run.diagnosis_json.read_text())
+        data = jsontext.read(run.diagnosis_json, root=run.path)
         if isinstance(data, dict) and "verdict" in data:
             return data
     except (OSError, ValueError):

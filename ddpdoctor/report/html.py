@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from ddpdoctor.rank_ranges import named_ranks
-from ddpdoctor.report.timeline import Timeline
+from ddpdoctor.report.budget import PAGE_SPANS, thin
+from ddpdoctor.report.timeline import Span, Timeline
 
 # kind: (legend name, colour)
 KINDS = {
@@ -40,7 +41,8 @@ pre { background: #f4f4f4; padding: .6em; overflow-x: auto; font-size: .85em; }
 
 
 def render_html(timeline: Timeline, diagnosis: dict[str, Any], *, title: str) -> str:
-    figures = [_timeline_figure(timeline), _step_figure(timeline)]
+    thinned = thin(timeline, PAGE_SPANS)
+    figures = [_timeline_figure(timeline, thinned.spans), _step_figure(thinned.step_times)]
     charts = []
     for n, fig in enumerate(figures):
         charts.append(
@@ -59,6 +61,7 @@ def render_html(timeline: Timeline, diagnosis: dict[str, Any], *, title: str) ->
             f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
             f"<h1>ddpdoctor report: {_e(title)}</h1>",
             _verdict(diagnosis),
+            f'<p class="meta" id="downsampled">{_e(thinned.note)}</p>' if thinned.note else "",
             _findings(diagnosis),
             "<h2>Timeline per rank</h2>",
             '<p class="meta">Steps, collectives, data waits and collectives that never '
@@ -130,11 +133,11 @@ def _stacks(diagnosis: dict[str, Any]) -> str:
     return '<h2>Stacks</h2><div id="stacks">' + "\n".join(parts) + "</div>"
 
 
-def _timeline_figure(timeline: Timeline) -> go.Figure:
+def _timeline_figure(timeline: Timeline, drawn: list[Span]) -> go.Figure:
     fig = go.Figure()
     rows = [f"rank {r}" for r in sorted(timeline.ranks)]
     for kind, (label, colour) in KINDS.items():
-        spans = [s for s in timeline.spans if s.kind == kind]
+        spans = [s for s in drawn if s.kind == kind]
         if not spans:
             continue
         fig.add_trace(
@@ -162,11 +165,11 @@ def _timeline_figure(timeline: Timeline) -> go.Figure:
     return fig
 
 
-def _step_figure(timeline: Timeline) -> go.Figure:
+def _step_figure(step_times: dict[int, list[tuple[int, float]]]) -> go.Figure:
     fig = go.Figure()
-    for rank, info in sorted(timeline.ranks.items()):
-        if info.step_times:
-            steps, seconds = zip(*info.step_times, strict=True)
+    for rank, points in sorted(step_times.items()):
+        if points:
+            steps, seconds = zip(*points, strict=True)
             fig.add_trace(go.Scatter(name=f"rank {rank}", x=steps, y=seconds, mode="lines+markers"))
     fig.update_layout(
         height=320,

@@ -12,11 +12,13 @@ Times are the ranks' own clocks (unix seconds), shown relative to the run's firs
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.rundir import RunDir
@@ -25,6 +27,12 @@ MAX_EVENTS_PER_RANK = (
     200_000  # a long run is summarized by its first events; the report stays small
 )
 MAX_SPANS_PER_KIND = 20_000
+# What the report reads of all ranks' event files together: a longer file is read at its start
+# and at its end (where a hang or a crash is), and the page says the middle was left out.
+READ_BUDGET_BYTES = 48 << 20
+MIN_READ_PER_RANK = 256 << 10
+MAX_LINE_BYTES = 1 << 20  # an events line longer than this is no event of the runtime's
+GAP = None  # what _events yields where it skipped the middle of a file
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class RankTimeline:
 class Timeline:
     ranks: dict[int, RankTimeline]
     start: float  # the earliest event of any rank (unix seconds)
+    skipped: tuple[int, ...] = ()  # ranks whose event files were read at both ends only
 
     @property
     def spans(self) -> Iterator[Span]:
@@ -64,37 +73,71 @@ class Timeline:
 
 
 def read_timeline(run: RunDir) -> Timeline:
-    """Every rank's events file of a run directory as spans (missing or torn lines skipped)."""
+    """Every rank's events file of a run directory as spans (missing or torn lines skipped),
+    within READ_BUDGET_BYTES: each rank gets its share, and a longer file is read at both ends."""
     ranks: dict[int, RankTimeline] = {}
+    files = []
     for path in sorted(run.events_dir.glob("rank-*.jsonl")) if run.events_dir.is_dir() else []:
         rank = _rank_of(path)
         if rank is not None:
-            ranks[rank] = _read_rank(rank, path)
+            files.append((rank, path))
+    share = max(MIN_READ_PER_RANK, READ_BUDGET_BYTES // max(1, len(files)))
+    skipped = []
+    for rank, path in files:
+        ranks[rank], cut = _read_rank(rank, path, share)
+        if cut:
+            skipped.append(rank)
     starts = [s.start for r in ranks.values() for s in r.spans]
     starts += [r.last_t for r in ranks.values() if r.last_t is not None and not r.spans]
-    return Timeline(ranks=ranks, start=min(starts, default=0.0))
+    return Timeline(ranks=ranks, start=min(starts, default=0.0), skipped=tuple(skipped))
 
 
 def _rank_of(path: Path) -> int | None:
     number = path.stem.removeprefix("rank-")
-    return int(number) if number.isdigit() else None
+    if not number.isdigit() or len(number) > 9:
+        return None
+    return int(number)
 
 
-def _events(path: Path) -> Iterator[dict[str, Any]]:
+def _events(path: Path, budget: int, cut: list[bool]) -> Iterator[dict[str, Any] | None]:
+    """The events of one file (a regular file only: protocol/bounded.py), at most `budget`
+    bytes of it: its first half and its last half when it is longer, GAP between them
+    (`cut` is set)."""
     try:
-        with path.open("rb") as stream:
-            for n, line in enumerate(stream):
-                if n >= MAX_EVENTS_PER_RANK:
-                    return
-                event = parse_event_line(line)
-                if event is not None and isinstance(event.get("t"), int | float):
-                    yield event
+        with bounded.open_regular(path, buffered=True) as stream:
+            size = os.fstat(stream.fileno()).st_size
+            if size <= budget:
+                yield from _lines(stream, size)
+                return
+            cut.append(True)
+            yield from _lines(stream, budget // 2)
+            yield GAP
+            stream.seek(size - budget // 2)
+            stream.readline(MAX_LINE_BYTES)  # the rest of a line cut by the seek
+            yield from _lines(stream, budget // 2)
     except OSError:
         return
 
 
-def _read_rank(rank: int, path: Path) -> RankTimeline:
+def _lines(stream: Any, budget: int) -> Iterator[dict[str, Any]]:
+    read = 0
+    for _ in range(MAX_EVENTS_PER_RANK):
+        line = stream.readline(MAX_LINE_BYTES)
+        read += len(line)
+        if not line or read > budget:
+            return
+        event = parse_event_line(line)
+        if event is not None and _is_time(event.get("t")):
+            yield event
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
+
+
+def _read_rank(rank: int, path: Path, budget: int) -> tuple[RankTimeline, bool]:
     out = RankTimeline(rank=rank)
+    cut: list[bool] = []
     open_calls: dict[tuple, dict[str, Any]] = {}
     heartbeat_open: dict[str, Any] | None = None  # the collective the latest heartbeat was in
     previous_step_end: float | None = None
@@ -105,7 +148,12 @@ def _read_rank(rank: int, path: Path) -> RankTimeline:
             counts[span.kind] = counts.get(span.kind, 0) + 1
             out.spans.append(span)
 
-    for event in _events(path):
+    for event in _events(path, budget, cut):
+        if event is GAP:  # the middle of the file was not read: nothing spans the gap
+            open_calls.clear()
+            heartbeat_open = None
+            previous_step_end = None
+            continue
         t = float(event["t"])
         out.last_t = t if out.last_t is None else max(out.last_t, t)
         kind = event.get("kind")
@@ -133,7 +181,8 @@ def _read_rank(rank: int, path: Path) -> RankTimeline:
             add(Span(rank, "step", f"step {step}", begin, t, _step_args(event)))
             data = event.get("data_time_s")
             if isinstance(data, int | float) and data > 0:
-                add(Span(rank, "data", f"data wait, step {step}", begin, begin + float(data)))
+                add(Span(rank, "data", f"data wait, step {step}", begin, begin + float(data),
+                         {"step": step}))  # fmt: skip
             out.step_times.append((step, t - begin))
             previous_step_end = t
         elif kind == "exit" and isinstance(event.get("code"), int):
@@ -160,7 +209,7 @@ def _read_rank(rank: int, path: Path) -> RankTimeline:
                  max(end, float(since)), _call_args(beat))
         )  # fmt: skip
     out.spans.sort(key=lambda s: s.start)
-    return out
+    return out, bool(cut)
 
 
 def add_diagnosis_waits(timeline: Timeline, diagnosis: dict[str, Any]) -> None:

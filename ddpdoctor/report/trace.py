@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor.report.budget import TRACE_SPANS, thin
 from ddpdoctor.report.timeline import Timeline
 
 JOB_PID = 1
@@ -30,7 +31,10 @@ def trace_events(timeline: Timeline, *, title: str = "DDP job") -> dict[str, Any
             {"ph": "M", "pid": JOB_PID, "tid": rank, "name": "thread_sort_index",
              "args": {"sort_index": rank}}
         )  # fmt: skip
-    for span in timeline.spans:
+    thinned = thin(timeline, TRACE_SPANS, max_points=TRACE_SPANS)
+    if thinned.note:
+        events[0]["args"]["downsampled"] = thinned.note
+    for span in thinned.spans:
         events.append(
             {
                 "ph": "X",

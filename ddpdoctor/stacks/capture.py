@@ -26,7 +26,12 @@ from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.protocol import jsontext
-from ddpdoctor.protocol.rundir import RunDir, make_private_dirs, write_json_atomic
+from ddpdoctor.protocol.rundir import (
+    RunDir,
+    make_private_dirs,
+    write_json_atomic,
+    write_text_atomic,
+)
 from ddpdoctor.stacks.groups import (
     RankStacks,
     StackCapture,
@@ -255,7 +260,7 @@ class _Dumper:
             threads = parse_pyspy_dump(json.loads(result.stdout), pid)
         except ValueError as exc:
             return None, f"py-spy printed no stack JSON ({exc})", False
-        (self.folder / f"rank-{rank}.json").write_text(result.stdout)
+        write_text_atomic(self.folder / f"rank-{rank}.json", result.stdout)
         stacks = RankStacks(rank, pid, threads, native=with_native, elapsed_s=_since(start))
         return stacks, None, False
 

@@ -10,10 +10,12 @@ Files are opened only while they are read, so a run of 1024 ranks does not hold 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.rundir import RunDir, make_private
 from ddpdoctor.protocol.torchrun_logs import LogSource, classify_log_path
 
@@ -44,11 +46,16 @@ class FileTail:
 
     def read(self, max_bytes: int = MAX_READ_BYTES) -> list[tuple[int, bytes]]:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             return []  # not there (yet, or any more): nothing new
         except OSError as exc:
             self.error = exc.strerror or str(exc)
+            return []
+        if not stat.S_ISREG(st.st_mode):
+            # a FIFO, a device or a link among the files of a run: never read (a FIFO blocks
+            # its reader, /dev/zero never ends); what it claims is no record of the job
+            self.error = "not a regular file: not read"
             return []
         if (self.inode is not None and st.st_ino != self.inode) or st.st_size < self.offset:
             self._reset()
@@ -59,9 +66,7 @@ class FileTail:
         # would cost a big allocation per file per poll.
         want = min(max_bytes, st.st_size - self.offset)
         try:
-            with open(self.path, "rb", buffering=0) as fh:
-                fh.seek(self.offset)
-                data = fh.read(want)
+            data = bounded.read_bytes(self.path, want, whole=False, offset=self.offset)
         except OSError as exc:
             self.error = exc.strerror or str(exc)
             return []

@@ -11,6 +11,7 @@ import signal
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.checks.gate import refusal_findings
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.liveness import is_local, pid_alive
 from ddpdoctor.monitor.judge.crash_before_init import crash_before_init
@@ -52,7 +53,14 @@ def not_started_snapshot(snap: Snapshot, run: RunDir, events_dir_error: str | No
     a command that did run without a rank says so: its processes never joined a process group
     (NOT_DISTRIBUTED), or ddpdoctor's runtime could not load in them (NOT_INSTRUMENTED,
     ddpdoctor.monitor.judge.uninstrumented)."""
-    if not snap.nodes_missing and not events_dir_error and doctor_failures(run) is None:
+    refusals = doctor_refusals(run)
+    if refusals:
+        # the preflight refused the launch (on this node, or on another node of the job): the
+        # refusing checks are the reason, whatever else is missing
+        return replace(
+            snap, verdict=Verdict.NOT_STARTED, findings=(*refusals, *snap.findings), finished=True
+        )
+    if not snap.nodes_missing and not events_dir_error:
         crashed = crash_before_init(snap)
         if crashed is not None:
             return crashed
@@ -70,15 +78,6 @@ def not_started_snapshot(snap: Snapshot, run: RunDir, events_dir_error: str | No
 
 
 def not_started_reason(run: RunDir, events_dir_error: str | None) -> Finding:
-    doctor = doctor_failures(run)
-    if doctor:
-        return Finding(
-            "run.not_started",
-            Severity.ERROR,
-            f"the preflight doctor found {doctor}, so the job was not started",
-            "Apply the fixes in doctor.json (ddpdoctor doctor shows them), or rerun with "
-            "--no-doctor to launch anyway.",
-        )
     if events_dir_error:
         return Finding(
             "run.not_started",
@@ -96,20 +95,20 @@ def not_started_reason(run: RunDir, events_dir_error: str | None) -> Finding:
     )
 
 
-def doctor_failures(run: RunDir) -> str | None:
-    """'2 failed checks' from the run's doctor.json(s), when its preflight blocked it."""
-    paths = [run.doctor_json, *sorted(run.nodes_dir.glob("node-*/doctor.json"))]
-    for path in paths:
+def doctor_refusals(run: RunDir) -> tuple[Finding, ...]:
+    """The checks that refused the launch, from the run's doctor.json(s) (one node's, or each
+    node's of a job over several): facts about the machine or the launch that failed or could
+    not run, each a finding with its cause, fix and lines (ddpdoctor.checks.gate). The script
+    checkup's findings never refused a launch and are not among them."""
+    found: list[Finding] = []
+    for path in [run.doctor_json, *sorted(run.nodes_dir.glob("node-*/doctor.json"))]:
         try:
-            counts = jsontext.read(path).get("counts", {})
-            failed, errors = int(counts.get("fail", 0)), int(counts.get("error", 0))
-        except (OSError, ValueError, AttributeError, TypeError):
+            report = jsontext.read(path, root=run.path)
+        except (OSError, ValueError):
             continue
-        parts = [f"{failed} failed check(s)"] if failed else []
-        parts += [f"{errors} check(s) that could not run"] if errors else []
-        if parts:
-            return " and ".join(parts) + f" ({path.relative_to(run.path)})"
-    return None
+        where = str(path.relative_to(run.path))
+        found.extend(f for f in refusal_findings(report, where) if f not in found)
+    return tuple(found)
 
 
 def launcher_gone(run: RunDir, local_host: str) -> bool:

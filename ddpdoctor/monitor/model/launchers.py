@@ -15,11 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdoctor.launch.user_command import GUARD_MODULE
 from ddpdoctor.rank_ranges import named_ranks
 
 MAX_ARGV_CHARS = 120
 # multiprocessing's own helpers, children of an mp.spawn parent that are never ranks
 HELPER_SNIPPETS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+# ddpdoctor's own guard around a user's command (launch/job_guard.py): a rank whose parent it is
+# was the command itself, started by `ddpdoctor run`, and has no launcher of the job's own
+JOB_GUARD = ("-m", GUARD_MODULE)
 
 ChildLister = Callable[[int], list[tuple[int, tuple[str, ...]]]]
 
@@ -129,6 +133,8 @@ def launcher_views(
     rank_pids: set[Any] | None = None  # (made once a local launcher needs it)
     views = []
     for (where, pid), (argv, members) in found.items():
+        if is_job_guard(argv):
+            continue  # the command itself is the rank: ddpdoctor run started it, not a launcher
         not_joined = None
         if live and where == here and argv and current_argv(pid) == argv:
             if rank_pids is None:
@@ -153,6 +159,11 @@ def current_argv(pid: int) -> tuple[str, ...]:
     except OSError:
         return ()
     return tuple(w.decode("utf-8", "replace") for w in raw.split(b"\0") if w)
+
+
+def is_job_guard(argv: tuple[str, ...]) -> bool:
+    """ddpdoctor's guard around a user's command (`python -m ddpdoctor.launch.job_guard CMD`)."""
+    return tuple(argv[1:3]) == JOB_GUARD
 
 
 def _is_helper(argv: tuple[str, ...]) -> bool:

@@ -74,7 +74,8 @@ def _say_why(exc: BaseException) -> None:
         }
         data = (json.dumps(record) + "\n").encode("utf-8", "replace")
         path = os.path.join(os.environ["DDPDOCTOR_RUN_DIR"], "processes.jsonl")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o600)
         try:
             os.write(fd, data[:4000])
         finally:

@@ -1,4 +1,5 @@
-"""The preflight doctor inside `ddpdoctor run`: its options, doctor.json, and the stop on a FAIL."""
+"""The preflight doctor inside `ddpdoctor run`: its options, doctor.json, the stop on a failed fact
+about the machine or the launch, and the script checkup's findings, which never stop it."""
 
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ def doctor_returns(monkeypatch):
 def preflight_of(argv, run_dir):
     plan = plan_from_args(cli.parse_args(["run", *argv]), gpu_count=lambda: 0)
     out = io.StringIO()
-    ok = preflight(plan, RunDir.create(run_dir), make_console(out, width=200))
-    return ok, out.getvalue()
+    refused = preflight(plan, RunDir.create(run_dir), make_console(out, width=200))
+    return refused is None, out.getvalue()
 
 
 def test_a_failed_check_stops_the_run_with_the_report(doctor_returns, tmp_path):
@@ -83,3 +84,43 @@ def test_a_one_node_launch_tells_the_port_check_it_picks_its_own_port(doctor_ret
     preflight_of(["--master-port", "29511"], tmp_path / "fixed")
     assert calls[0][1].launcher_picks_port is True  # torchrun --standalone
     assert calls[1][1].launcher_picks_port is False  # a port of the user's: check it
+
+
+def script_result(status: Status, line: int = 12) -> CheckResult:
+    finding = {
+        "id": "script.rank_guard_collective",
+        "severity": "error",
+        "summary": "dist.barrier() runs only under `if args.debug_fault and rank == 0:`",
+        "fix": "call it on every rank",
+        "ranks": [],
+        "evidence": [{"file": "lit_train.py", "line": line, "text": "dist.barrier()"}],
+    }
+    return CheckResult(
+        id="script.rank_guard_collective",
+        group="script",
+        title="lit_train.py:12",
+        status=status,
+        summary=finding["summary"],
+        fix="call it on every rank",
+        facts={"finding": finding, "rule": finding["id"], "path": "lit_train.py", "line": line},
+    )
+
+
+@pytest.mark.parametrize("status", [Status.FAIL, Status.WARN, Status.ERROR])
+def test_the_script_checkups_findings_never_stop_the_run(doctor_returns, tmp_path, status):
+    # A static reading cannot know which branch runs: a collective under a debug flag's rank
+    # guard is a hang only in a mode the job may never use. Shown, kept, never a refusal.
+    doctor_returns(result(Status.PASS), script_result(status))
+    ok, text = preflight_of([], tmp_path / "r")
+    assert ok
+    assert "dist.barrier() runs only under" in text and "call it on every rank" in text
+    assert "the job starts" in text and "not started" not in text
+    saved = json.loads((tmp_path / "r" / "doctor.json").read_text())
+    assert saved["results"][1]["group"] == "script"  # kept for the diagnosis to cite
+    assert saved["exit_code"] == (0 if status is Status.WARN else 1)  # doctor --script's code
+
+
+def test_a_fact_refuses_even_beside_script_findings(doctor_returns, tmp_path):
+    doctor_returns(result(Status.FAIL), script_result(Status.FAIL))
+    ok, text = preflight_of([], tmp_path / "r")
+    assert not ok and "about this machine or launch" in text

@@ -1,0 +1,97 @@
+"""How big and how slow `ddpdoctor report` gets on a long run of many ranks.
+
+Writes a synthetic run directory of R ranks x S steps (the events the runtime writes: hello,
+per step a collective start and end, the step, a heartbeat) and times `build_report` plus the
+page and the trace, R x S against a small run of the same shape measured in the same process
+(interleaved pairs: median and spread). The page and trace sizes are printed with the budget
+they must stay under (report/budget.py: 20 MB and 15 s for any run).
+
+    python benchmarks/report_size.py [--ranks 64] [--steps 3000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
+from ddpdoctor.report import build_report
+
+
+def write_run(path: Path, ranks: int, steps: int) -> Path:
+    run = RunDir.create(path)
+    write_json_atomic(
+        run.run_json, {"name": "bench", "world_size": ranks, "backend": "gloo", "hosts": ["h"]}
+    )
+    t0 = 1_700_000_000.0
+    for rank in range(ranks):
+        lines = [
+            {"v": 1, "t": t0, "mono": 0.0, "rank": rank, "kind": "hello", "local_rank": rank,
+             "world_size": ranks, "host": "h", "pid": 1000 + rank, "backend": "gloo"}
+        ]  # fmt: skip
+        for step in range(steps):
+            t = t0 + step * 0.1
+            call = {"op": "all_reduce", "seq": step + 1, "group": "default"}
+            lines += [
+                {"v": 1, "t": t, "mono": t - t0, "rank": rank, "kind": "collective_start", **call},
+                {"v": 1, "t": t + 0.02, "mono": t - t0, "rank": rank, "kind": "collective_end",
+                 **call, "ok": True},
+                {"v": 1, "t": t + 0.05, "mono": t - t0, "rank": rank, "kind": "step",
+                 "step": step, "epoch": 0, "loss": 1.0, "batch_size": 32, "forwards": 1,
+                 "step_time_s": 0.1, "data_time_s": 0.01, "compute_time_s": 0.05,
+                 "comm_wait_s": 0.02, "samples_per_s": 320.0},
+            ]  # fmt: skip
+            if step % 5 == 0:
+                lines.append(
+                    {"v": 1, "t": t + 0.06, "mono": t - t0, "rank": rank, "kind": "heartbeat",
+                     "step": step}
+                )  # fmt: skip
+        lines.append({"v": 1, "t": t0 + steps * 0.1, "mono": 0.0, "rank": rank, "kind": "exit",
+                      "code": 0})  # fmt: skip
+        text = "\n".join(json.dumps(e, separators=(",", ":")) for e in lines) + "\n"
+        run.events_file(rank).write_text(text)
+    return run.path
+
+
+def measure(path: Path) -> tuple[float, int, int]:
+    start = time.perf_counter()
+    report = build_report(str(path))
+    page = report.html()
+    trace = json.dumps(report.trace())
+    return time.perf_counter() - start, len(page.encode()), len(trace.encode())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        big = write_run(Path(tmp) / "big", args.ranks, args.steps)
+        small = write_run(Path(tmp) / "small", 8, 300)
+        big_s, small_s = [], []
+        for _ in range(args.repeats):
+            small_s.append(measure(small)[0])
+            seconds, page, trace = measure(big)
+            big_s.append(seconds)
+        ratios = [b / s for b, s in zip(big_s, small_s, strict=True)]
+        print(f"run: {args.ranks} ranks x {args.steps} steps (baseline: 8 ranks x 300 steps)")
+        print(
+            f"report time: median {statistics.median(big_s):.2f} s "
+            f"(spread {min(big_s):.2f}-{max(big_s):.2f}); baseline {statistics.median(small_s):.2f} s; "
+            f"ratio {statistics.median(ratios):.1f}x (spread {min(ratios):.1f}-{max(ratios):.1f})"
+        )
+        print(f"page: {page / 1e6:.1f} MB, trace: {trace / 1e6:.1f} MB (budget: 20 MB, 15 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ddpdoctor.monitor.model.call_events import (
+    collective_end,
+    collective_start,
+    open_from_heartbeat,
+)
 from ddpdoctor.monitor.model.event_fields import (
-    call_site,
     integer,
-    ints,
     location,
     median,
     num,
-    p2p_group,
-    shapes,
-    strings,
     text,
 )
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
@@ -227,96 +227,7 @@ class RankTracker:
             )
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
-        opened = e.get("open")
-        if opened is None and "open" in e:
-            self.opens.clear()  # the rank is in no collective right now
-        elif isinstance(opened, dict):
-            seq = integer(opened.get("seq"))
-            op = text(opened.get("op"))
-            if seq is not None and op is not None:
-                group = text(opened.get("group")) or ev.DEFAULT_GROUP
-                p2p = bool(opened.get("p2p")) or op in POINT_TO_POINT_OPS
-                if p2p:
-                    group = p2p_group(group, opened.get("peer"))
-                key = (group, seq)
-                if key not in self.opens:
-                    since = num(opened.get("since_t"))
-                    self.opens[key] = CollectiveView(op, seq, 0.0, group=group, since_t=since or t)
-                    if not p2p:
-                        self._note_seq(group, seq)
-        done = integer(e.get("collectives_done"))
-        if done is not None and done > self.collectives_done:
-            self.collectives_done = done
-
-    def _collective_start(self, e: dict[str, Any], t: float | None, where) -> None:
-        op = text(e.get("op")) or "collective"
-        seq = integer(e.get("seq"))
-        if seq is None:
-            return
-        group = text(e.get("group")) or ev.DEFAULT_GROUP
-        p2p = bool(e.get("p2p")) or op in POINT_TO_POINT_OPS
-        view = CollectiveView(
-            op,
-            seq,
-            0.0,
-            group=p2p_group(group, e.get("peer")) if p2p else group,
-            shapes=shapes(e.get("shapes")),
-            dtypes=strings(e.get("dtypes")),
-            since_t=t,
-            group_ranks=ints(e.get("group_ranks")),
-            site=call_site(e.get("site")),
-        )
-        self.opens[(view.group, seq)] = view
-        if not p2p:
-            self.recent.append(view)
-            self._note_seq(group, seq)
-        self.last_event = f"collective_start {op} #{seq}"
-
-    def _collective_end(self, e: dict[str, Any], t: float | None, where) -> None:
-        seq = integer(e.get("seq"))
-        group = text(e.get("group")) or ev.DEFAULT_GROUP
-        op = text(e.get("op")) or "collective"
-        if e.get("p2p") or op in POINT_TO_POINT_OPS:
-            group = p2p_group(group, e.get("peer"))
-        opened = self.opens.pop((group, seq), None) if seq is not None else None
-        if e.get("ok") is False and opened is not None:
-            # A collective that failed (its peer died, a timeout): keep it, so the rank still
-            # shows what it was waiting in when it failed (a hang that ended in teardown).
-            duration = num(e.get("duration_s"))
-            if duration is None and t is not None and opened.since_t is not None:
-                duration = t - opened.since_t
-            self.failed_collective = CollectiveView(
-                opened.op,
-                opened.seq,
-                duration or 0.0,
-                group=opened.group,
-                shapes=opened.shapes,
-                dtypes=opened.dtypes,
-                since_t=opened.since_t,
-                group_ranks=opened.group_ranks,
-                site=opened.site,
-            )
-        self.collectives_done += 1
-        duration = num(e.get("duration_s"))
-        for i in range(len(self.recent) - 1, -1, -1):
-            view = self.recent[i]
-            if view.seq == seq and view.group == group:
-                self.recent[i] = CollectiveView(
-                    view.op,
-                    view.seq,
-                    duration if duration is not None else view.waiting_s,
-                    group=view.group,
-                    shapes=view.shapes,
-                    dtypes=view.dtypes,
-                    since_t=view.since_t,
-                    group_ranks=view.group_ranks,
-                    done=True,
-                    site=view.site,
-                )
-                break
-        self.last_event = f"collective_end {op} #{seq}"
-        if e.get("ok") is False and text(e.get("error")) and self.error is None:
-            self.error = text(e.get("error"))
+        open_from_heartbeat(self, e, t)
 
     def _step(self, e: dict[str, Any], t: float | None, where) -> None:
         step = integer(e.get("step"))
@@ -407,10 +318,6 @@ class RankTracker:
 
     # -- derived facts ---------------------------------------------------------------------
 
-    def _note_seq(self, group: str, seq: int) -> None:
-        if seq > self.group_seqs.get(group, 0):
-            self.group_seqs[group] = seq
-
     @property
     def failed_t(self) -> float | None:
         """When the rank failed: its fatal error, or its non-zero exit (None: not failed)."""
@@ -479,8 +386,8 @@ _CALL_KINDS = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END, ev.HEARTBEAT, e
 _HANDLERS = {
     ev.HELLO: RankTracker._hello,
     ev.HEARTBEAT: RankTracker._heartbeat,
-    ev.COLLECTIVE_START: RankTracker._collective_start,
-    ev.COLLECTIVE_END: RankTracker._collective_end,
+    ev.COLLECTIVE_START: collective_start,
+    ev.COLLECTIVE_END: collective_end,
     ev.STEP: RankTracker._step,
     ev.METRICS: RankTracker._metrics,
     ev.PHASE: RankTracker._phase,

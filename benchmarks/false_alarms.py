@@ -7,11 +7,15 @@ adaptive hang threshold) and reads each one's final JSON document:
                  scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
                  or checkpoints while the others wait) and the framework corpus's
                  (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
-                 `ddpdoctor run ... -- COMMAND`) and the FSDP corpus's (tests/corpus/fsdp/corpus.json:
-                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation). A false alarm is a hang / mismatch / crash
-                 verdict, a finding of severity warning or error, a stopped job or a non-zero exit.
-    faulty set:  the run corpus's faulty jobs, the framework corpus's planted faults, sample_jobs'
-                 broken scripts, the FSDP corpus's planted SPMD breaks, and the reference job with `--inject hang|crash|mismatch|exit` on
+                 `ddpdoctor run ... -- COMMAND`), the FSDP corpus's (tests/corpus/fsdp/corpus.json:
+                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation) and the
+                 Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
+                 that join a process group, each on a local cluster its `ray.init()` starts). A
+                 false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
+                 error, a stopped job or a non-zero exit.
+    faulty set:  the run corpus's faulty jobs, the framework corpus's and the Ray corpus's planted
+                 faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
+                 the reference job with `--inject hang|crash|mismatch|exit` on
                  rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
                  expected ones.
@@ -37,8 +41,10 @@ REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus" / "run"
 FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 FSDP = REPO / "tests" / "corpus" / "fsdp"
+RAY = REPO / "tests" / "corpus" / "ray"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
+RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
 TEARDOWN_ABORT = "terminate called without an active exception"  # what torch's abort prints
 REFERENCE = ("--steps", "8")
@@ -57,12 +63,13 @@ class Job:
     # before `--json`: torchrun's size for a script; a COMMAND (the framework corpus) starts its
     # own processes
     flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
+    timeout_s: float = RUN_TIMEOUT_S
 
 
 @dataclass(frozen=True)
 class Outcome:
     job: Job
-    returncode: int | None  # None: killed after RUN_TIMEOUT_S
+    returncode: int | None  # None: killed after its timeout_s
     verdict: str | None
     culprits: tuple[int, ...]
     loud: tuple[str, ...]  # ids of findings of severity warning or error
@@ -135,12 +142,30 @@ def fsdp_jobs(kind: str) -> list[Job]:
     ]
 
 
+def ray_jobs(kind: str) -> list[Job]:
+    """The Ray corpus (tests/corpus/ray/corpus.json): TorchTrainer and actor jobs, each on a
+    local cluster its `ray.init()` starts."""
+    manifest = json.loads((RAY / "corpus.json").read_text())
+    return [
+        Job(
+            j["name"],
+            ("--", sys.executable, str(RAY / j["command"][1]), *j["command"][2:]),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=(),
+            timeout_s=RAY_TIMEOUT_S,
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
     return (
         [Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]]
         + framework_jobs("healthy")
         + fsdp_jobs("healthy")
+        + ray_jobs("healthy")
     )
 
 
@@ -157,6 +182,7 @@ def faulty_jobs() -> list[Job]:
     ]
     jobs += framework_jobs("faulty")
     jobs += fsdp_jobs("faulty")
+    jobs += ray_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),
@@ -183,6 +209,7 @@ def faulty_jobs() -> list[Job]:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
+    env.pop("RAY_ADDRESS", None)  # the Ray jobs start a local cluster of their own
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -243,7 +270,7 @@ def run_all(jobs: Sequence[Job], runs: int, parallel: int, base: Path) -> list[O
             for entry in list(running):
                 job, proc, work, started = entry
                 elapsed = time.monotonic() - started
-                if proc.poll() is None and elapsed < RUN_TIMEOUT_S:
+                if proc.poll() is None and elapsed < job.timeout_s:
                     continue
                 if proc.poll() is None:
                     _kill(proc)

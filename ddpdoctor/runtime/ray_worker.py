@@ -33,6 +33,12 @@ from ddpdoctor.runtime.import_hooks import when_imported
 ACTOR_MODULE = "ray._private.function_manager"
 TRAIN_RUNNER_MODULE = "ray.train.v2._internal.execution.worker_group.thread_runner"
 TRAIN_FN = "train_fn"  # the call's name for Ray Train's training function
+TRAIN_MODULE = "ray.train"
+# ray.train.report is a barrier of the training function's workers: a collective to ddpdoctor,
+# in a group of its own (Ray's, not a torch process group), so a rank that waits in it for a
+# stalled one shows as waiting, and the stalled one as behind.
+REPORT_OP = "ray.train.report"
+REPORT_GROUP = "ray.train"
 WRAPPED = "__ddpdoctor_ray__"
 
 
@@ -40,6 +46,7 @@ def install() -> None:
     """Wrap the user's calls in this Ray worker (once Ray's modules are imported)."""
     when_imported(ACTOR_MODULE, _wrap_actor_methods)
     when_imported(TRAIN_RUNNER_MODULE, _wrap_thread_runner)
+    when_imported(TRAIN_MODULE, _wrap_report)
 
 
 # -- the user's calls -------------------------------------------------------------------------
@@ -170,3 +177,37 @@ def _wrap_thread_runner(thread_runner: Any) -> None:
 
     setattr(run, WRAPPED, True)
     runner.run = run
+
+
+def _wrap_report(train: Any) -> None:
+    """`ray.train.report` recorded as a collective of the training function's workers."""
+    original = getattr(train, "report", None)
+    if original is None or getattr(original, WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def report(*args: Any, **kwargs: Any) -> Any:
+        runtime = _active()
+        rec = None
+        if runtime is not None:
+            try:
+                from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
+
+                group = GroupInfo(REPORT_GROUP, runtime.world_size)
+                rec = runtime.collectives.start(REPORT_OP, group, TensorSummary(), is_async=False)
+            except Exception:  # noqa: BLE001 - the report goes on, unrecorded
+                rec = None
+        ok = False
+        try:
+            result = original(*args, **kwargs)
+            ok = True
+            return result
+        finally:
+            if rec is not None:
+                try:
+                    runtime.collectives.end(rec, ok=ok)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    setattr(report, WRAPPED, True)
+    train.report = report

@@ -100,3 +100,14 @@ def test_the_fsdp_corpus_runs_in_both_sets_at_its_own_size():
     faulty = {job.name: job for job in bench.faulty_jobs()}
     assert faulty["fsdp-fsdp2-extra-wrap"].culprits == (1,)
     assert faulty["fsdp-ddp-accumulate-per-rank"].verdicts == {"mismatch"}
+
+
+def test_the_ray_corpus_is_in_both_sets_with_a_longer_timeout():
+    healthy = {j.name: j for j in bench.healthy_jobs()}
+    faulty = {j.name: j for j in bench.faulty_jobs()}
+    assert {"ray-train", "ray-actors"} <= set(healthy)
+    assert {"ray-train-stall", "ray-train-sigkill", "ray-actors-stall"} <= set(faulty)
+    job = faulty["ray-train-sigkill"]
+    assert job.verdicts == {"crash"} and job.culprits == (1,) and job.flags == ()
+    assert job.args[1] == sys.executable and job.args[2].endswith("ray_train.py")
+    assert job.timeout_s > bench.RUN_TIMEOUT_S

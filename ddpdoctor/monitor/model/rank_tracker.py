@@ -140,6 +140,7 @@ class RankTracker:
         # In a Ray worker: whether the user's code runs (ray_call events; None: not said). Ray
         # ends a worker without exit handlers once its code has returned: not a death.
         self.ray_busy: bool | None = None
+        self.ray_call: str | None = None  # ... the call that runs (train_fn, a method's name)
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
 
@@ -187,6 +188,10 @@ class RankTracker:
             self.ray_actor = text(ray.get("actor_name")) or text(ray.get("actor_class"))
             if isinstance(ray.get("busy"), bool):
                 self.ray_busy = ray["busy"]
+                calls = ray.get("calls")
+                self.ray_call = (
+                    text(calls[0]) if ray["busy"] and isinstance(calls, list) and calls else None
+                )
         self.hello_t = t
         self.last_event = "hello"
 
@@ -194,6 +199,7 @@ class RankTracker:
         state = text(e.get("state"))
         if state in ("busy", "idle"):
             self.ray_busy = state == "busy"
+            self.ray_call = text(e.get("call")) if self.ray_busy else None
 
     def _heartbeat(self, e: dict[str, Any], t: float | None, where) -> None:
         if t is not None:

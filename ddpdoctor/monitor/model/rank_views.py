@@ -197,6 +197,8 @@ class RankViews:
         fields = {  # (a literal: this runs per rank per second at 1000s of ranks)
             "host": tracker.host,
             "pid": tracker.pid,
+            "actor": tracker.ray_actor,
+            "ray_call": tracker.ray_call,
             "local_rank": tracker.local_rank,
             "phase": tracker.phase,
             "step": tracker.step,
@@ -295,11 +297,11 @@ class RankViews:
             return RankState.GONE, vanished_t, None, None
         if tracker.events_seen == 0:
             return RankState.STARTING, None, None, None
+        if tracker.ray_busy is False and not live:
+            return RankState.DONE, None, None, None  # a Ray worker whose calls had all returned
         last_sign = tracker.last_heartbeat_t or tracker.last_event_t
         if last_sign is not None and now - last_sign > th.heartbeat_stale_s:
             if not live:
-                if tracker.ray_busy is False:
-                    return RankState.DONE, None, None, None
                 return RankState.GONE, vanished_t, None, None  # its record ends before the run's
             if self.alive.get(tracker.rank) is not True:
                 return RankState.STALLED, None, None, None  # heartbeat stopped

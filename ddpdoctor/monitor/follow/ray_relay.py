@@ -57,7 +57,9 @@ class NodeActor:
         from ddpdoctor.monitor.follow.node_fold import NodeFold
 
         # The run directory at the same path as the driver's: made here when this node has
-        # its own (the ranks write into it).
+        # its own, for the ranks to write into (a rank's writer never makes it: a run directory
+        # removed under a job is not made again). The relay places its actors seconds after the
+        # job starts; a Ray worker writes its first event once it joins a process group.
         with contextlib.suppress(OSError):
             os.makedirs(os.path.join(run_dir, "events"), mode=0o700, exist_ok=True)
         self.fold = NodeFold(run_dir, node_rank)

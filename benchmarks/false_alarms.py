@@ -7,9 +7,12 @@ adaptive hang threshold) and reads each one's final JSON document:
                  scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
                  or checkpoints while the others wait) and the framework corpus's
                  (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
-                 `ddpdoctor run ... -- COMMAND`). A false alarm is a hang / mismatch / crash
+                 `ddpdoctor run ... -- COMMAND`), and the Ray corpus's (tests/corpus/ray/corpus.json:
+                 Ray Train's TorchTrainer and actors that join a process group, each on a local
+                 cluster its `ray.init()` starts). A false alarm is a hang / mismatch / crash
                  verdict, a finding of severity warning or error, a stopped job or a non-zero exit.
-    faulty set:  the run corpus's faulty jobs, the framework corpus's planted faults, sample_jobs'
+    faulty set:  the run corpus's faulty jobs, the framework corpus's and the Ray corpus's planted
+                 faults, sample_jobs'
                  broken scripts, and the reference job with `--inject hang|crash|mismatch|exit` on
                  rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
@@ -35,8 +38,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "corpus" / "run"
 FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
+RAY = REPO / "tests" / "corpus" / "ray"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
+RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
 TEARDOWN_ABORT = "terminate called without an active exception"  # what torch's abort prints
 REFERENCE = ("--steps", "8")
@@ -55,12 +60,13 @@ class Job:
     # before `--json`: torchrun's size for a script; a COMMAND (the framework corpus) starts its
     # own processes
     flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
+    timeout_s: float = RUN_TIMEOUT_S
 
 
 @dataclass(frozen=True)
 class Outcome:
     job: Job
-    returncode: int | None  # None: killed after RUN_TIMEOUT_S
+    returncode: int | None  # None: killed after its timeout_s
     verdict: str | None
     culprits: tuple[int, ...]
     loud: tuple[str, ...]  # ids of findings of severity warning or error
@@ -118,11 +124,30 @@ def framework_jobs(kind: str) -> list[Job]:
     ]
 
 
+def ray_jobs(kind: str) -> list[Job]:
+    """The Ray corpus (tests/corpus/ray/corpus.json): TorchTrainer and actor jobs, each on a
+    local cluster its `ray.init()` starts."""
+    manifest = json.loads((RAY / "corpus.json").read_text())
+    return [
+        Job(
+            j["name"],
+            ("--", sys.executable, str(RAY / j["command"][1]), *j["command"][2:]),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=(),
+            timeout_s=RAY_TIMEOUT_S,
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
-    return [
-        Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]
-    ] + framework_jobs("healthy")
+    return (
+        [Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]]
+        + framework_jobs("healthy")
+        + ray_jobs("healthy")
+    )
 
 
 def faulty_jobs() -> list[Job]:
@@ -137,6 +162,7 @@ def faulty_jobs() -> list[Job]:
         for j in manifest["faulty"]
     ]
     jobs += framework_jobs("faulty")
+    jobs += ray_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),
@@ -163,6 +189,7 @@ def faulty_jobs() -> list[Job]:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
+    env.pop("RAY_ADDRESS", None)  # the Ray jobs start a local cluster of their own
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -223,7 +250,7 @@ def run_all(jobs: Sequence[Job], runs: int, parallel: int, base: Path) -> list[O
             for entry in list(running):
                 job, proc, work, started = entry
                 elapsed = time.monotonic() - started
-                if proc.poll() is None and elapsed < RUN_TIMEOUT_S:
+                if proc.poll() is None and elapsed < job.timeout_s:
                     continue
                 if proc.poll() is None:
                     _kill(proc)

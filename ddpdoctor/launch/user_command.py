@@ -4,7 +4,8 @@ ddpdoctor runs the command exactly as given; what changes is only its environmen
 usual one (run directory, unbuffered output, NCCL logs: torchrun_cmd.job_env) plus
 ddpdoctor/runtime/site first on PYTHONPATH, whose sitecustomize brings the runtime up in every
 Python process of the job (ddpdoctor/runtime/autostart.py: a process becomes a rank when it joins
-a process group). Under srun the ranks fill torch's variables from Slurm's unless `--no-slurm-env`.
+a process group). A Ray job's workers get the same through the job's runtime_env
+(runtime/ray_env.py). Under srun the ranks fill torch's variables from Slurm's unless `--no-slurm-env`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from ddpdoctor.launch.torchrun_cmd import job_env
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.runtime.autostart import ENV_SLURM_ENV, with_site_dir
+from ddpdoctor.runtime.ray_env import hook_env
 
 GUARD_MODULE = "ddpdoctor.launch.job_guard"
 
@@ -34,6 +36,8 @@ def command_env(
 ) -> dict[str, str]:
     env = job_env(base, run_dir=run_dir, backend=backend, torch_version=torch_version)
     env["PYTHONPATH"] = with_site_dir(base.get("PYTHONPATH"))
+    # a Ray job's workers are the raylet's children: Ray's runtime-env hook brings them the same
+    env.update(hook_env(base))
     if not slurm_env:
         env[ENV_SLURM_ENV] = "0"
     return env

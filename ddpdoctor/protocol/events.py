@@ -29,12 +29,20 @@ warning            code (dotted id, e.g. "sampler.set_epoch_missing"), message, 
 fault              inject (the --inject spec text), fault ("hang"|"crash"|...), step
 error              exc_type, message, traceback (str), thread (name), fatal (bool)
 exit               code (int | null), reason ("normal"|"exception"|"signal"|"sys.exit"|...)
+ray_call           state ("busy": the user's code started running in this Ray worker | "idle":
+                   none of it runs any more), call (the actor method's name, or "train_fn" for
+                   Ray Train's training function), ok (bool, on "idle": it returned without an
+                   exception). Ray ends a worker without exit handlers once its work is done:
+                   a rank that vanishes while idle finished; one that vanishes busy died.
 
 Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,
 heartbeat, warning, fault, error and exit are written at once; collective, step, epoch, phase and
 metrics events are queued on the training thread and written, in order, within ~20 ms by the
 heartbeat thread, or before the next immediate event.)
 
+hello              ray, in a Ray worker: {actor_name, actor_class, actor_id, job_id, node_id,
+                   node_ip, worker_id, busy (the user's code runs), calls [names]}
+                   (runtime/ray_worker.py).
 hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
                    a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
                    starts (backend null) and again when init_process_group returns (backend,
@@ -56,7 +64,9 @@ heartbeat          open also carries p2p (bool) and peer (int | null). step is t
                    thread's run-queue wait, seconds), io_bytes (rchar + wchar), child_cpu_s (CPU
                    seconds of the main thread's live child processes), frame (the main
                    thread's innermost frame, "file.py:LINE function") and where (its innermost
-                   frame in the user's own code).
+                   frame in the user's own code). The main thread is the user's thread unless the
+                   user's code runs on another one only (Ray Train's "TrainingThread(...)"):
+                   frame and where are then that thread's, and thread names it.
 collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on
                    point-to-point ops only. Their seq counts per group AND peer, apart from the
                    collectives' seq, so ranks that take no part in a send do not look behind:
@@ -140,6 +150,7 @@ WARNING = "warning"
 FAULT = "fault"
 ERROR = "error"
 EXIT = "exit"
+RAY_CALL = "ray_call"
 
 KINDS = frozenset(
     {
@@ -155,6 +166,7 @@ KINDS = frozenset(
         FAULT,
         ERROR,
         EXIT,
+        RAY_CALL,
     }
 )
 

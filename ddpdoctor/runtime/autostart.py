@@ -18,6 +18,8 @@ process runs any code of its own. What happens there:
    parent, a DataLoader worker, a compile worker, a helper script) writes no events; at exit it
    leaves one line in RUN_DIR/processes.jsonl (ddpdoctor.protocol.processes), so a job none of
    whose processes joined ends as "not distributed", not "not started".
+4. In a Ray worker (started by the raylet, reached through the job's runtime_env: ray_env.py),
+   the user's calls (actor methods, Ray Train's training function) are tracked (ray_worker.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
 from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.rundir import ENV_RUN_DIR
+from ddpdoctor.runtime import ray_worker
 from ddpdoctor.runtime.import_hooks import _AfterImport, warn, when_imported
 from ddpdoctor.runtime.info import ENV_FILLED, ENV_FILLED_FROM
 
@@ -120,6 +123,8 @@ def on_startup(
     fill_from_slurm(env)
     _guard_output(env)
     when_imported(WATCHED_MODULE, wrap_init_process_group)
+    if ray_worker.is_ray_worker(argv):
+        ray_worker.install()  # its calls are the user's code: Ray ends the worker after them
     run_dir = env.get(ENV_RUN_DIR)
     if run_dir:
         atexit.register(_say_if_never_joined, run_dir)

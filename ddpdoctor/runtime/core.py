@@ -21,6 +21,7 @@ from ddpdoctor.protocol.events import (
     HEARTBEAT,
     HELLO,
     PHASE,
+    RAY_CALL,
     SCHEMA_VERSION,
     WARNING,
 )
@@ -49,7 +50,7 @@ MAX_EVENTS_BEFORE_RANK = 2000
 # of collectives and gradient buckets) is queued on the hot path and written by the heartbeat
 # thread within milliseconds; the start of a collective says itself whether it waits
 # (records.CollectiveDesc.immediate).
-WRITE_NOW = frozenset({HELLO, HEARTBEAT, WARNING, FAULT, ERROR, EXIT})
+WRITE_NOW = frozenset({HELLO, HEARTBEAT, WARNING, FAULT, ERROR, EXIT, RAY_CALL})
 
 # The phases ddpdoctor sets by itself (from DDP forwards) until the script names one.
 AUTO_TRAIN = "train"

@@ -51,7 +51,19 @@ def hello_fields(
         "parent": parent_of(os.getppid()),
     }
     fields.update(env_filled(os.environ))
+    ray = ray_facts()
+    if ray is not None:
+        fields["ray"] = ray
     return fields
+
+
+def ray_facts() -> dict[str, Any] | None:
+    """Who the rank is to Ray (its actor's name and class, node, job), in a Ray worker."""
+    if "ray" not in sys.modules:
+        return None
+    from ddpdoctor.runtime import ray_identity
+
+    return ray_identity.facts()
 
 
 def env_filled(env: Mapping[str, str]) -> dict[str, Any]:

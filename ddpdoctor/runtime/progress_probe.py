@@ -13,7 +13,9 @@ the two apart from successive heartbeats, so each one carries cheap, cumulative 
               doing the work while the main thread waits on their queue), from /proc
     io_bytes  rchar + wchar of /proc/self/io: bytes through read()/write()-like calls, sockets
               included (a download that waits on the network still moves bytes)
-    where     the main thread's innermost frame in the user's own code, "train.py:88 evaluate"
+    where     the user's thread's innermost frame in the user's own code, "train.py:88 evaluate"
+              (the user's thread: the main thread, or the one that runs the user's code when
+              the main one does not, as Ray Train's training thread; `thread` then names it)
     frame     its innermost frame of all, "socket.py:720 readinto": the same frame across beats
               with no CPU advance and no I/O, the thread has not moved (instruction offsets are
               no help: CPython rewrites them as it specializes a loop that sleeps)
@@ -36,6 +38,8 @@ from typing import Any
 _LIBRARY_ROOTS: tuple[str, ...] | None = None
 _USER_FILE: dict[str, bool] = {}  # filename -> whether it is the user's code (cached)
 _MAX_DEPTH = 200  # frames walked at most looking for the user's
+# Ray Train's name for the thread that runs the user's training function
+TRAINING_THREAD = "TrainingThread("
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -98,25 +102,70 @@ def current_frames() -> dict[int, FrameType]:
         gc.enable()
 
 
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame of the user's own code on a thread's stack (None: none in reach)."""
+    depth = 0
+    while frame is not None and depth < _MAX_DEPTH:
+        if is_user_file(frame.f_code.co_filename):
+            return frame
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def user_thread(frames: dict[int, FrameType]) -> tuple[int | None, FrameType | None]:
+    """(ident, innermost frame) of the thread that runs the user's code: the main thread when
+    the user's code is on it (a script under torchrun or mp.spawn, an actor's method in Ray);
+    else the thread that has it: Ray Train runs the training function in a thread of its own
+    ("TrainingThread(...)") while the worker's main thread serves Ray. The main thread again
+    when no thread has the user's code on its stack."""
+    main = threading.main_thread().ident
+    main_frame = frames.get(main or -1)
+    if main_frame is not None and user_frame(main_frame) is not None:
+        return main, main_frame
+    me = threading.get_ident()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    found: list[tuple[bool, int, FrameType]] = []
+    for ident, frame in frames.items():
+        if ident in (main, me) or user_frame(frame) is None:
+            continue
+        found.append((not names.get(ident, "").startswith(TRAINING_THREAD), ident, frame))
+    if found:
+        _, ident, frame = min(found, key=lambda item: item[:2])
+        return ident, frame
+    return main, main_frame
+
+
 def main_thread_frames(frames: dict[int, FrameType] | None = None) -> dict[str, Any]:
-    """where / frame of the main thread (empty when it cannot be seen)."""
-    ident = threading.main_thread().ident
+    """where / frame of the user's thread (user_thread; empty when it cannot be seen), and its
+    name when it is not the main thread."""
     try:
-        frame = (frames if frames is not None else current_frames()).get(ident or -1)
+        ident, frame = user_thread(frames if frames is not None else current_frames())
     except Exception:  # noqa: BLE001
         return {}
     if frame is None:
         return {}
     out: dict[str, Any] = {"frame": describe_frame(frame)}
-    walk: FrameType | None = frame
-    depth = 0
-    while walk is not None and depth < _MAX_DEPTH:
-        if is_user_file(walk.f_code.co_filename):
-            out["where"] = describe_frame(walk)
-            break
-        walk = walk.f_back
-        depth += 1
+    if ident != threading.main_thread().ident:
+        out["thread"] = _thread_name(ident)
+    found = user_frame(frame)
+    if found is not None:
+        out["where"] = describe_frame(found)
     return out
+
+
+def _thread_name(ident: int | None) -> str | None:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name[:100]
+    return None
+
+
+def native_id_of(ident: int | None) -> int | None:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return getattr(thread, "native_id", None)
+    return None
 
 
 def io_bytes() -> int | None:
@@ -132,9 +181,10 @@ def io_bytes() -> int | None:
         return None
 
 
-def runq_seconds() -> float | None:
-    """Run-queue wait of the main thread (/proc/self/task/<tid>/schedstat), None off Linux."""
-    tid = getattr(threading.main_thread(), "native_id", None)
+def runq_seconds(tid: int | None = None) -> float | None:
+    """Run-queue wait of a thread (default: the main thread) from /proc/self/task/<tid>/schedstat,
+    None off Linux."""
+    tid = tid or getattr(threading.main_thread(), "native_id", None)
     if tid is None:
         return None
     try:
@@ -172,12 +222,18 @@ def children_cpu_seconds() -> float | None:
 
 def progress_fields() -> dict[str, Any]:
     """The heartbeat's progress facts (see the module docstring)."""
-    runq = runq_seconds()
+    try:
+        frames = current_frames()
+        ident, _ = user_thread(frames)
+    except Exception:  # noqa: BLE001
+        frames, ident = {}, None
+    main = threading.main_thread().ident
+    runq = runq_seconds(native_id_of(ident) if ident != main else None)
     fields: dict[str, Any] = {
         "cpu_s": round(time.process_time(), 4),
         "runq_s": None if runq is None else round(runq, 4),
         "io_bytes": io_bytes(),
         "child_cpu_s": children_cpu_seconds(),
     }
-    fields.update(main_thread_frames())
+    fields.update(main_thread_frames(frames))
     return fields

@@ -1,6 +1,7 @@
 """py-spy stacks as data: parse `py-spy dump --json`, fold library frames, group ranks by stack.
 
-Ranks whose main-thread stacks are identical after folding form one class; the biggest class comes
+Ranks whose stacks of the user's thread (the main thread, or Ray Train's training thread) are
+identical after folding form one class; the biggest class comes
 first, so the odd class out — usually the culprit — stands apart. Frames read `file:line function`,
 innermost last. Runs of library frames (torch, site-packages, the standard library, ddpdoctor's own
 wrappers, native code) fold into one marker line, except the torch.distributed frame that names the
@@ -28,6 +29,8 @@ _OWN_WRAPPERS = re.compile(r"[/\\]ddpdoctor[/\\](?:runtime|launch)")
 # Public torch.distributed calls are kept visible: the collective a rank waits in.
 _COLLECTIVE_FILES = ("distributed_c10d.py",)
 _MAX_LABELS = 3
+# Ray Train's name for the thread that runs the user's training function
+TRAINING_THREAD = "TrainingThread("
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,18 @@ class RankStacks:
             if thread.is_main:
                 return thread
         return self.threads[0] if self.threads else None
+
+    @property
+    def user_thread(self) -> ThreadStack | None:
+        """The thread that runs the user's code: the main thread when the user's code is on it;
+        else the one that has it (Ray Train's "TrainingThread(...)" first: Ray runs the training
+        function there while the worker's main thread serves Ray); else the main thread."""
+        main = self.main_thread
+        if main is None or _has_user_frame(main):
+            return main
+        others = [t for t in self.threads if t is not main and _has_user_frame(t)]
+        others.sort(key=lambda t: not (t.name or "").startswith(TRAINING_THREAD))
+        return others[0] if others else main
 
 
 @dataclass(frozen=True)
@@ -157,6 +172,10 @@ def is_library_frame(frame: Frame) -> bool:
         or bool(_TORCH.search(path))
         or bool(_OWN_WRAPPERS.search(path))
     )
+
+
+def _has_user_frame(thread: ThreadStack) -> bool:
+    return any(not is_library_frame(frame) for frame in thread.frames)
 
 
 def names_collective(frame: Frame) -> bool:
@@ -272,10 +291,11 @@ def is_marker(line: str) -> bool:
 
 
 def group_stacks(capture: StackCapture) -> tuple[StackGroup, ...]:
-    """Ranks with identical folded main-thread stacks in one class, biggest class first."""
+    """Ranks with identical folded stacks of the user's thread (RankStacks.user_thread) in one
+    class, biggest class first."""
     classes: dict[tuple[str, ...], list[tuple[int, ThreadStack]]] = {}
     for entry in capture.ranks:
-        thread = entry.main_thread
+        thread = entry.user_thread
         if thread is None:
             continue
         classes.setdefault(fold_frames(thread.frames), []).append((entry.rank, thread))

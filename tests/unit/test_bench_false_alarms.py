@@ -91,3 +91,14 @@ def test_a_job_torch_aborted_at_exit_counts_apart_and_only_if_ddpdoctor_said_jus
     plain = bench.Outcome(HEALTHY, 1, "crash", (1,), ("run.launcher_failed",), None, None, 9.0)
     assert plain.false_alarm  # without the abort in its logs, a failed healthy job is an alarm
     assert "aborted by torch at exit, said so: 1" in "\n".join(bench.summary([said], []))
+
+
+def test_the_ray_corpus_is_in_both_sets_with_a_longer_timeout():
+    healthy = {j.name: j for j in bench.healthy_jobs()}
+    faulty = {j.name: j for j in bench.faulty_jobs()}
+    assert {"ray-train", "ray-actors"} <= set(healthy)
+    assert {"ray-train-stall", "ray-train-sigkill", "ray-actors-stall"} <= set(faulty)
+    job = faulty["ray-train-sigkill"]
+    assert job.verdicts == {"crash"} and job.culprits == (1,) and job.flags == ()
+    assert job.args[1] == sys.executable and job.args[2].endswith("ray_train.py")
+    assert job.timeout_s > bench.RUN_TIMEOUT_S

@@ -41,6 +41,7 @@ _PROGRESS_KINDS = frozenset(
         ev.FAULT,
         ev.METRICS,
         ev.WARNING,
+        ev.RAY_CALL,
     }
 )  # errors and exits end a rank; they are not progress
 
@@ -146,6 +147,7 @@ class RankTracker:
         self.ppid: int | None = None  # its node's torchrun (which launcher owns it)
         self.parent_argv: tuple[str, ...] = ()  # that launcher's command line, when the hello said
         self.group_rank: int | None = None  # torchrun's node number (GROUP_RANK)
+        self.ray_actor: str | None = None  # a Ray worker's actor name (or class), from its hello
         self.world_size: int | None = None
         self.backend: str | None = None
         self.hello_t: float | None = None
@@ -214,6 +216,10 @@ class RankTracker:
         # evaluation loader) must not be compared with the others' training loader.
         self.loader_batches: dict[int, int] = {}
         self.failed_collective: CollectiveView | None = None
+        # In a Ray worker: whether the user's code runs (ray_call events; None: not said). Ray
+        # ends a worker without exit handlers once its code has returned: not a death.
+        self.ray_busy: bool | None = None
+        self.ray_call: str | None = None  # ... the call that runs (train_fn, a method's name)
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
 
@@ -256,8 +262,23 @@ class RankTracker:
         if num(e.get("pg_timeout_s")):
             self.pg_timeout_s = num(e.get("pg_timeout_s"))
             self.pg_timeout_given = e.get("pg_timeout_given") is True
+        ray = e.get("ray")
+        if isinstance(ray, dict):
+            self.ray_actor = text(ray.get("actor_name")) or text(ray.get("actor_class"))
+            if isinstance(ray.get("busy"), bool):
+                self.ray_busy = ray["busy"]
+                calls = ray.get("calls")
+                self.ray_call = (
+                    text(calls[0]) if ray["busy"] and isinstance(calls, list) and calls else None
+                )
         self.hello_t = t
         self.last_event = "hello"
+
+    def _ray_call(self, e: dict[str, Any], t: float | None, where) -> None:
+        state = text(e.get("state"))
+        if state in ("busy", "idle"):
+            self.ray_busy = state == "busy"
+            self.ray_call = text(e.get("call")) if self.ray_busy else None
 
     def _heartbeat(self, e: dict[str, Any], t: float | None, where) -> None:
         if t is not None:
@@ -553,4 +574,5 @@ _HANDLERS = {
     ev.FAULT: RankTracker._fault,
     ev.ERROR: RankTracker._error,
     ev.EXIT: RankTracker._exit,
+    ev.RAY_CALL: RankTracker._ray_call,
 }

@@ -196,6 +196,8 @@ class RankViews:
         fields = {  # (a literal: this runs per rank per second at 1000s of ranks)
             "host": tracker.host,
             "pid": tracker.pid,
+            "actor": tracker.ray_actor,
+            "ray_call": tracker.ray_call,
             "local_rank": tracker.local_rank,
             "phase": tracker.phase,
             "step": tracker.step,
@@ -285,9 +287,13 @@ class RankViews:
                 agent.signal,
             )
         if self.alive.get(tracker.rank) is False:
+            if tracker.ray_busy is False:  # Ray ended it after its code returned
+                return RankState.DONE, None, None, None
             return RankState.GONE, vanished_t, None, None
         if tracker.events_seen == 0:
             return RankState.STARTING, None, None, None
+        if tracker.ray_busy is False and not live:
+            return RankState.DONE, None, None, None  # a Ray worker whose calls had all returned
         last_sign = tracker.last_heartbeat_t or tracker.last_event_t
         if last_sign is not None and now - last_sign > th.heartbeat_stale_s:
             if not live:
@@ -302,6 +308,8 @@ class RankViews:
             return RankState.IN_COLLECTIVE, None, None, None
         if tracker.step is None and tracker.phase in (None, "init"):
             return RankState.STARTING, None, None, None
+        if tracker.ray_busy is False:
+            return RankState.RUNNING, None, None, None  # a Ray worker waiting for its next call
         if tracker.last_progress_t is not None and now - tracker.last_progress_t > th.hang_after_s:
             judged = tracker.progress.judge()
             if judged is not None and judged.state.progressing:

@@ -185,6 +185,8 @@ class RankView:
     state: RankState
     host: str | None = None
     pid: int | None = None
+    actor: str | None = None  # a Ray worker's actor (name, else class)
+    ray_call: str | None = None  # ... the user's call it runs (train_fn, a method), if any
     local_rank: int | None = None
     phase: str | None = None
     step: int | None = None
@@ -247,6 +249,7 @@ class RankView:
             "rank": self.rank,
             "host": self.host,
             "pid": self.pid,
+            **({"actor": self.actor} if self.actor else {}),
             "state": self.state.value,
             "step": self.step,
             "collective": self.collective.to_json() if self.collective else None,

@@ -147,6 +147,8 @@ def rank_line(view: RankView) -> Text:
     bits = []
     if view.host:
         bits.append(f"{view.host}:{view.pid}" if view.pid else view.host)
+        if view.actor:
+            bits[-1] += f" ({view.actor})"
     if view.phase:
         bits.append(f"phase {view.phase}")
     if view.step is not None:

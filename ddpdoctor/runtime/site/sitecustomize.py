@@ -10,6 +10,34 @@ import os
 import sys
 
 
+def _tidy_path_from_ray() -> None:
+    """In a Ray worker reached through the job's runtime_env (ddpdoctor.runtime.ray_env): its
+    PYTHONPATH is this folder, then the cluster's own, which may be empty. An empty tail leaves a
+    trailing separator, which Python reads as the working directory: take that entry out again,
+    so the worker's sys.path is the cluster's with this folder in front. ddpdoctor itself comes
+    from the cluster's Python where it is installed there, else from beside this folder."""
+    if os.environ.get("DDPDOCTOR_RAY_PYTHONPATH") != "1":
+        return
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    here = os.path.dirname(os.path.abspath(__file__))
+    if pythonpath.endswith(os.pathsep):
+        os.environ["PYTHONPATH"] = pythonpath.rstrip(os.pathsep)
+        cwd = os.getcwd()
+        after_here = [i for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
+        start = after_here[0] + 1 if after_here else 1
+        for index in range(start, len(sys.path)):
+            if sys.path[index] == cwd:
+                del sys.path[index]
+                break
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("ddpdoctor") is None:
+            sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+    except (ImportError, ValueError):
+        pass
+
+
 def _ddpdoctor_startup() -> None:
     if not os.environ.get("DDPDOCTOR_RUN_DIR"):
         return
@@ -72,5 +100,6 @@ def _chain_to_next_sitecustomize() -> None:
         sys.path[:] = saved
 
 
+_tidy_path_from_ray()
 _ddpdoctor_startup()
 _chain_to_next_sitecustomize()

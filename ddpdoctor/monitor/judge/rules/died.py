@@ -40,9 +40,25 @@ GENERIC_FIX = (
 )
 
 
+RAY_FIX = (
+    "Ray ends a worker only after its training function or method returned: this one was killed "
+    "or crashed inside it. Ray's message about the worker in the driver's output says how "
+    "('Worker exit type', 'exit detail', 'killed due to the node running low on memory'); "
+    "`dmesg` or `journalctl -k` shows 'Killed process <pid>' for the kernel's OOM killer. Give "
+    "the workers more memory (fewer per node, smaller batches) or find what killed the process."
+)
+
+
 def describe_death(view: RankView) -> tuple[str, str]:
     """(what happened, fix) for a rank that vanished."""
     sig = view.exit_signal
+    if view.ray_call and sig is None and view.exit_code is None:
+        call = "its training function" if view.ray_call == "train_fn" else view.ray_call
+        return (
+            f"its Ray worker process vanished while running {call}, without an exit event "
+            "(killed: the OOM killer, Ray's memory monitor, a signal; or a crash)",
+            RAY_FIX,
+        )
     if sig in SIGNAL_MEANING:
         meaning, fix = SIGNAL_MEANING[sig]
         code = f" (exit code {view.exit_code})" if view.exit_code is not None else ""

@@ -1,0 +1,95 @@
+"""Who a rank in a Ray worker is to Ray, and which of the user's calls run in it.
+
+Kept apart from ray_worker.py (which wraps Ray's call paths and writes events through the
+runtime): the hello event (info.py) reads these facts, and must not import the runtime's core.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+WORKER_SCRIPT = "default_worker.py"  # what the raylet runs: ray/_private/workers/
+
+_lock = threading.Lock()
+_running: dict[int, str] = {}  # call id -> name, of the user's calls now running
+_next_id = 0
+
+
+def enter(name: str) -> tuple[int, bool]:
+    """A user's call starts: (its id, whether it is the only one running)."""
+    global _next_id
+    with _lock:
+        _next_id += 1
+        _running[_next_id] = name
+        return _next_id, len(_running) == 1
+
+
+def leave(call: int) -> tuple[str, bool]:
+    """A user's call returned: (its name, whether none runs any more)."""
+    with _lock:
+        name = _running.pop(call, "")
+        return name, not _running
+
+
+def is_ray_worker(argv: Sequence[str]) -> bool:
+    """The interpreter's command line (sys.orig_argv) is a Ray worker's."""
+    script = next((word for word in argv[1:] if not word.startswith("-")), "")
+    return os.path.basename(script) == WORKER_SCRIPT
+
+
+def busy() -> bool:
+    with _lock:
+        return bool(_running)
+
+
+def facts() -> dict[str, Any] | None:
+    """Who this rank is to Ray, for its hello event: {"actor_name", "actor_class", "actor_id",
+    "job_id", "node_id", "node_ip", "worker_id", "busy", "calls"}; None outside a Ray worker."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return None
+    try:
+        if not ray.is_initialized():
+            return None
+        ctx = ray.get_runtime_context()
+        found: dict[str, Any] = {
+            "actor_name": _text(_call(getattr(ctx, "get_actor_name", None))),
+            "actor_class": _actor_class(ctx),
+            "actor_id": _text(_call(getattr(ctx, "get_actor_id", None))),
+            "job_id": _text(_call(getattr(ctx, "get_job_id", None))),
+            "node_id": _text(_call(getattr(ctx, "get_node_id", None))),
+            "worker_id": _text(_call(getattr(ctx, "get_worker_id", None))),
+            "node_ip": _text(_call(getattr(ray.util, "get_node_ip_address", None))),
+        }
+    except Exception:  # noqa: BLE001 - the rank is recorded without Ray's names
+        return None
+    with _lock:
+        found["busy"] = bool(_running)
+        found["calls"] = sorted(set(_running.values()))
+    return found
+
+
+def _call(getter: Callable[[], Any] | None) -> Any:
+    if getter is None:
+        return None
+    try:
+        return getter()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)[:200]
+
+
+def _actor_class(ctx: Any) -> str | None:
+    """The actor's class name (Ray Train's workers: "RayTrainWorker")."""
+    try:
+        info = ctx.get_actor_class_name() if hasattr(ctx, "get_actor_class_name") else None
+    except Exception:  # noqa: BLE001
+        info = None
+    return _text(info)

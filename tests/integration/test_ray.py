@@ -1,0 +1,250 @@
+"""Ray jobs on real Ray, on one host: Ray Train's TorchTrainer and the RL stacks' pattern (actors
+the job creates, which join a process group in a method), run as
+`ddpdoctor run --no-tui --json -- python JOB.py MODE` (tests/corpus/ray/).
+
+Two kinds of cluster: a local one that the job's `ray.init()` starts (it inherits the driver's
+environment), and one already running (`ray start --head` on free ports, started by this module
+before the jobs and stopped after them, never with `ray stop`, which would end every Ray
+instance of the host): the job joins it through RAY_ADDRESS and its workers get ddpdoctor only
+through Ray's runtime-env hook. Ray is heavy on two cores: one cluster for the module, the jobs
+run together in one module fixture, each test reads what they left.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ddpdoctor.protocol.events import parse_event_line
+from tests.procs import (
+    REPO,
+    clean_env,
+    ddpdoctor_cmd,
+    free_port,
+    job_processes,
+    run_in_parallel,
+)
+
+pytest.importorskip("ray.train.torch")
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+
+CORPUS = REPO / "tests" / "corpus" / "ray"
+RUN_TIMEOUT_S = 600
+CLUSTER_START_S = 300
+# Marks every process of the cluster this module starts (read back from /proc/<pid>/environ)
+MARK = "DDPDOCTOR_TEST_RAY_CLUSTER"
+JOBS = {
+    # name: (script, mode, on the running cluster)
+    "train-healthy-running": ("ray_train.py", "healthy", True),
+    "train-stall-running": ("ray_train.py", "stall", True),
+    "train-sigkill-local": ("ray_train.py", "sigkill", False),
+    "actors-healthy-local": ("ray_actors.py", "healthy", False),
+}
+PARALLEL = 4
+STEPS = 8
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARK) == mark:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _end_marked(mark: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in _marked(mark):
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+        deadline = time.monotonic() + 10
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+@dataclass
+class Cluster:
+    address: str
+    mark: str
+    head: subprocess.Popen
+
+
+def _ray_env(**extra: str) -> dict[str, str]:
+    env = clean_env({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **extra})
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_RUNTIME_ENV_HOOK", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """`ray start --head --block` on free ports, in a session of its own, every process of it
+    marked; ended by the mark in teardown."""
+    base = tmp_path_factory.mktemp("ray-head")
+    temp_dir = Path("/tmp") / f"ddpd-ray-{os.getpid()}"  # Ray's socket paths must stay short
+    port = free_port()
+    mark = f"{os.getpid()}-{port}"
+    ray = str(Path(sys.executable).parent / "ray")
+    cmd = [
+        ray, "start", "--head", "--block", f"--port={port}",
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}", "--num-cpus=4", "--include-dashboard=false",
+        f"--temp-dir={temp_dir}", "--disable-usage-stats",
+    ]  # fmt: skip
+    env = _ray_env(**{MARK: mark, "RAY_raylet_start_wait_time_s": "600"})
+    with open(base / "head.log", "w") as log:
+        head = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + CLUSTER_START_S
+        while "--block" not in (base / "head.log").read_text(errors="replace"):
+            assert head.poll() is None, (base / "head.log").read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        yield Cluster(f"127.0.0.1:{port}", mark, head)
+    finally:
+        _end_marked(mark)
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert _marked(mark) == [], "a process of the Ray cluster outlived it"
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int | None
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    def document(self) -> dict:
+        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
+        return json.loads(self.stdout)
+
+    def events(self, rank: int, kind: str) -> list[dict]:
+        path = self.run_dir / "events" / f"rank-{rank}.jsonl"
+        found = (parse_event_line(line) for line in path.read_text().splitlines())
+        return [e for e in found if e and e["kind"] == kind]
+
+    def context(self) -> str:
+        return f"{self.stdout[-2000:]}\n{self.stderr[-4000:]}"
+
+
+def _start(name: str, base: Path, address: str) -> subprocess.Popen:
+    script, mode, running = JOBS[name]
+    work = base / name
+    work.mkdir()
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"),
+        "--", sys.executable, str(CORPUS / script), mode,
+    )  # fmt: skip
+    env = _ray_env(**({"RAY_ADDRESS": address} if running else {}))
+    return subprocess.Popen(
+        cmd,
+        stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit
+        stderr=open(work / "stderr", "w"),
+        env=env,
+        cwd=work,
+        start_new_session=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def results(cluster, tmp_path_factory) -> dict[str, Result]:
+    base = tmp_path_factory.mktemp("ray-jobs")
+    starts = {name: functools.partial(_start, name, base, cluster.address) for name in JOBS}
+    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
+    done: dict[str, Result] = {}
+    for name, (proc, timed_out) in ended.items():
+        work = base / name
+        stderr = (work / "stderr").read_text(errors="replace")
+        if timed_out:
+            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
+        stdout = (work / "stdout").read_text(errors="replace")
+        done[name] = Result(None if timed_out else proc.returncode, stdout, stderr, work / "run")
+    yield done
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _warnings(doc: dict) -> list[dict]:
+    return [f for f in doc["findings"] if f["severity"] in ("warning", "error")]
+
+
+@pytest.mark.parametrize("name", ["train-healthy-running", "actors-healthy-local"])
+def test_a_healthy_ray_job_is_healthy_with_its_steps_counted(results, name):
+    r = results[name]
+    doc = r.document()
+    assert r.returncode == 0, r.context()
+    assert doc["verdict"] == "healthy", r.context()
+    assert _warnings(doc) == [], r.context()
+    assert doc["job"]["stopped_for"] is None
+    assert sorted(rank["step"] for rank in doc["ranks"]) == [STEPS, STEPS], r.context()
+    for rank in (0, 1):
+        assert [s["step"] for s in r.events(rank, "step")] == list(range(1, STEPS + 1))
+    assert job_processes(r.run_dir) == []
+
+
+def test_ranks_are_known_by_their_process_group_and_ray_names(results):
+    """The workers of the running cluster were reached through the runtime-env hook alone; each
+    rank's hello names its Ray actor and its host and pid."""
+    for name, actor in (
+        ("train-healthy-running", "RayTrainWorker"),
+        ("actors-healthy-local", None),
+    ):
+        r = results[name]
+        for rank in (0, 1):
+            hello = r.events(rank, "hello")[-1]
+            assert hello["world_size"] == 2 and hello["pid"] > 0 and hello["host"]
+            ray = hello["ray"]
+            assert ray["job_id"] and ray["node_id"] and ray["actor_id"]
+            if actor:
+                assert ray["actor_class"] == actor
+            else:
+                assert ray["actor_name"] == f"trainer-{rank}"
+            calls = [(c["state"], c["call"]) for c in r.events(rank, "ray_call")]
+            assert calls and calls[-1][0] == "idle"
+
+
+def test_a_rank_stalled_in_the_training_function_is_a_hang_named_at_its_line(results, cluster):
+    r = results["train-stall-running"]
+    doc = r.document()
+    assert r.returncode == 1, r.context()
+    assert doc["verdict"] == "hang", r.context()
+    assert doc["culprits"] == [1], r.context()
+    text = json.dumps(doc)
+    assert "ray_train.py:43" in text, r.context()  # the planted sleep, in the training thread
+    assert job_processes(r.run_dir) == []  # the job's workers ended on the running cluster ...
+    assert cluster.head.poll() is None  # ... and the cluster itself was left running
+    assert _marked(cluster.mark), "the running cluster was stopped"
+
+
+def test_a_worker_killed_mid_run_is_the_first_death_and_the_others_its_consequences(results):
+    r = results["train-sigkill-local"]
+    doc = r.document()
+    assert r.returncode == 1, r.context()
+    assert doc["verdict"] == "crash", r.context()
+    assert doc["culprits"] == [1], r.context()
+    ranks = {rank["rank"]: rank for rank in doc["ranks"]}
+    assert ranks[1]["step"] == 5, r.context()  # it had done 5 steps when it was killed
+    assert job_processes(r.run_dir) == []

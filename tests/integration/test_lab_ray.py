@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.lab,
     pytest.mark.skipif(lab.down_reason() is not None, reason=lab.down_reason() or ""),
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),
 ]
 
 RAY_DIR = lab.STATE / "ray"
@@ -176,9 +176,9 @@ def runs(cluster: str) -> Iterator[dict[str, tuple[int, dict, str, Path]]]:
                                run_dir)  # fmt: skip
             for name, (proc, run_dir) in procs.items():
                 try:
-                    out, err = proc.communicate(timeout=420)
+                    out, err = proc.communicate(timeout=600)
                 except subprocess.TimeoutExpired:
-                    pytest.fail(f"ddpdoctor run ({name}) did not end within 420 s")
+                    pytest.fail(f"ddpdoctor run ({name}) did not end within 600 s")
                 doc = json.loads(out) if out.strip() else {}
                 results[name] = (proc.returncode, doc, err, run_dir)
     yield results

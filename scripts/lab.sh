@@ -448,14 +448,13 @@ cmd_ray() {
 
 cmd_ray_stop() {
   need_root
-  local host ray
-  ray=$(ray_bin)
+  local host
   # `ray stop` sees only its host's processes (each host has its own PID namespace): nodes
   # first, the head last. Nothing of the machine's own Ray is touched.
   for host in $(hosts | sort -r); do
     [ -n "$(host_pid "$host")" ] || continue
     if ray_daemons_up "$host"; then
-      run_on "$host" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled timeout 60 "$ray" stop --force \
+      run_on "$host" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled timeout 60 "$(ray_bin)" stop --force \
         >/dev/null 2>&1 || true
     fi
   done

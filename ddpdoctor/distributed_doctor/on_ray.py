@@ -34,6 +34,7 @@ from ddpdoctor.exit_codes import ExitCode
 LAUNCHED_BY_VAR = "DDPDOCTOR_LAUNCHED_BY"  # "ray": the report names Ray as the launcher
 FORWARDED_PREFIXES = ("NCCL_", "GLOO_")
 START_SLACK_S = 60.0  # a task's start and torch's import, on top of --timeout
+CONNECT_SLACK_S = 20.0  # joining the cluster (a local one started), on top of --timeout
 OUTPUT_CAP = 1 << 20  # bytes of a rank's stdout or stderr kept
 
 
@@ -151,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     ray = _import_ray()
     address = args.ray or None
     wait_s = float(args.timeout) + START_SLACK_S
-    _connect(ray, address, wait_s)
+    _connect(ray, address, float(args.timeout) + CONNECT_SLACK_S)
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

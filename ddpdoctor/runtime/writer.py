@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.protocol import jsontext
-from ddpdoctor.protocol.rundir import make_private_dirs
 from ddpdoctor.runtime.records import Record
 
 # Private (the run directory is, too), never through a symlink planted in the run directory,
@@ -156,7 +155,7 @@ class EventWriter:
         try:
             fd = self._fd
             if fd is None:
-                fd = self._fd = _open_event_file(self.path)
+                fd = self._fd = os.open(self.path, _OPEN_FLAGS, 0o600)
             written = os.write(fd, data)
             if written < len(data):  # a regular file takes it in one go; odd filesystems may not
                 view = memoryview(data)[written:]
@@ -247,14 +246,3 @@ class EventWriter:
             sys.stderr.flush()
         except Exception:  # noqa: BLE001 - stderr itself may be gone
             pass
-
-
-def _open_event_file(path: str | os.PathLike[str]) -> int:
-    """The rank's event file, opened to append. On a host whose run directory is its own (a Ray
-    node sharing no file system with the watcher) nothing has made it yet: its folders are made
-    here, 0700, as the launcher makes them where it runs."""
-    try:
-        return os.open(path, _OPEN_FLAGS, 0o600)
-    except FileNotFoundError:
-        make_private_dirs(Path(path).parent)
-        return os.open(path, _OPEN_FLAGS, 0o600)

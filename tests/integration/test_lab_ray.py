@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,20 +23,20 @@ from pathlib import Path
 import pytest
 
 from tests import lab
-from tests.procs import PYTHON, REPO, background, clean_env
+from tests.procs import PYTHON, REPO, background, clean_env, wait_for
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.lab,
     pytest.mark.skipif(lab.down_reason() is not None, reason=lab.down_reason() or ""),
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(1800),
 ]
 
 RAY_DIR = lab.STATE / "ray"
 ADDRESS = f"{lab.address('h1')}:6390"
 LOCAL = RAY_DIR / "local"  # each host's own directory (h1: this path; h2: its own folder)
 JOB = REPO / "tests" / "launch_jobs" / "ray_lab_train.py"
-T = 10
+T = 30  # the collective check shares it: a loaded 2-core machine needs room
 
 
 def _ray_missing() -> str | None:
@@ -76,22 +77,28 @@ def _doctor(*extra: str, host: str | None = "h1", env: dict[str, str] | None = N
 
 @pytest.fixture(scope="module")
 def doctors(cluster: str) -> dict[str, tuple[int, dict, str]]:
-    """Both lab runs at once, then the one-host cluster (it starts its own Ray here)."""
-    tmp = tempfile.mkdtemp(prefix="rdr", dir="/tmp")  # short: Ray's socket paths live in it
+    """The one-host cluster first (it starts its own Ray here, alone), then both lab runs at
+    once."""
+    results: dict[str, tuple[int, dict, str]] = {}
+    for _attempt in range(2):
+        tmp = tempfile.mkdtemp(prefix="rdr", dir="/tmp")  # short: Ray's socket paths live in it
+        env = clean_env({"RAY_TMPDIR": tmp, "RAY_ADDRESS": ""})
+        with background(_doctor("--ray", "local", host=None), env=env) as proc:
+            out, err = proc.communicate(timeout=300)
+        results["one-host"] = (proc.returncode, json.loads(out) if out.strip() else {}, err)
+        # Ray gives a node it starts 30 s to register (ray/_private/node.py), a limit a loaded
+        # 2-core machine can pass: once more then, as a user would.
+        if "timed out during startup" not in err:
+            break
     jobs = {
         "healthy": (_doctor("--ray", cluster), clean_env()),
         "eth1": (_doctor("--ray", cluster), clean_env({"GLOO_SOCKET_IFNAME": "eth1"})),
     }
-    results: dict[str, tuple[int, dict, str]] = {}
     with contextlib.ExitStack() as stack:
         procs = {n: stack.enter_context(background(c, env=e)) for n, (c, e) in jobs.items()}
         for name, proc in procs.items():
             out, err = proc.communicate(timeout=300)
             results[name] = (proc.returncode, json.loads(out) if out.strip() else {}, err)
-    env = clean_env({"RAY_TMPDIR": tmp, "RAY_ADDRESS": ""})
-    with background(_doctor("--ray", "local", host=None), env=env) as proc:
-        out, err = proc.communicate(timeout=300)
-        results["one-host"] = (proc.returncode, json.loads(out) if out.strip() else {}, err)
     return results
 
 
@@ -124,3 +131,113 @@ def test_the_doctor_on_a_one_host_cluster_it_starts_itself(doctors):
     assert code == 0 == report.get("exit_code"), err[-3000:]
     assert report["cluster"]["launcher"] == "ray"
     assert len(report["cluster"]["nodes"]) == 1
+
+
+# -- ddpdoctor run around Ray Train jobs on the two hosts ---------------------------------------
+
+RUNS = {  # name: (mode, where the run directory is)
+    "healthy-shared": ("healthy", "shared"),
+    "sigkill-shared": ("sigkill", "shared"),
+    "healthy-private": ("healthy", "private"),
+    "stall-private": ("stall", "private"),
+}
+
+
+def _instrumented() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("ddpdoctor.runtime.ray_env") is None:
+        return "this ddpdoctor does not instrument Ray's workers (ddpdoctor.runtime.ray_env)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def runs(cluster: str) -> Iterator[dict[str, tuple[int, dict, str, Path]]]:
+    """The four jobs, two at a time (each takes one CPU on each host: two fit)."""
+    reason = _instrumented()
+    if reason:
+        pytest.skip(reason)
+    shared = Path(tempfile.mkdtemp(prefix="lab-ray-"))
+    LOCAL.mkdir(parents=True, exist_ok=True)
+    private = Path(tempfile.mkdtemp(prefix="lab-ray-", dir=LOCAL))
+    results: dict[str, tuple[int, dict, str, Path]] = {}
+    names = list(RUNS)
+    for pair in (names[0::2], names[1::2]):
+        with contextlib.ExitStack() as stack:
+            procs = {}
+            for name in pair:
+                mode, where = RUNS[name]
+                run_dir = (shared if where == "shared" else private) / name
+                cmd = [PYTHON, "-m", "ddpdoctor", "run", "--no-doctor", "--no-tui", "--json",
+                       "--hang-after", "5", "--run-dir", str(run_dir), "--",
+                       PYTHON, str(JOB), mode, "10"]  # fmt: skip
+                env = clean_env({"RAY_ADDRESS": cluster})
+                procs[name] = (stack.enter_context(background(lab.on_host("h1", cmd), env=env)),
+                               run_dir)  # fmt: skip
+            for name, (proc, run_dir) in procs.items():
+                try:
+                    out, err = proc.communicate(timeout=600)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"ddpdoctor run ({name}) did not end within 600 s")
+                doc = json.loads(out) if out.strip() else {}
+                results[name] = (proc.returncode, doc, err, run_dir)
+    yield results
+
+
+def _ranks(doc: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in doc.get("ranks", [])}
+
+
+@pytest.mark.parametrize("name", ["healthy-shared", "healthy-private"])
+def test_a_healthy_job_across_two_hosts_is_healthy(runs, name):
+    code, doc, err, run_dir = runs[name]
+    assert code == 0 and doc.get("verdict") == "healthy", err[-3000:]
+    ranks = _ranks(doc)
+    assert (ranks[0]["host"], ranks[1]["host"]) == ("h1", "h2")
+    assert all(r["step"] for r in ranks.values())  # steps counted on both hosts
+    assert not [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
+    # h2's rank's events are in the run directory at the end, whichever way it got there
+    assert (run_dir / "events" / "rank-1.jsonl").stat().st_size > 0
+    if name.endswith("private"):
+        assert (run_dir / "nodes" / "node-1" / "summary.json").is_file()
+
+
+def test_a_rank_killed_on_the_other_host_is_the_first_death(runs):
+    code, doc, err, _ = runs["sigkill-shared"]
+    assert code == 1 and doc.get("verdict") == "crash", err[-3000:]
+    assert doc["culprits"] == [1]
+    assert _ranks(doc)[1]["host"] == "h2"
+
+
+def test_a_stalled_rank_on_a_host_with_its_own_run_directory_is_the_hang(runs):
+    code, doc, err, _ = runs["stall-private"]
+    assert code == 1 and doc.get("verdict") == "hang", err[-3000:]
+    assert doc["culprits"] == [1]
+    assert _ranks(doc)[1]["host"] == "h2"
+    assert f"{JOB.name}:44" in json.dumps(doc)  # the line it sleeps on
+
+
+def _train_processes() -> list[str]:
+    """The Ray Train processes still running on the lab's hosts (their own pid namespaces)."""
+    import psutil
+
+    spaces = set()
+    for host in lab.hosts():
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((lab.STATE / f"{host}.pid").read_text())
+            spaces.add(os.readlink(f"/proc/{pid}/ns/pid"))
+    left = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            text = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
+            if ("RayTrain" in text or JOB.name in text) and os.readlink(
+                f"/proc/{proc.pid}/ns/pid"
+            ) in spaces:
+                left.append(f"{proc.pid} {text[:80]}")
+    return left
+
+
+def test_no_process_of_the_jobs_is_left_on_the_cluster(runs):
+    wait_for(
+        lambda: not _train_processes(), timeout=60, interval=2, what="the jobs' processes to end"
+    )

@@ -25,23 +25,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
 from ddpdoctor.protocol.node_summary import write_summary_text
-from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir, make_private_dirs, write_json_atomic
 
 PUBLISH_EVERY_S = 1.0
 NODES_EVERY_S = 10.0
 CALL_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 60.0
+MAX_REQUESTS = 64  # stack requests, or files of one capture, passed at once
+# What a node may send back into the run directory: its answer to a request, and its stacks.
+_ANSWER_PATH = re.compile(
+    r"^(requests/[A-Za-z0-9][A-Za-z0-9_-]{0,160}\.node\d{1,6}\.done"
+    r"|stacks/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.json)$"
+)
 
 
 class NodeActor:
@@ -51,11 +57,14 @@ class NodeActor:
         from ddpdoctor.monitor.follow.node_fold import NodeFold
 
         # The run directory at the same path as the driver's: made here when this node has
-        # its own (the ranks write into it).
+        # its own, for the ranks to write into (a rank's writer never makes it: a run directory
+        # removed under a job is not made again). The relay places its actors seconds after the
+        # job starts; a Ray worker writes its first event once it joins a process group.
         with contextlib.suppress(OSError):
             os.makedirs(os.path.join(run_dir, "events"), mode=0o700, exist_ok=True)
         self.fold = NodeFold(run_dir, node_rank)
         self.responder: Any = None
+        self.mirrored: dict[str, bool] = {}  # request id -> its answer shipped back
 
     def whoami(self) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid(), "ppid": os.getppid()}
@@ -81,6 +90,43 @@ class NodeActor:
         except Exception:  # noqa: BLE001 - no stacks from here; the summary still goes
             pass
 
+    def put_requests(self, requests: list[dict[str, Any]]) -> None:
+        """Stack requests of the watcher's run directory, written into this node's copy where
+        it has its own (a shared one has them already)."""
+        from ddpdoctor.protocol.stack_requests import StackRequest, request_path
+
+        for data in requests[:MAX_REQUESTS]:
+            with contextlib.suppress(Exception):
+                request = StackRequest.from_json(data)
+                path = request_path(self.fold.run, request.id)
+                if request.id not in self.mirrored and not path.exists():
+                    write_json_atomic(path, data)
+                    self.mirrored[request.id] = False
+
+    def answers(self) -> list[tuple[str, Any]]:
+        """This node's answers to mirrored requests, with their stacks, as (path in the run
+        directory, JSON) pairs, once each."""
+        from ddpdoctor.protocol import jsontext
+        from ddpdoctor.protocol.stack_requests import answer_path
+
+        run = self.fold.run
+        out: list[tuple[str, Any]] = []
+        for request_id, shipped in list(self.mirrored.items()):
+            path = answer_path(run, request_id, self.fold.node_rank)
+            if shipped or not path.is_file():
+                continue
+            with contextlib.suppress(Exception):
+                answer = jsontext.read(path)
+                capture = answer.get("capture_id") if isinstance(answer, dict) else None
+                if isinstance(capture, str) and capture:
+                    folder = run.stacks_dir / capture
+                    for entry in sorted(os.listdir(folder))[:MAX_REQUESTS]:
+                        if entry.endswith(".json") and (folder / entry).is_file():
+                            out.append((f"stacks/{capture}/{entry}", jsontext.read(folder / entry)))
+                out.append((str(path.relative_to(run.path)), answer))
+                self.mirrored[request_id] = True
+        return out
+
     def ranks(self) -> dict[int, dict[str, Any]]:
         self.fold.poll()
         return self.fold.ranks()
@@ -95,6 +141,7 @@ class _Node:
     node_id: str
     actor: Any
     record: NodeRecord | None = None
+    sent: set[str] = field(default_factory=set)  # stack requests passed on to it
 
 
 class Relay:
@@ -137,8 +184,29 @@ class Relay:
                     write_node_record(self.run, node.record)
                 text = self.ray.get(node.actor.summary.remote(), timeout=CALL_TIMEOUT_S)
                 write_summary_text(self.run, node.node_rank, text)
+                self._relay_stacks(node)
             except Exception as exc:  # noqa: BLE001 - a node lost: its summary stops, named stale
                 _note(f"node {node.node_rank}: {type(exc).__name__}: {exc}")
+
+    def _relay_stacks(self, node: _Node) -> None:
+        """Stack requests to the node (where its run directory is its own), its answers back."""
+        from ddpdoctor.protocol.stack_requests import scan_requests
+
+        new = [r for r in scan_requests(self.run) if r.id not in node.sent]
+        if new:
+            node.sent.update(r.id for r in new)
+            node.actor.put_requests.remote([r.to_json() for r in new])
+        if not node.sent:
+            return
+        for rel, data in self.ray.get(node.actor.answers.remote(), timeout=CALL_TIMEOUT_S):
+            parts = Path(rel).parts
+            if not _ANSWER_PATH.match(rel) or ".." in parts:
+                continue
+            target = self.run.path / rel
+            if not target.exists():
+                if len(parts) == 3:
+                    make_private_dirs(target.parent)
+                write_json_atomic(target, data)
 
     def bring_home(self) -> None:
         """Each node's ranks' files, whole, where the run directory lacks them or has less."""

@@ -58,3 +58,32 @@ def test_a_rank_file_that_is_not_a_regular_file_is_not_read(tmp_path: Path) -> N
     (tmp_path / "events" / "rank-1.jsonl").symlink_to("/etc/passwd")
     fold = NodeFold(str(tmp_path), 1, host="h2")
     assert _head(fold.summary()).ranks == ()
+
+
+def test_a_summary_names_gone_ranks_only_as_integers_and_boundedly() -> None:
+    head = {"schema_version": 3, "node_rank": 1, "seq": 1, "t": 1.0, "ranks": [],
+            "gone": [1, "2", True, 3.0, 4] + [5] * 5000}  # fmt: skip
+    gone = NodeSummary.from_head(head).gone
+    assert gone[:2] == (1, 4) and len(gone) < 4096
+    del head["gone"]
+    assert NodeSummary.from_head(head).gone == ()
+
+
+def test_a_node_may_send_back_only_its_answers_and_stacks(tmp_path: Path) -> None:
+    from ddpdoctor.monitor.follow.ray_relay import _ANSWER_PATH, _append
+
+    assert _ANSWER_PATH.match("requests/20261128-h1-12-1.node1.done")
+    assert _ANSWER_PATH.match("stacks/cap-1/rank-3.json")
+    for bad in ("run.json", "events/rank-1.jsonl", "stacks/../run.json", "stacks/a/b/c.json",
+                "requests/x.json", "diagnosis.json"):  # fmt: skip
+        assert not _ANSWER_PATH.match(bad), bad
+    target = tmp_path / "rank-1.jsonl"
+    _append(target, b"a\n", 0)
+    _append(target, b"b\n", 2)
+    assert target.read_bytes() == b"a\nb\n" and oct(target.stat().st_mode)[-3:] == "600"
+    (tmp_path / "link").symlink_to(target)
+    try:
+        _append(tmp_path / "link", b"x\n", 4)
+    except OSError:
+        pass
+    assert target.read_bytes() == b"a\nb\n"

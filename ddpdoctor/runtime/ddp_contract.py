@@ -9,7 +9,8 @@ model), and the model's first forward with grad compares the contract across ran
 backward reduces anything.
 
 Gradient syncs: every forward with grad outside `no_sync()` makes its backward all-reduce the
-gradients (every bucket flushes once). Each one is recorded as a collective of its own, op
+gradients (every bucket flushes once). Where the buckets are not events of their own (the
+default: DDP's C++ all-reduce, read from the flight recorder on demand), each one is recorded as a collective of its own, op
 `ddp_gradient_sync` in the group `<DDP group>:ddp_grads` (numbered per rank, ended at once: it
 only counts), with the line that decides it: the latest `no_sync()` call of the model, else the
 forward's own line. A rank that syncs more often than the others (its accumulation count
@@ -24,6 +25,7 @@ from typing import Any
 from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
 from ddpdoctor.runtime.c10d_hooks import GROUPS
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
+from ddpdoctor.runtime.ddp_hooks import MODE_RECORDER
 from ddpdoctor.runtime.patching import patch
 from ddpdoctor.runtime.records import CollectiveDesc
 
@@ -71,6 +73,13 @@ def sync_desc(ddp: Any) -> CollectiveDesc | None:
     return desc
 
 
+def counts_syncs(rt: core.Runtime) -> bool:
+    """Only where DDP's buckets are not events already (the flight recorder's mode, the default):
+    `--ddp-buckets` records every bucket's all-reduce itself, and "off" records none."""
+    mode = (rt.bucket_recording or {}).get("mode")
+    return mode == MODE_RECORDER
+
+
 def on_synced_forward(ddp: Any, rt: core.Runtime) -> None:
     """A forward whose backward will all-reduce the gradients: counted, with its deciding line."""
     desc = sync_desc(ddp)
@@ -105,7 +114,7 @@ def install(runtime: core.Runtime) -> None:
             try:
                 if not self.__dict__.get(DONE_ATTR):
                     check(self, rt)
-                if self.require_backward_grad_sync:
+                if self.require_backward_grad_sync and counts_syncs(rt):
                     on_synced_forward(self, rt)
             except Exception:  # noqa: BLE001 - a check, never a reason to stop the forward
                 pass

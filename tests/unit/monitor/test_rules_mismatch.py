@@ -99,6 +99,30 @@ def test_a_rank_that_aborted_before_recording_its_call_is_read_from_its_stderr()
     assert out.findings[0].evidence[0].file.endswith("0/stderr.log")
 
 
+def test_an_abort_in_a_mesh_group_is_read_at_that_groups_next_number():
+    from ddpdoctor.monitor.model.snapshot import LogLine
+
+    abort = LogLine(
+        "rank 0 stderr",
+        "Received data size doesn't match expected size. Is there a distributed collective "
+        "mismatch in your code?",
+        0,
+        "error",
+        "logs/vm/x/attempt_0/0/stderr.log",
+        1,
+    )
+    tp = dict(group="3", shapes=((16,),), dtypes=("float32",))
+    own = (coll("all_reduce", 4, 0.0, done=True, **tp),)
+    r0 = view(0, RankState.GONE, seq=8, recent_collectives=own, error_lines=(abort,),
+              group_seqs=(("default", 8), ("3", 4)))  # fmt: skip
+    peer = coll("all_gather_tensor", 5, 0.2, **tp)
+    r1 = view(1, RankState.FAILED, seq=8, recent_collectives=(peer,),
+              group_seqs=(("default", 8), ("3", 5)))  # fmt: skip
+    out = mismatch.detect(snap([r0, r1]))
+    assert out is not None and out.verdict is Verdict.MISMATCH
+    assert out.findings[0].summary.startswith("collective mismatch at #5 of group 3: ")
+
+
 def test_no_abort_message_no_inferred_mismatch():
     r0 = view(0, RankState.GONE, seq=8, exit_signal="SIGKILL")
     r1 = view(1, RankState.FAILED, seq=8, recent_collectives=(coll("all_reduce", 9),))

@@ -196,13 +196,16 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
         line = next((ln for ln in view.error_lines if _MISMATCH_MESSAGE.search(ln.text)), None)
         if line is None:
             continue
-        seq = view.seq_in("default") + 1
+        # the group of its latest call (a mesh dimension's group for FSDP, TP and HSDP)
+        calls = _calls(view)
+        group = calls[-1].group if calls else "default"
+        seq = view.seq_in(group) + 1
         peers = {}
         for other in snap.ranks:
             if other.rank == view.rank:
                 continue
             for coll in _calls(other):
-                if coll.group == "default" and coll.seq == seq:
+                if coll.group == group and coll.seq == seq:
                     peers[other.rank] = coll
         if not peers:
             continue
@@ -225,6 +228,7 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
             for r in culprits
             if (v := snap.rank(r)) and v.fault and v.fault.split(":")[0] in _FAULT_KINDS
         ]
-        summary = f"collective mismatch at #{seq}: " + "; ".join(parts)
+        where = f" of group {group}" if group != "default" else ""
+        summary = f"collective mismatch at #{seq}{where}: " + "; ".join(parts)
         return _mismatch(summary, injected or culprits, evidence, onset)
     return None

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
@@ -131,7 +131,7 @@ def _lines(stream: Any, budget: int) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _is_time(value: Any) -> bool:
+def _is_time(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
 
 

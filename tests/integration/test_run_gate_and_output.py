@@ -6,7 +6,9 @@ flags the line, the run prints it before the launch, keeps it in doctor.json, an
 to a healthy verdict. A held master port (one node, and node 0 of two with a loopback master
 address) refuses the launch, and diagnosis.json then holds the refusing checks themselves.
 
-The four runs start together in one module fixture (their preflights' smoke tests and the
+And a run whose stdout cannot encode what it prints (PYTHONIOENCODING=ascii) prints every line.
+
+The runs start together in one module fixture (their preflights' smoke tests and the
 frameworks' imports are most of their time).
 """
 
@@ -64,7 +66,11 @@ def runs(tmp_path_factory) -> Iterator[dict[str, Ran]]:
             *run, "--nproc", "1", "--backend", "gloo", "--nnodes", "2", "--node-rank", "0",
             "--master-addr", "127.0.0.1", "--master-port", port,
         ],
+        "ascii": [
+            "run", "--no-tui", "--no-doctor", "--nproc", "2", "--backend", "gloo", "--steps", "6",
+        ],
     }  # fmt: skip
+    envs = {"ascii": {"PYTHONIOENCODING": "ascii"}}
     files = {}
 
     def starter(name: str, args: list[str]):
@@ -74,7 +80,12 @@ def runs(tmp_path_factory) -> Iterator[dict[str, Ran]]:
             files[name] = (out, err)
             argv = ddpdoctor_cmd(*args[:3], "--run-dir", str(base / name), *args[3:])
             return subprocess.Popen(
-                argv, stdout=out, stderr=err, env=clean_env(), start_new_session=True, cwd=base
+                argv,
+                stdout=out,
+                stderr=err,
+                env=clean_env(envs.get(name)),
+                start_new_session=True,
+                cwd=base,
             )
 
         return start
@@ -82,7 +93,7 @@ def runs(tmp_path_factory) -> Iterator[dict[str, Ran]]:
     try:
         done = run_in_parallel(
             {name: starter(name, args) for name, args in jobs.items()},
-            parallel=4,
+            parallel=5,
             timeout_s=RUN_TIMEOUT_S,
         )
     finally:
@@ -138,3 +149,12 @@ def test_a_refused_node_of_two_leaves_diagnosis_json_with_its_checks(runs):
     assert "run.nodes_missing" not in ids  # node 1 was never asked to join
     assert all(f["fix"] for f in diagnosis["findings"] if f["id"].startswith("preflight."))
     assert ran.doctor(0)["counts"]["fail"] >= 2
+
+
+def test_a_run_whose_stdout_is_ascii_prints_every_line(runs):
+    ran = runs["ascii"]
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert any(line.startswith("healthy ") for line in lines)  # the status lines
+    assert "HEALTHY: all 2 ranks finished" in ran.stdout
+    assert lines[-1] == "verdict: healthy (exit code 0)"

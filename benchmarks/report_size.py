@@ -25,11 +25,18 @@ from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.report import build_report
 
 
-def write_run(path: Path, ranks: int, steps: int) -> Path:
+def write_run(path: Path, ranks: int, steps: int, *, diagnosis: bool = True) -> Path:
+    """`diagnosis`: with the diagnosis.json a launcher leaves (else the report diagnoses the run
+    from its files first, as `watch` would: the post-mortem's cost, not the report's)."""
     run = RunDir.create(path)
     write_json_atomic(
         run.run_json, {"name": "bench", "world_size": ranks, "backend": "gloo", "hosts": ["h"]}
     )
+    if diagnosis:
+        write_json_atomic(
+            run.diagnosis_json,
+            {"schema_version": 1, "verdict": "healthy", "ranks": [], "findings": [], "final": True},
+        )
     t0 = 1_700_000_000.0
     for rank in range(ranks):
         lines = [
@@ -73,10 +80,14 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--no-diagnosis", action="store_true", help="runs without diagnosis.json (post-mortem)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        big = write_run(Path(tmp) / "big", args.ranks, args.steps)
-        small = write_run(Path(tmp) / "small", 8, 300)
+        keep = not args.no_diagnosis
+        big = write_run(Path(tmp) / "big", args.ranks, args.steps, diagnosis=keep)
+        small = write_run(Path(tmp) / "small", 8, 300, diagnosis=keep)
         big_s, small_s = [], []
         for _ in range(args.repeats):
             small_s.append(measure(small)[0])

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddpdoctor.errors import UsageError
+from ddpdoctor.protocol import bounded
 
 SCRIPT = "script"
 COMMAND = "command"
@@ -98,10 +99,9 @@ _MP_NAMES = frozenset({"mp", "multiprocessing", "torch_mp", "tmp"})
 def starts_own_ranks(path: str) -> bool:
     """The script calls torch.multiprocessing's spawn / start_processes: it starts its ranks
     itself, so under ddpdoctor's torchrun it would be one process starting a world of its own."""
-    try:
-        with open(path, "rb") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
+    try:  # a regular file only, bounded (a FIFO named as the script would block the launch)
+        tree = ast.parse(bounded.read_bytes(path, 16 << 20, follow=True))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):

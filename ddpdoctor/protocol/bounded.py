@@ -110,10 +110,11 @@ def read_bytes(
     root: str | os.PathLike[str] | None = None,
     whole: bool = True,
     offset: int = 0,
+    follow: bool = False,
 ) -> bytes:
     """At most `limit` bytes of a regular file from `offset`. `whole`: the file must fit, else
     ValueError (a document cut in half is no document); otherwise its first `limit` bytes."""
-    with open_regular(path, root=root) as fh:
+    with open_regular(path, root=root, follow=follow) as fh:
         if offset:
             fh.seek(offset)
         data = read_all(fh, limit + 1 if whole else limit)

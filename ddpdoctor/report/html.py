@@ -8,6 +8,7 @@ and data waits, step time per rank, and the stacks the monitor took. Every strin
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 import plotly.graph_objects as go
@@ -80,18 +81,34 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
+# diagnosis.json may come from anywhere: each field is used only when it has its type
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value[:MAX_ITEMS] if isinstance(value, list) else []
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+MAX_ITEMS = 1000  # findings, ranks, stacks or frames shown from one list
+
+
 def _verdict(diagnosis: dict[str, Any]) -> str:
     verdict = str(diagnosis.get("verdict") or "unknown")
     colour = VERDICT_COLOURS.get(verdict, "#de2d26")
     after = diagnosis.get("detected_after_s")
-    detail = f" detected after {after:.1f} s" if isinstance(after, int | float) else ""
-    run = diagnosis.get("run") or {}
+    detail = f" detected after {after:.1f} s" if _number(after) else ""
+    run = _dict(diagnosis.get("run"))
     meta = ", ".join(
         f"{k} {_e(v)}"
         for k, v in (("world size", run.get("world_size")), ("backend", run.get("backend")))
         if v is not None
     )
-    culprits = diagnosis.get("culprits") or []
+    culprits = [c for c in _list(diagnosis.get("culprits")) if isinstance(c, int)]
     who = f"; culprit ranks: {_e(', '.join(str(c) for c in culprits))}" if culprits else ""
     return (
         f'<p id="verdict"><span class="verdict" style="background:{colour}">{_e(verdict)}</span>'
@@ -101,12 +118,12 @@ def _verdict(diagnosis: dict[str, Any]) -> str:
 
 def _findings(diagnosis: dict[str, Any]) -> str:
     items = []
-    for f in diagnosis.get("findings") or []:
+    for f in _list(diagnosis.get("findings")):
         if not isinstance(f, dict):
             continue
         severity = str(f.get("severity", "info"))
-        ranks = f.get("ranks") or []
-        evidence = [e.get("text", "") for e in f.get("evidence") or [] if isinstance(e, dict)]
+        ranks = _list(f.get("ranks"))
+        evidence = [e.get("text", "") for e in _list(f.get("evidence")) if isinstance(e, dict)]
         items.append(
             f'<div class="finding {_e(severity)}" data-id="{_e(f.get("id", ""))}">'
             f'<div class="summary">{_e(severity)}: {_e(f.get("summary", ""))}'
@@ -122,11 +139,11 @@ def _findings(diagnosis: dict[str, Any]) -> str:
 
 def _stacks(diagnosis: dict[str, Any]) -> str:
     parts = []
-    for group in diagnosis.get("stacks") or []:
+    for group in _list(diagnosis.get("stacks")):
         if not isinstance(group, dict):
             continue
-        ranks = [r for r in group.get("ranks") or [] if isinstance(r, int)]
-        frames = "\n".join(str(f) for f in group.get("frames") or [])
+        ranks = [r for r in _list(group.get("ranks")) if isinstance(r, int)]
+        frames = "\n".join(str(f) for f in _list(group.get("frames")))
         parts.append(f"<h3>{_e(named_ranks(ranks))}</h3><pre>{_e(frames)}</pre>")
     if not parts:
         return "<h2>Stacks</h2><p>No stacks were taken.</p>"

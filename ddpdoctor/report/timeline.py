@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
@@ -131,7 +131,7 @@ def _lines(stream: Any, budget: int) -> Iterator[dict[str, Any]]:
             yield event
 
 
-def _is_time(value: Any) -> bool:
+def _is_time(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e11
 
 
@@ -203,7 +203,7 @@ def _read_rank(rank: int, path: Path, budget: int) -> tuple[RankTimeline, bool]:
     # heartbeat thread saw the rank in it until its last beat
     since = heartbeat_open.get("since_t") if heartbeat_open is not None else None
     beat = heartbeat_open or {}
-    if isinstance(since, int | float) and _call_key(beat) not in open_calls:
+    if _is_time(since) and _call_key(beat) not in open_calls:
         add(
             Span(rank, "wait", f"{_label(beat)} (never completed)", float(since),
                  max(end, float(since)), _call_args(beat))
@@ -215,9 +215,7 @@ def _read_rank(rank: int, path: Path, budget: int) -> tuple[RankTimeline, bool]:
 def add_diagnosis_waits(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
     """The collectives diagnosis.json says ranks wait in (from the flight recorder, for DDP's
     C++ all-reduce) as wait spans, for ranks whose events show none."""
-    for entry in diagnosis.get("ranks") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("rank"), int):
-            continue
+    for entry in _entries(diagnosis):
         call = entry.get("collective")
         rank = timeline.ranks.get(entry["rank"])
         if not isinstance(call, dict) or rank is None or rank.last_t is None:
@@ -225,7 +223,7 @@ def add_diagnosis_waits(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
         if any(s.kind == "wait" for s in rank.spans):
             continue
         waited = call.get("waiting_s")
-        if not isinstance(waited, int | float) or waited <= 0:
+        if not _is_time(waited) or waited <= 0:
             continue
         start = rank.last_t - float(waited)
         rank.spans.append(
@@ -235,8 +233,20 @@ def add_diagnosis_waits(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
         timeline.start = min(timeline.start, start)
 
 
+def _entries(diagnosis: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """diagnosis.json's rank entries that have an integer rank (the file may come from anywhere)."""
+    ranks = diagnosis.get("ranks")
+    for entry in ranks if isinstance(ranks, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+            yield entry
+
+
 def _call_key(event: dict[str, Any]) -> tuple:
-    return (event.get("group"), event.get("seq"), event.get("op"))
+    """(group, seq, op), each a plain value (a crafted line's list or dict is no key)."""
+    return tuple(
+        v if v is None or isinstance(v, str | int | float) else "?"
+        for v in (event.get("group"), event.get("seq"), event.get("op"))
+    )
 
 
 def _label(event: dict[str, Any]) -> str:
@@ -289,14 +299,15 @@ def add_stalls(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
     """The culprit ranks of a hang: from their last progress to the end of the run, no progress."""
     if diagnosis.get("verdict") != "hang":
         return
-    culprits = set(diagnosis.get("culprits") or [])
+    listed = diagnosis.get("culprits")
+    culprits = {c for c in listed if isinstance(c, int)} if isinstance(listed, list) else set()
     ends = [r.last_t for r in timeline.ranks.values() if r.last_t is not None]
-    for entry in diagnosis.get("ranks") or []:
-        if not isinstance(entry, dict) or entry.get("rank") not in culprits:
+    for entry in _entries(diagnosis):
+        if entry["rank"] not in culprits:
             continue
         rank = timeline.ranks.get(entry["rank"])
         since = entry.get("last_progress_t")
-        if rank is None or not isinstance(since, int | float) or not ends:
+        if rank is None or not _is_time(since) or not ends:
             continue
         where = entry.get("last_event") or "its own code"
         rank.spans.append(

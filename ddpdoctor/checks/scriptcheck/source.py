@@ -8,7 +8,9 @@ importing file, because tutorial code splits data and model helpers into such fi
 from __future__ import annotations
 
 import ast
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,9 +44,28 @@ class SourceFile:
         return rules is not None and (ALL_RULES in rules or rule in rules)
 
 
+MAX_SCRIPT_BYTES = 16 << 20
+
+
+def _read_script(path: str) -> bytes:
+    """A regular file's bytes, at most MAX_SCRIPT_BYTES: a FIFO would block the open or the
+    read, a device (/dev/zero) never ends (the package reads files itself: it imports only the
+    shared vocabulary)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file: not read")
+        raw = fh.read(MAX_SCRIPT_BYTES + 1)
+    if len(raw) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"larger than {MAX_SCRIPT_BYTES >> 20} MiB: not a script")
+    return raw
+
+
 def load(path: str) -> SourceFile:
     try:
-        raw = Path(path).read_bytes()
+        raw = _read_script(path)
+    except ValueError as exc:
+        raise ScriptLoadError(path, f"{path}: {exc}") from None
     except OSError as exc:
         raise ScriptLoadError(path, f"cannot read {path}: {exc.strerror or exc}") from None
     try:

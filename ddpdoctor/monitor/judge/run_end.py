@@ -57,8 +57,10 @@ def not_started_snapshot(snap: Snapshot, run: RunDir, events_dir_error: str | No
     if refusals:
         # the preflight refused the launch (on this node, or on another node of the job): the
         # refusing checks are the reason, whatever else is missing
+        # (a node that "never joined" was never asked to: this node's torchrun never started)
+        kept = tuple(f for f in snap.findings if f.id != "run.nodes_missing")
         return replace(
-            snap, verdict=Verdict.NOT_STARTED, findings=(*refusals, *snap.findings), finished=True
+            snap, verdict=Verdict.NOT_STARTED, findings=(*refusals, *kept), finished=True
         )
     if not snap.nodes_missing and not events_dir_error:
         crashed = crash_before_init(snap)

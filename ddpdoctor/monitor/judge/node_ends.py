@@ -55,13 +55,14 @@ def across_nodes(
 ) -> Snapshot:
     """The snapshot as the other nodes' ends tell it. `node_of`: rank -> its node; `silent_s`:
     node -> seconds since its summary last changed (nodes whose summaries were read);
-    `held_problem`: this launcher stopped the job for a problem of its own finding (it stands)."""
+    `held_problem`: this launcher stopped the job for a problem of its own finding (a later
+    stop on another node does not undo it; a lost host may still be that problem's cause)."""
     others = {n: r for n, r in nodes.items() if n != own_node}
-    if not others or held_problem:
+    if not others:
         return snap
     for why in (INTERRUPTED, LAUNCHER_KILLED):
         stopped = sorted(n for n, r in others.items() if r.stopped_for == why)
-        if stopped:
+        if stopped and not held_problem:
             return _stopped_on(snap, others[stopped[0]], why, node_of)
     if snap.verdict not in (Verdict.CRASH, Verdict.HANG):
         return snap

@@ -130,6 +130,8 @@ def launch(run: LabRun, cache: Path) -> None:
             except subprocess.TimeoutExpired:
                 out, err = "", f"launcher still running after {LAUNCH_TIMEOUT_S} s"
             run.nodes.append(Finished(proc.returncode, out, err, 0.0))
+    # what node 0 printed, beside the run directory (for a reader of a failed run)
+    run.run_dir.with_suffix(".node0.out").write_text(run.nodes[0].stdout + run.nodes[0].stderr)
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ INTERRUPTED = STOPPED_INTERRUPTED  # NodeRecord.stopped_for of a launcher the us
 LAUNCHER_KILLED = STOPPED_LAUNCHER_KILLED  # ... of one that was killed (its reaper wrote it)
 # A node silent this long (no new summary, by the watcher's clock), its launcher not ended: lost.
 LOST_AFTER_S = 5.0
+NODE_ENDS = frozenset({"node.interrupted", "node.launcher_killed", "node.lost"})
 # Findings that only describe how the ranks were ended by the stop or the loss.
 _STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal", "run.stopped"})
 _FAILED = frozenset({RankState.FAILED, RankState.GONE})
@@ -58,8 +59,8 @@ def across_nodes(
     `held_problem`: this launcher stopped the job for a problem of its own finding (a later
     stop on another node does not undo it; a lost host may still be that problem's cause)."""
     others = {n: r for n, r in nodes.items() if n != own_node}
-    if not others:
-        return snap
+    if not others or any(f.id in NODE_ENDS for f in snap.findings):
+        return snap  # (told already: the launcher's final word, which a watcher holds)
     for why in (INTERRUPTED, LAUNCHER_KILLED):
         stopped = sorted(n for n, r in others.items() if r.stopped_for == why)
         if stopped and not held_problem:

@@ -133,7 +133,12 @@ def _stopped_on(
             "(`journalctl -k` for the OOM killer), and rerun.",
             ranks=tuple(ranks),
         )
-    kept = tuple(f for f in snap.findings if f.id not in _STOP_EFFECTS and f.id != "node.stale")
+    # (how the ranks were ended by the stop, torchrun's report of the first of them included)
+    kept = tuple(
+        f
+        for f in snap.findings
+        if f.id not in _STOP_EFFECTS and f.id not in ("node.stale", "torchrun.failed")
+    )
     return replace(
         snap,
         verdict=Verdict.INTERRUPTED,

@@ -38,6 +38,13 @@ MAX_ANCESTORS = 64
 ENV_RUN_DIR = b"DDPDOCTOR_RUN_DIR="
 
 
+# What a remote check answers, beside why a rank is refused: its host's launcher vouches for
+# it, or has not said yet.
+VOUCHED = "vouched"
+PENDING = "pending"
+RemoteCheck = Callable[[int, Any], str]
+
+
 @dataclass(frozen=True)
 class Refusal:
     rank: int
@@ -135,9 +142,12 @@ class Vouching:
         state: Any,
         here: Callable[[str | None], bool],
         roots: Iterable[int] = (),
+        remote: RemoteCheck | None = None,
     ) -> list[Refusal]:
-        """Look at every rank of this host not vouched for yet (its current pid); refuse those
-        that fail, in `state` too. Returns the new refusals."""
+        """Look at every rank not vouched for yet (its current pid); refuse those that fail, in
+        `state` too. A rank of another host is `remote`'s to judge (its host's launcher's word:
+        VOUCHED, PENDING or why not); without it, it is taken as its host's launcher's.
+        Returns the new refusals."""
         new: list[Refusal] = []
         roots = tuple(roots)
         for rank, tracker in list(state.ranks.items()):
@@ -150,26 +160,19 @@ class Vouching:
                 ):
                     new.append(self._refuse(state, rank, tracker, "its events have no hello"))
                 continue
+            why: str | None
             if not here(tracker.host):
-                continue  # its own host's launcher vouches for it
-            if tracker.exit_code == 0 and tracker.error_t is None:
+                why = remote(rank, tracker) if remote is not None else VOUCHED
+            elif tracker.exit_code == 0 and tracker.error_t is None:
                 continue  # ended cleanly before a first look: nothing to act on, nothing to refute
-            why = vouch_local(pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots)
-            if why is None:
-                self.vouched[rank] = pid
             else:
+                why = vouch_local(pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots)
+            if why is None or why == VOUCHED:
+                if pid is not None:
+                    self.vouched[rank] = pid
+            elif why != PENDING:
                 new.append(self._refuse(state, rank, tracker, why))
         return new
-
-    def refuse_for(
-        self, state: Any, refusals: Iterable[tuple[int, int | None, str]], by: str
-    ) -> None:
-        """Ranks another host's launcher refused (its node summary): refused here too, when
-        the record here is of the same process."""
-        for rank, pid, why in refusals:
-            tracker = state.ranks.get(rank)
-            if tracker is not None and tracker.pid == pid and self.vouched.get(rank) != pid:
-                self._refuse(state, rank, tracker, why, by=by)
 
     def _refuse(
         self, state: Any, rank: int, tracker: Any, why: str, *, by: str | None = None

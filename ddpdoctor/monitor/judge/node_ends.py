@@ -39,6 +39,7 @@ INTERRUPTED = STOPPED_INTERRUPTED  # NodeRecord.stopped_for of a launcher the us
 LAUNCHER_KILLED = STOPPED_LAUNCHER_KILLED  # ... of one that was killed (its reaper wrote it)
 # A node silent this long (no new summary, by the watcher's clock), its launcher not ended: lost.
 LOST_AFTER_S = 5.0
+NODE_ENDS = frozenset({"node.interrupted", "node.launcher_killed", "node.lost"})
 # Findings that only describe how the ranks were ended by the stop or the loss.
 _STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal", "run.stopped"})
 _FAILED = frozenset({RankState.FAILED, RankState.GONE})
@@ -55,13 +56,14 @@ def across_nodes(
 ) -> Snapshot:
     """The snapshot as the other nodes' ends tell it. `node_of`: rank -> its node; `silent_s`:
     node -> seconds since its summary last changed (nodes whose summaries were read);
-    `held_problem`: this launcher stopped the job for a problem of its own finding (it stands)."""
+    `held_problem`: this launcher stopped the job for a problem of its own finding (a later
+    stop on another node does not undo it; a lost host may still be that problem's cause)."""
     others = {n: r for n, r in nodes.items() if n != own_node}
-    if not others or held_problem:
-        return snap
+    if not others or any(f.id in NODE_ENDS for f in snap.findings):
+        return snap  # (told already: the launcher's final word, which a watcher holds)
     for why in (INTERRUPTED, LAUNCHER_KILLED):
         stopped = sorted(n for n, r in others.items() if r.stopped_for == why)
-        if stopped:
+        if stopped and not held_problem:
             return _stopped_on(snap, others[stopped[0]], why, node_of)
     if snap.verdict not in (Verdict.CRASH, Verdict.HANG):
         return snap
@@ -131,7 +133,12 @@ def _stopped_on(
             "(`journalctl -k` for the OOM killer), and rerun.",
             ranks=tuple(ranks),
         )
-    kept = tuple(f for f in snap.findings if f.id not in _STOP_EFFECTS and f.id != "node.stale")
+    # (how the ranks were ended by the stop, torchrun's report of the first of them included)
+    kept = tuple(
+        f
+        for f in snap.findings
+        if f.id not in _STOP_EFFECTS and f.id not in ("node.stale", "torchrun.failed")
+    )
     return replace(
         snap,
         verdict=Verdict.INTERRUPTED,

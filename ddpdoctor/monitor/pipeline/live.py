@@ -36,7 +36,6 @@ from ddpdoctor.monitor.follow.tail import RunTailer
 from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
-from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
     ended_with_ranks,
@@ -48,6 +47,7 @@ from ddpdoctor.monitor.judge.run_findings import skipped_event_findings, unreada
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
+from ddpdoctor.monitor.pipeline.seen import across_nodes_of, await_nodes, check_disk, vouch
 from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
 from ddpdoctor.protocol import jsontext, processes
 from ddpdoctor.protocol.events import parse_event_line
@@ -163,6 +163,7 @@ class Monitor:
         self.network = NetworkFollow(self.run, node_rank, data, look=write_diagnosis)
         # which ranks are processes of the job (a file's word alone makes no rank)
         self.vouching = Vouching(self.run.path, self.run.events_file)
+        self._pending_since: dict[int, float] = {}  # rank -> when its node was first asked
 
     # -- public API ------------------------------------------------------------------------
 
@@ -231,7 +232,7 @@ class Monitor:
                 self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
             self._poll()
             if self.job_ended and not interrupted:
-                self._await_nodes()
+                await_nodes(self)
             self.stacks.wait(self.stacks.timeout_s + 5.0)
             if self.logs is not None and self.merge.active:
                 # (a follower whose ranks never waited leaves the whole run's logs to node 0)
@@ -277,7 +278,7 @@ class Monitor:
                     apply(event, (lines.rel, line_no))
                     note(event["rank"], line_no, event)
         self._check_liveness(first_look=True)
-        self._vouch()
+        vouch(self)
         self.merge.publish(now, force=final)
         self.host_probes.probe(self.state, self._last, now)
         interesting = False
@@ -286,7 +287,7 @@ class Monitor:
                 interesting = True
         live = self._is_live(now)
         if live or self.job_ended:  # a run read later: today's free space says nothing of it
-            self._check_disk(now, final)
+            check_disk(self, now, final)
         taken = now if live else (self.state.last_t or now)
         snap = self.state.snapshot(taken, live=live, hang_after=self.hang_after)
         if self.logs is not None:
@@ -326,7 +327,7 @@ class Monitor:
             if snap.verdict.is_problem:  # has another node's part ended? (its record, now)
                 self.node_watch.due_now()
                 self._read_nodes(now)
-            snap = self._across_nodes(snap, now)
+            snap = across_nodes_of(self, snap, now)
         if (
             self.capture_stacks
             and snap.verdict is Verdict.HANG
@@ -473,87 +474,6 @@ class Monitor:
                 alive[rank] = None  # another host's process: not this watcher's to tell
                 continue
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
-
-    def _across_nodes(self, snap: Snapshot, now: float) -> Snapshot:
-        """How the other nodes' parts ended, as their launchers' records and the summaries
-        that stopped coming tell it (ddpdoctor.monitor.judge.node_ends)."""
-        silent = {
-            node: now - seen.changed_t
-            for node, seen in self.merge.feed.seen.items()
-            if seen.changed_t is not None
-        }
-        held = self._held
-        own_problem = bool(
-            held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
-        )
-        return across_nodes(
-            snap,
-            self.nodes,
-            {view.rank: self.state.node_of(view.rank) for view in snap.ranks},
-            silent,
-            own_node=self.node_rank,
-            held_problem=own_problem,
-        )
-
-    def _await_nodes(self) -> None:
-        """Before the final word of a job over several nodes: give the other nodes' launchers
-        time to record their end (a healthy job's do within a second or two), so that a node
-        whose launcher is silent is known lost, not guessed. Bounded by LOST_AFTER_S."""
-        if len(self.nodes) < 2:
-            return
-        deadline = time.monotonic() + LOST_AFTER_S + 1.0
-        while time.monotonic() < deadline:
-            self.node_watch.due_now()
-            self._poll()
-            pending = [
-                node
-                for node, record in self.nodes.items()
-                if node != self.node_rank and not record.ended and record.stopped_for is None
-            ]
-            seen = self.merge.feed.seen
-            now = self.clock()
-            if all(
-                node in seen
-                and seen[node].changed_t is not None
-                and now - seen[node].changed_t >= LOST_AFTER_S  # type: ignore[operator]
-                for node in pending
-            ):
-                return
-            time.sleep(0.5)
-
-    def _check_disk(self, now: float, final: bool) -> None:
-        """Whether the ranks' events can be written, before the ranks are judged: a rank seen
-        gone without its exit event is looked at at once (was it the disk that kept it out?)."""
-        ranks, alive = self.state.ranks, self.state.alive
-        steps = [t.step for t in ranks.values() if t.step is not None]
-        vanished = any(alive.get(r) is False and t.exit_code is None for r, t in ranks.items())
-        self.disk.check(now, max(steps, default=None), force=final or vanished)
-        self.state.set_events_lost(self.disk.events_lost)
-
-    def _vouch(self) -> None:
-        """Vouch for the ranks of this host while the job runs here: a launcher of the run
-        (until its job has ended), or a watcher that sees one of the run's ranks alive here."""
-        launcher = self._launcher_pids()
-        if self.job_ended or not (os.getpid() in launcher or True in self.state.alive.values()):
-            return
-        here = self._local_hosts
-        self.vouching.look(
-            self.state,
-            lambda host: here.get(host) or is_local(host, self.local_host),
-            roots=launcher,
-        )
-
-    def _launcher_pids(self) -> set[int]:
-        """The pids of the run's launchers on this host (run.json's, the node records')."""
-        pids = {r.launcher_pid for r in self.nodes.values() if is_local(r.host, self.local_host)}
-        pid = self._launcher_pid
-        if pid is None:
-            data = self.run.read_run_json()
-            found, hosts = data.get("launcher_pid"), data.get("hosts")
-            host = hosts[0] if isinstance(hosts, list) and hosts else None
-            local = isinstance(host, str) and is_local(host, self.local_host)
-            pid = self._launcher_pid = found if type(found) is int and local else 0
-        return {p for p in (*pids, pid) if isinstance(p, int) and p > 0}
 
     def _is_live(self, now: float) -> bool:
         if any(a is True for a in self.state.alive.values()):

@@ -106,3 +106,27 @@ def test_a_launcher_that_ended_its_job_itself_leaves_no_note(marked, tmp_path):
     reaper.close(timeout=20)
     assert job.poll() is not None
     assert not processes.launcher_was_killed(tmp_path)
+
+
+def test_the_reaper_of_a_nodes_launcher_says_so_in_its_node_record(marked, tmp_path):
+    """A launcher of node 1 killed: its reaper ends node 1's part and records, in node 1's
+    record, that its launcher was killed (the other nodes read it there)."""
+    from ddpdoctor.protocol.node_records import (
+        STOPPED_LAUNCHER_KILLED,
+        NodeRecord,
+        read_node_record,
+        write_node_record,
+    )
+    from ddpdoctor.protocol.rundir import RunDir
+
+    run = RunDir.create(tmp_path / "run")
+    write_node_record(run, NodeRecord(1, "h2", 4242, torchrun_pid=4243, started_t=time.time()))
+    launch_id = new_launch_id()
+    reaper = Reaper(launch_id, run_dir=str(run.path), node_rank=1)
+    job = marked(launch_id)
+    wait_for(lambda: marked_pids(launch_id), timeout=20, what="the job")
+    reaper.close(timeout=20)  # EOF while the job runs: as when its launcher dies
+    assert job.poll() is not None
+    record = read_node_record(run, 1)
+    assert record is not None and record.stopped_for == STOPPED_LAUNCHER_KILLED and record.ended
+    assert not processes.launcher_was_killed(run.path)  # the node's record says it, not the run's

@@ -187,3 +187,34 @@ def test_a_node_summary_naming_a_rank_outside_the_world_stops_nothing(tmp_path):
     assert snap.verdict is Verdict.RUNNING and not snap.culprits
     assert [v.rank for v in snap.ranks] == [0, 1]
     assert any(f.id == "run.bad_events" and "rank 7" in f.summary for f in snap.findings)
+
+
+def test_a_rank_of_another_host_counts_once_its_nodes_launcher_lists_it(tmp_path):
+    """Node 0 of two: rank 1 (nodeB, a child of node 1's torchrun) is vouched for by node 1's
+    summary; "rank 3" naming nodeB but no node's torchrun as its parent is no rank of the job."""
+    run, clock = RunDir.create(tmp_path / "run"), Clock(time.time())
+    run.run_json.write_text(json.dumps({"world_size": 4, "nnodes": 2, "backend": "gloo"}))
+    torchrun = {0: 4_190_100, 1: 4_190_101}
+    write_node_record(run, NodeRecord(0, this_host(), os.getpid(), torchrun_pid=torchrun[0]))
+    write_node_record(run, NodeRecord(1, "nodeB", 11, torchrun_pid=torchrun[1]))
+    w = Writer(run, clock, host=this_host())
+    w.ev(
+        0, "hello", local_rank=0, world_size=4, host=this_host(), pid=os.getpid(), ppid=torchrun[0]
+    )
+    w.hold(0)
+    w.ev(1, "hello", local_rank=0, world_size=4, host="nodeB", pid=5001, ppid=torchrun[1])
+    for rank in (0, 1):
+        w.ev(rank, "phase", phase="train")
+    follower = Monitor(run, node_rank=1, clock=clock, **KW)
+    lead = Monitor(run, node_rank=0, clock=clock, **KW)
+    follower.poll()
+    lead.poll()
+    assert lead.vouching.vouched.get(1) == 5001
+    w.ev(3, "hello", local_rank=1, world_size=4, host="nodeB", pid=5003, ppid=77)
+    w.ev(3, "error", type="RuntimeError", message="boom")
+    w.ev(3, "exit", code=1)
+    clock.t += 1.0
+    follower.poll()
+    snap = lead.poll()
+    assert snap.verdict is Verdict.RUNNING and not snap.culprits
+    assert "is no node's torchrun" in unvouched(snap)[0].summary

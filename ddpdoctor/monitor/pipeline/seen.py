@@ -1,0 +1,146 @@
+"""What ddpdoctor saw itself, as the Monitor (ddpdoctor.monitor.pipeline.live) applies it each poll:
+
+- which ranks are processes of the job (ddpdoctor.monitor.follow.vouching): a rank of this host by
+  its process, a rank of another host by its node's launcher;
+- whether the ranks' events can be written at all (a full or read-only run directory), before the
+  ranks are judged (ddpdoctor.monitor.model.rank_views.events_lost_state);
+- how the other nodes' parts of a job ended (ddpdoctor.monitor.judge.node_ends), and, before the
+  final word, time for them to say so.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+from ddpdoctor.monitor.follow.liveness import is_local
+from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED
+from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
+from ddpdoctor.monitor.model.snapshot import Snapshot
+
+# A rank of another host is refused when its node's launcher has not counted it among its ranks
+# this long after its hello was read here (a launcher publishes its ranks every second).
+VOUCH_GRACE_S = 10.0
+
+
+def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
+    """How the other nodes' parts ended, as their launchers' records and the summaries
+    that stopped coming tell it (ddpdoctor.monitor.judge.node_ends)."""
+    silent = {
+        node: now - seen.changed_t
+        for node, seen in monitor.merge.feed.seen.items()
+        if seen.changed_t is not None
+    }
+    held = monitor._held
+    own_problem = bool(
+        held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
+    )
+    told = across_nodes(
+        snap,
+        monitor.nodes,
+        {view.rank: monitor.state.node_of(view.rank) for view in snap.ranks},
+        silent,
+        own_node=monitor.node_rank,
+        held_problem=own_problem,
+    )
+    if own_problem and told is not snap and told.findings[0].id == "node.lost":
+        # the problem the job was stopped for was the lost host's: so says diagnosis.json's
+        # stopped_for, which later watchers hold
+        monitor._held = replace(held, culprits=told.culprits, findings=told.findings[:1])
+    return told
+
+
+def await_nodes(monitor: Any) -> None:
+    """Before the final word of a job over several nodes: give the other nodes' launchers
+    time to record their end (a healthy job's do within a second or two), so that a node
+    whose launcher is silent is known lost, not guessed. Bounded by LOST_AFTER_S."""
+    if len(monitor.nodes) < 2:
+        return
+    deadline = time.monotonic() + LOST_AFTER_S + 1.0
+    while time.monotonic() < deadline:
+        monitor.node_watch.due_now()
+        monitor._poll()
+        pending = [
+            node
+            for node, record in monitor.nodes.items()
+            if node != monitor.node_rank and not record.ended and record.stopped_for is None
+        ]
+        seen = monitor.merge.feed.seen
+        now = monitor.clock()
+        if all(
+            node in seen
+            and seen[node].changed_t is not None
+            and now - seen[node].changed_t >= LOST_AFTER_S
+            for node in pending
+        ):
+            return
+        time.sleep(0.5)
+
+
+def check_disk(monitor: Any, now: float, final: bool) -> None:
+    """Whether the ranks' events can be written, before the ranks are judged: a rank seen
+    gone without its exit event is looked at at once (was it the disk that kept it out?)."""
+    ranks, alive = monitor.state.ranks, monitor.state.alive
+    steps = [t.step for t in ranks.values() if t.step is not None]
+    vanished = any(alive.get(r) is False and t.exit_code is None for r, t in ranks.items())
+    monitor.disk.check(now, max(steps, default=None), force=final or vanished)
+    monitor.state.set_events_lost(monitor.disk.events_lost)
+
+
+def vouch(monitor: Any) -> None:
+    """Vouch for the ranks of this host while the job runs here: a launcher of the run
+    (until its job has ended), or a watcher that sees one of the run's ranks alive here."""
+    launcher = launcher_pids(monitor)
+    if monitor.job_ended or not (os.getpid() in launcher or True in monitor.state.alive.values()):
+        return
+    here = monitor._local_hosts
+    monitor.vouching.look(
+        monitor.state,
+        lambda host: here.get(host) or is_local(host, monitor.local_host),
+        roots=launcher,
+        remote=functools.partial(vouched_by_node, monitor) if len(monitor.nodes) > 1 else None,
+    )
+
+
+def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:
+    """A rank of another host, in a job whose launchers ddpdoctor started on every node: its
+    parent must be a node's torchrun (host and pid, that node's record), and that node's
+    launcher must count it among its ranks (its summary) within VOUCH_GRACE_S of its hello
+    being read here."""
+    records = monitor.nodes
+    if len(records) < (monitor.state.info.nnodes or 0) or any(
+        r.torchrun_pid is None for r in records.values()
+    ):
+        return PENDING  # not every launcher has recorded its torchrun yet
+    node = next(
+        (n for n, r in records.items() if (r.host, r.torchrun_pid) == (tracker.host, tracker.ppid)),
+        None,
+    )
+    if node is None:
+        return (
+            f"its parent (pid {tracker.ppid} on {tracker.host}) is no node's torchrun: no "
+            "launcher of the job started it"
+        )
+    seen = monitor.merge.feed.seen.get(node)
+    if seen is not None and rank in seen.ranks:
+        return VOUCHED
+    first = monitor._pending_since.setdefault(rank, monitor.clock())
+    if seen is not None and monitor.clock() - first > VOUCH_GRACE_S:
+        return f"node {node}'s launcher ({records[node].host}) does not count it among its ranks"
+    return PENDING
+
+
+def launcher_pids(monitor: Any) -> set[int]:
+    """The pids of the run's launchers on this host (run.json's, the node records')."""
+    pids = {r.launcher_pid for r in monitor.nodes.values() if is_local(r.host, monitor.local_host)}
+    pid = monitor._launcher_pid
+    if pid is None:
+        data = monitor.run.read_run_json()
+        found, hosts = data.get("launcher_pid"), data.get("hosts")
+        host = hosts[0] if isinstance(hosts, list) and hosts else None
+        local = isinstance(host, str) and is_local(host, monitor.local_host)
+        pid = monitor._launcher_pid = found if type(found) is int and local else 0
+    return {p for p in (*pids, pid) if isinstance(p, int) and p > 0}

@@ -1,0 +1,123 @@
+"""One story across nodes (ddpdoctor.monitor.judge.node_ends): how another node's part ended,
+as its launcher's record and its silence tell it, on snapshots of a two-node job (rank 0 on h1,
+node 0; rank 1 on h2, node 1)."""
+
+from __future__ import annotations
+
+from ddpdoctor.monitor.judge.diagnose import apply_diagnosis, diagnose
+from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.protocol.node_records import (
+    STOPPED_INTERRUPTED,
+    STOPPED_LAUNCHER_KILLED,
+    NodeRecord,
+)
+from tests.unit.monitor.test_monitor_builders import NOW, snap, view, waiting
+
+RESET = "RuntimeError: [pair.cc:545] Read error [198.18.0.12]:4242: Connection reset by peer"
+NODE_OF = {0: 0, 1: 1}
+
+
+def nodes(**node1) -> dict[int, NodeRecord]:
+    return {
+        0: NodeRecord(0, "h1", 100, torchrun_pid=101),
+        1: NodeRecord(1, "h2", 200, torchrun_pid=201, **node1),
+    }
+
+
+def judged(ranks) -> Snapshot:
+    s = snap(ranks)
+    return apply_diagnosis(s, diagnose(s), detected_after_s=None)
+
+
+def survivor_reset() -> Snapshot:
+    """rank 0 (h1) failed on a gloo reset; rank 1 (h2) silent since its last summary."""
+    failed = view(0, RankState.FAILED, host="h1", error=RESET, exit_code=1, failed_t=NOW - 1)
+    silent = view(1, RankState.STALLED, host="h2", heartbeat_age_s=8.0, alive=None)
+    return judged([failed, silent])
+
+
+def test_today_the_survivor_is_blamed():
+    s = survivor_reset()
+    assert s.verdict is Verdict.CRASH and s.culprits == {0}
+
+
+def test_a_host_silent_with_its_ranks_is_lost_and_its_rank_the_culprit():
+    s = across_nodes(survivor_reset(), nodes(), NODE_OF, {1: 9.0}, own_node=0)
+    assert s.verdict is Verdict.CRASH and s.culprits == {1}
+    lost = s.findings[0]
+    assert lost.id == "node.lost" and lost.summary.startswith("host h2 lost: node 1's launcher")
+    assert "last heard from at" in lost.summary and "(9 s ago)" in lost.summary
+    (after,) = [f for f in s.findings if f.id == "crash.consequence"]
+    assert after.ranks == (0,) and "the loss of h2" in after.summary
+
+
+def test_not_lost_while_its_summaries_come_or_once_it_recorded_an_end():
+    base = survivor_reset()
+    assert across_nodes(base, nodes(), NODE_OF, {1: LOST_AFTER_S - 1}, own_node=0) is base
+    ended = nodes(ended_t=NOW - 2)
+    assert across_nodes(base, ended, NODE_OF, {1: 30.0}, own_node=0) is base
+
+
+def test_a_launcher_silent_while_its_ranks_still_write_is_no_lost_host():
+    failed = view(0, RankState.FAILED, host="h1", error=RESET, exit_code=1)
+    writing = view(1, RankState.RUNNING, host="h2", heartbeat_age_s=0.5, alive=None)
+    base = judged([failed, writing])
+    assert across_nodes(base, nodes(), NODE_OF, {1: 30.0}, own_node=0) is base
+
+
+def test_a_rank_that_raised_its_own_error_stays_the_culprit():
+    own = view(0, RankState.FAILED, host="h1", error="ValueError: bad batch", exit_code=1)
+    silent = view(1, RankState.STALLED, host="h2", heartbeat_age_s=8.0, alive=None)
+    base = judged([own, silent])
+    assert across_nodes(base, nodes(), NODE_OF, {1: 30.0}, own_node=0).culprits == {0}
+
+
+def test_a_running_job_is_never_made_a_problem():
+    base = judged([view(0, host="h1"), view(1, host="h2", heartbeat_age_s=9.0, alive=None)])
+    assert base.verdict is Verdict.RUNNING
+    assert across_nodes(base, nodes(), NODE_OF, {1: 30.0}, own_node=0) is base
+
+
+def test_a_hang_with_no_culprit_and_a_silent_host_names_the_host():
+    a = waiting(0, 50, 40.0, host="h1")
+    b = waiting(1, 50, 40.0, host="h2", heartbeat_age_s=12.0, alive=None)
+    base = snap([a, b], verdict=Verdict.HANG)
+    s = across_nodes(base, nodes(), NODE_OF, {1: 12.0}, own_node=0)
+    assert s.verdict is Verdict.HANG and s.culprits == {1} and s.findings[0].id == "node.lost"
+
+
+def test_a_killed_launcher_is_named_and_the_job_interrupted_not_crashed():
+    gone = view(1, RankState.FAILED, host="h2", exit_code=-15, exit_signal="SIGTERM", alive=None)
+    failed = view(0, RankState.FAILED, host="h1", error=RESET, exit_code=1)
+    base = judged([failed, gone])
+    assert base.verdict is Verdict.CRASH and base.culprits  # a rank blamed, today
+    killed = nodes(stopped_for=STOPPED_LAUNCHER_KILLED, ended_t=NOW)
+    s = across_nodes(base, killed, NODE_OF, {}, own_node=0)
+    assert s.verdict is Verdict.INTERRUPTED and not s.culprits
+    first = s.findings[0]
+    assert first.id == "node.launcher_killed" and "node 1's launcher" in first.summary
+    assert "on h2, pid 200" in first.summary and first.ranks == (1,)
+    assert not [f for f in s.findings if f.id in ("crash", "died", "crash.consequence")]
+
+
+def test_ctrl_c_on_another_node_is_the_same_interruption_on_this_one():
+    gone = view(1, RankState.FAILED, host="h2", exit_code=-2, exit_signal="SIGINT", alive=None)
+    failed = view(0, RankState.FAILED, host="h1", error=RESET, exit_code=1)
+    s = across_nodes(
+        judged([failed, gone]), nodes(stopped_for=STOPPED_INTERRUPTED), NODE_OF, {}, own_node=0
+    )
+    assert s.verdict is Verdict.INTERRUPTED
+    assert s.findings[0].id == "node.interrupted" and "on node 1 (h2)" in s.findings[0].summary
+
+
+def test_a_problem_this_launcher_stopped_the_job_for_stands():
+    base = survivor_reset()
+    held = across_nodes(
+        base, nodes(stopped_for=STOPPED_LAUNCHER_KILLED), NODE_OF, {}, own_node=0,
+        held_problem=True,
+    )  # fmt: skip
+    assert held is base
+    # ... but a crash it stopped the job for that only echoed a peer is the lost host's
+    lost = across_nodes(base, nodes(), NODE_OF, {1: 17.0}, own_node=0, held_problem=True)
+    assert lost.culprits == {1} and lost.findings[0].id == "node.lost"

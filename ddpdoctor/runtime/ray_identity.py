@@ -87,9 +87,12 @@ def _text(value: Any) -> str | None:
 
 
 def _actor_class(ctx: Any) -> str | None:
-    """The actor's class name (Ray Train's workers: "RayTrainWorker")."""
+    """The actor's class name (Ray Train's workers: "RayTrainWorker"), from the actor's own
+    handle; None outside an actor."""
     try:
-        info = ctx.get_actor_class_name() if hasattr(ctx, "get_actor_class_name") else None
+        if getattr(ctx, "get_actor_id", lambda: None)() is None:
+            return None
+        descriptor = getattr(ctx.current_actor, "_ray_actor_creation_function_descriptor", None)
+        return _text(getattr(descriptor, "class_name", None))
     except Exception:  # noqa: BLE001
-        info = None
-    return _text(info)
+        return None

@@ -18,6 +18,7 @@ other ranks' error lines go to stderr; the exit code is rank 0's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import subprocess
@@ -34,7 +35,8 @@ from ddpdoctor.exit_codes import ExitCode
 LAUNCHED_BY_VAR = "DDPDOCTOR_LAUNCHED_BY"  # "ray": the report names Ray as the launcher
 FORWARDED_PREFIXES = ("NCCL_", "GLOO_")
 START_SLACK_S = 60.0  # a task's start and torch's import, on top of --timeout
-CONNECT_SLACK_S = 20.0  # joining the cluster (a local one started), on top of --timeout
+LINE_WAIT_S = 30.0  # the most a node's task waits for the others' to start
+CONNECT_SLACK_S = 60.0  # joining the cluster (or starting a local one), on top of --timeout
 OUTPUT_CAP = 1 << 20  # bytes of a rank's stdout or stderr kept
 
 
@@ -122,8 +124,39 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def doctor_here(argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """A Ray task: `ddpdoctor ARGV` on this node, its output and exit code."""
+class StartLine:
+    """A Ray actor every node's task checks in with before it starts its doctor: Ray starts a
+    worker for each task when it can, seconds apart on a busy cluster, and the doctor's clock
+    (--timeout) must start on every node at about the same time."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.arrived = 0
+
+    def arrive(self) -> None:
+        self.arrived += 1
+
+    def all_here(self) -> bool:
+        return self.arrived >= self.expected
+
+
+def doctor_here(
+    argv: list[str], env: dict[str, str], timeout_s: float, line: Any = None
+) -> dict[str, Any]:
+    """A Ray task: `ddpdoctor ARGV` on this node (once every node's task has started, or after
+    `timeout_s`), its output and exit code."""
+    if line is not None:
+        import time
+
+        import ray
+
+        with contextlib.suppress(Exception):
+            deadline = time.monotonic() + LINE_WAIT_S
+            ray.get(line.arrive.remote(), timeout=LINE_WAIT_S)
+            while not ray.get(line.all_here.remote(), timeout=LINE_WAIT_S):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
     cmd = [sys.executable, "-m", "ddpdoctor", *argv]
     proc = subprocess.Popen(  # our own module, by the worker's own Python
         cmd,
@@ -154,25 +187,26 @@ def main(args: argparse.Namespace) -> int:
     wait_s = float(args.timeout) + START_SLACK_S
     _connect(ray, address, float(args.timeout) + CONNECT_SLACK_S)
     try:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         nodes = cluster_nodes(ray.nodes(), ray.get_runtime_context().get_node_id())
         if not nodes:
             raise RayClusterError(f"the Ray cluster at {address or 'auto'} has no alive node")
 
         def on(node: RayNode) -> dict[str, Any]:
-            strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-            return {"scheduling_strategy": strategy, "num_cpus": 0, "num_gpus": node.gpus}
+            return {**_on_node(node), "num_cpus": 0, "num_gpus": node.gpus}
 
         port = _get(ray, ray.remote(free_port).options(**on(nodes[0])).remote(), wait_s, nodes[0])
         task = ray.remote(doctor_here)
+        line = ray.remote(num_cpus=0)(StartLine).options(**_on_node(nodes[0])).remote(len(nodes))
         refs = [
             task.options(**on(node)).remote(
-                doctor_argv(args, rank0=rank == 0), node_env(rank, nodes, port), wait_s
+                doctor_argv(args, rank0=rank == 0), node_env(rank, nodes, port), wait_s, line
             )
             for rank, node in enumerate(nodes)
         ]
-        results = [_get(ray, ref, wait_s + 10, node) for ref, node in zip(refs, nodes, strict=True)]
+        results = [
+            _get(ray, ref, wait_s + LINE_WAIT_S + 10, node)
+            for ref, node in zip(refs, nodes, strict=True)
+        ]
     finally:
         ray.shutdown()
     return _emit(results, nodes)
@@ -191,6 +225,12 @@ def _emit(results: list[dict[str, Any]], nodes: Sequence[RayNode]) -> int:
     sys.stdout.flush()
     code = results[0]["code"]
     return int(ExitCode.PROBLEMS) if code is None else int(code)
+
+
+def _on_node(node: RayNode) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False)}
 
 
 def _label(node: RayNode) -> str:

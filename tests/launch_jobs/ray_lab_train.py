@@ -3,14 +3,16 @@ TorchTrainer with two CPU workers (gloo), the model through prepare_model, one r
 `placement_strategy="STRICT_SPREAD"` puts the two workers on two different nodes. The cluster
 comes from RAY_ADDRESS (`ray.init()` joins it).
 
-    python ray_lab_train.py [healthy|stall|sigkill] [STEPS]
+    python ray_lab_train.py [healthy|stall|sigkill] [STEPS] [HOST]
 
-stall: worker 1 sleeps in the training function at step 5; sigkill: worker 1 kills itself with
-SIGKILL at step 5 (as the OOM killer would).
+stall: the worker on HOST (default: worker 1) sleeps in the training function at step 5;
+sigkill: it kills itself with SIGKILL at step 5 (as the OOM killer would). Ray Train numbers its
+workers itself, so HOST says which one is the culprit.
 """
 
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -25,6 +27,7 @@ from torch import nn
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "healthy"
 STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+HOST = sys.argv[3] if len(sys.argv) > 3 else None
 
 
 def train_func(config):
@@ -34,15 +37,17 @@ def train_func(config):
     loss_fn = nn.MSELoss()
     rank = ray.train.get_context().get_world_rank()
     torch.manual_seed(rank)
+    host = config["host"]
+    culprit = socket.gethostname() == host if host else rank == 1
     for step in range(config["steps"]):
         inputs, targets = torch.randn(32, 16), torch.randn(32, 1)
         loss = loss_fn(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if config["mode"] == "stall" and rank == 1 and step == 5:
+        if config["mode"] == "stall" and culprit and step == 5:
             time.sleep(3600)  # planted fault
-        if config["mode"] == "sigkill" and rank == 1 and step == 5:
+        if config["mode"] == "sigkill" and culprit and step == 5:
             os.kill(os.getpid(), signal.SIGKILL)  # planted fault
         ray.train.report({"loss": loss.item(), "step": step})
 
@@ -51,7 +56,7 @@ if __name__ == "__main__":
     ray.init()
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"steps": STEPS, "mode": MODE},
+        train_loop_config={"steps": STEPS, "mode": MODE, "host": HOST},
         scaling_config=ScalingConfig(
             num_workers=2, use_gpu=False, placement_strategy="STRICT_SPREAD"
         ),

@@ -112,12 +112,15 @@ def contract_of_root(state: Any, module: Any) -> list[fingerprint.Entry]:
 
 
 def members_of(state: Any) -> list[int] | None:
-    """The global ranks of the root's mesh (the ranks it shards and replicates over)."""
-    group = state._fsdp_param_group
-    if group is None:
-        return None
-    mesh = group.mesh_info.mesh
-    return sorted(int(r) for r in mesh.mesh.flatten().tolist())
+    """The global ranks of the root's mesh (the ranks it shards and replicates over): its own
+    unit's, or, for a root left without parameters of its own, its first unit's."""
+    groups = [state._fsdp_param_group] + [
+        group for st in state._state_ctx.all_states for group in st._fsdp_param_groups
+    ]
+    for group in groups:
+        if group is not None:
+            return sorted(int(r) for r in group.mesh_info.mesh.mesh.flatten().tolist())
+    return None
 
 
 def on_root_forward(rt: core.Runtime, state: Any, module: Any, args: Any, kwargs: Any) -> None:

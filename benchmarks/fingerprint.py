@@ -53,13 +53,15 @@ def compare_once(
     """Every rank but the last publishes (untimed); the last builds its contract and compares."""
     world = len(stores)
     for rank in range(world - 1):
-        fingerprint.exchange_on(stores[rank], rank, world, label, "model", contract(model), 0.0)
+        fingerprint.exchange_on(
+            stores[rank], rank, range(world), label, "model", contract(model), 0.0
+        )
     if differ:
         first = next(iter(model.parameters()))
         first.requires_grad_(False)
     t0, c0 = time.perf_counter(), time.thread_time()
     message = fingerprint.exchange_on(
-        stores[-1], world - 1, world, label, "model", contract(model), 0.0
+        stores[-1], world - 1, range(world), label, "model", contract(model), 0.0
     )
     elapsed = time.perf_counter() - t0
     CPU.append(time.thread_time() - c0)

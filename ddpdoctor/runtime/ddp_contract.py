@@ -58,7 +58,13 @@ def check(ddp: Any, rt: core.Runtime) -> None:
     ddp.__dict__[DONE_ATTR] = True
     where = ddp.__dict__.get(SITE_ATTR)
     title = f"the DDP model made at {fingerprint.place(where)}"
-    fingerprint.compare(rt, "ddp", title, contract_of(ddp))
+    fingerprint.compare(rt, "ddp", title, contract_of(ddp), members_of(ddp))
+
+
+def members_of(ddp: Any) -> list[int] | None:
+    """The global ranks of the DDP model's process group (None: the whole world)."""
+    group = GROUPS.describe(ddp.process_group)
+    return sorted(group.ranks) if group is not None and group.ranks is not None else None
 
 
 def sync_desc(ddp: Any) -> CollectiveDesc | None:

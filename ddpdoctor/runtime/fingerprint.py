@@ -84,18 +84,30 @@ def place(where: Where | None) -> str:
     return f"{file.replace(chr(92), '/').rpartition('/')[2]}:{line} ({function})"
 
 
-def exchange(rt: core.Runtime, label: str, title: str, entries: Sequence[Entry]) -> str | None:
-    """Publish this rank's contract over the default process group's store; the last rank to
-    arrive compares. Returns the mismatch message this rank wrote (None: no difference, or not
-    the last rank to arrive, or no process group)."""
+def exchange(
+    rt: core.Runtime,
+    label: str,
+    title: str,
+    entries: Sequence[Entry],
+    members: Sequence[int] | None = None,
+) -> str | None:
+    """Publish this rank's contract over the default process group's store; the last of
+    `members` (global ranks: the ranks the model synchronizes with; None: every rank) to arrive
+    compares. Returns the mismatch message this rank wrote (None: no difference, not the last
+    to arrive, or no process group)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     if not dist.is_initialized():
         return None
     store = c10d._get_default_store()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    message = exchange_on(store, rank, world, label, title, entries, rt.wall_clock())
+    rank = dist.get_rank()
+    ranks = list(members) if members is not None else list(range(dist.get_world_size()))
+    if rank not in ranks:
+        return None
+    if members is not None:  # ranks of another group compare their own contracts apart
+        label += "/g" + hashlib.sha1(str(ranks).encode(), usedforsecurity=False).hexdigest()[:8]
+    message = exchange_on(store, rank, ranks, label, title, entries, rt.wall_clock())
     if message is not None:
         named = message.rpartition("[culprits ")[2].partition(";")[0].split(",")
         culprits = [int(r) for r in named if r.isdigit()]
@@ -106,7 +118,7 @@ def exchange(rt: core.Runtime, label: str, title: str, entries: Sequence[Entry])
 def exchange_on(
     store: Any,
     rank: int,
-    world: int,
+    members: Sequence[int],
     label: str,
     title: str,
     entries: Sequence[Entry],
@@ -119,13 +131,14 @@ def exchange_on(
     prefix = f"{PREFIX}{label}/"
     store.set(f"{prefix}e/{rank}", encode(entries))
     store.set(f"{prefix}d/{rank}", mine)
+    world = len(members)
     if int(store.add(f"{prefix}n", 1)) != world or world < 2:
         return None
-    digests = [b.decode() for b in store.multi_get([f"{prefix}d/{r}" for r in range(world)])]
+    digests = [b.decode() for b in store.multi_get([f"{prefix}d/{r}" for r in members])]
     if all(d == mine for d in digests):
         return None
     sides: dict[str, list[int]] = {}
-    for r, d in enumerate(digests):
+    for r, d in zip(members, digests, strict=True):
         sides.setdefault(d, []).append(r)
     reference = max(sides, key=lambda d: (len(sides[d]), d == digests[0]))
     ref_entries = _entries(store, f"{prefix}e/{sides[reference][0]}")
@@ -207,12 +220,18 @@ def describe_difference(
     return f"{mine} and {theirs} list the same entries in another order", None, None
 
 
-def compare(rt: core.Runtime | None, kind: str, title: str, entries: Sequence[Entry]) -> None:
+def compare(
+    rt: core.Runtime | None,
+    kind: str,
+    title: str,
+    entries: Sequence[Entry],
+    members: Sequence[int] | None = None,
+) -> None:
     """exchange(), never raising: the contract is a check, never a reason to stop training."""
     if rt is None:
         return
     try:
-        exchange(rt, next_label(kind), title, entries)
+        exchange(rt, next_label(kind), title, entries, members)
     except Exception:  # noqa: BLE001
         pass
 

@@ -111,6 +111,18 @@ def contract_of_root(state: Any, module: Any) -> list[fingerprint.Entry]:
     return entries
 
 
+def members_of(state: Any) -> list[int] | None:
+    """The global ranks of the root's mesh (the ranks it shards and replicates over): its own
+    unit's, or, for a root left without parameters of its own, its first unit's."""
+    groups = [state._fsdp_param_group] + [
+        group for st in state._state_ctx.all_states for group in st._fsdp_param_groups
+    ]
+    for group in groups:
+        if group is not None:
+            return sorted(int(r) for r in group.mesh_info.mesh.mesh.flatten().tolist())
+    return None
+
+
 def on_root_forward(rt: core.Runtime, state: Any, module: Any, args: Any, kwargs: Any) -> None:
     import torch
 
@@ -123,7 +135,7 @@ def on_root_forward(rt: core.Runtime, state: Any, module: Any, args: Any, kwargs
         cls = type(module)
         name = cls.__bases__[-1].__name__ if cls.__name__.startswith("FSDP") else cls.__name__
         title = f"the FSDP model {name} (fully_shard at {fingerprint.place(where)})"
-        fingerprint.compare(rt, "fsdp", title, contract_of_root(state, module))
+        fingerprint.compare(rt, "fsdp", title, contract_of_root(state, module), members_of(state))
     if torch.is_grad_enabled():
         training = module.training
         if training and rt.auto_phase and rt.phase != core.AUTO_TRAIN:

@@ -35,7 +35,7 @@ def run(stores, contracts, label="m1"):
     out = None
     for rank, contract in enumerate(contracts):
         out = fingerprint.exchange_on(
-            stores[rank], rank, len(contracts), label, "the model", contract, 5.0
+            stores[rank], rank, range(len(contracts)), label, "the model", contract, 5.0
         )
         if rank < len(contracts) - 1:
             assert out is None  # only the last to arrive compares
@@ -87,3 +87,13 @@ def test_contract_text_round_trips_through_the_store_encoding(stores):
     contract = [*entries(nn.Linear(2, 2)), ("mesh", "cpu mesh [2] dims dp", None)]
     stores[0].set("k", fingerprint.encode(contract))
     assert fingerprint._entries(stores[0], "k") == contract
+
+
+def test_a_group_of_ranks_compares_apart_and_names_its_global_ranks(stores):
+    healthy, frozen = nn.Linear(3, 2), nn.Linear(3, 2)
+    frozen.weight.requires_grad_(False)
+    members = [1, 3]  # one data-parallel group of two: global ranks 1 and 3
+    first = fingerprint.exchange_on(stores[0], 1, members, "g", "m", entries(healthy), 0.0)
+    last = fingerprint.exchange_on(stores[1], 3, members, "g", "m", entries(frozen), 0.0)
+    assert first is None and last is not None
+    assert "rank 3 [2, 3] float32 frozen, rank 1" in last and "[culprits 3;" in last

@@ -302,6 +302,7 @@ class Monitor:
             steps = [view.step for view in snap.ranks if view.step is not None]
             self.disk.check(now, max(steps, default=None), force=final)
         extra.extend(self.disk.findings())
+        extra.extend(self.network.findings(snap))
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = diagnose(snap, extra_findings=extra, held=self._held)

@@ -170,6 +170,9 @@ def launch(job: Job, cache: Path) -> None:
                 except subprocess.TimeoutExpired:
                     out, err = "", f"launcher still running after {LAUNCH_TIMEOUT_S} s"
                 job.nodes.append(Finished(proc.returncode, out, err, 0.0))
+                # kept beside the run, for reading after the test (docs/network-hangs.md)
+                host = f"h{len(job.nodes)}"
+                (job.tmp / f"{job.name}.{host}.out").write_text(out + err)
         finally:
             undo_fault(job)
 

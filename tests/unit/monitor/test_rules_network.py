@@ -34,6 +34,11 @@ def stalled(rank: int, host: str, for_s: float = 10.0):
 def test_both_ways_cut_names_the_pair_the_connection_and_the_probe():
     out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=looks("cut-both")))
     assert out is not None and out.verdict is Verdict.HANG and out.confirmed and not out.culprits
+    # before twice the threshold the job is not stopped yet: a link may come back
+    early = network.detect(
+        snap([stalled(0, "h1", 7.0), stalled(1, "h2", 7.0)], network=looks("cut-both"))
+    )
+    assert early is not None and early.verdict is Verdict.HANG and not early.confirmed
     summary = out.findings[0].summary
     assert "the link between h1 and h2 carries nothing in either direction" in summary
     assert "queued on rank 0's connection to 198.19.77.12" in summary

@@ -41,7 +41,8 @@ class NetworkFollow:
         if self.watch is None or snap is None or snap.thresholds is None:
             return
         own_views = [v for v in snap.ranks if v.rank in own]
-        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s)
+        hosts = {v.host for v in snap.ranks if v.host}
+        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s, hosts)
 
     def read(self, snap: Snapshot, nodes: Iterable[int], now: float) -> tuple[NodeNetwork, ...]:
         """The nodes' latest looks: at every poll while every rank stalls, else every

@@ -136,3 +136,14 @@ def test_with_one_node_look_the_peer_is_named_by_the_names_it_resolved():
     out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=only_h2))
     assert out is not None
     assert "the link between h1 and h2" in out.findings[0].summary
+
+
+def test_a_peer_named_by_this_hosts_resolver_before_its_own_look_comes():
+    h1 = looks("cut-both")[0]
+    peer = NameView("h2", "a host of the job", None, ("198.19.77.12",), None, 0.0)
+    alone = (replace(h1, names=(*h1.names, peer)),)
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=alone))
+    assert out is not None
+    assert "the link between h1 and h2 carries nothing" in out.findings[0].summary
+    assert "a probe from h1 to h2 times out" in out.findings[0].summary
+    assert network.name_changes(alone) == []  # a peer's name is no name of the job's to watch

@@ -25,7 +25,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,11 +185,12 @@ class NetWatch:
         pids: Mapping[int, int],
         now: float,
         hang_after_s: float,
-        hosts: Iterable[str] = (),
+        hosts: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         """Called at every poll with this node's rank views and pids (rank -> pid): starts a
         look when every one of them has made no progress for `hang_after_s`, or the names'
-        check when it is due; never waits for either."""
+        check when it is due; never waits for either. `hosts`: the job's hosts, asked only
+        for a look."""
         if self._thread is not None and self._thread.is_alive():
             return
         views = [v for v in views if v.rank in pids]
@@ -205,7 +206,7 @@ class NetWatch:
         if self._looked_t is not None and now - self._looked_t < LOOK_EVERY_S:
             return
         self._looked_t = now
-        others = sorted({h for h in hosts if h and h != self.host})[:MAX_PEERS]
+        others = sorted({h for h in hosts() if h and h != self.host})[:MAX_PEERS]
         self._start(lambda: self._look(dict(pids), now, stalled_s, others))
 
     def _start(self, target) -> None:

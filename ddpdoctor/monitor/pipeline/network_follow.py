@@ -37,12 +37,14 @@ class NetworkFollow:
     def observe(self, snap: Snapshot | None, own: Mapping[int, int], now: float) -> None:
         """After a poll: a look when this node's ranks all stalled (never waits for it)."""
         if self.startup is not None and snap is not None:
-            self.startup.observe(no_rank_started(snap), snap.elapsed_s)
+            if no_rank_started(snap):
+                self.startup.observe(True, snap.elapsed_s)
+            else:
+                self.startup = None  # a rank started: the names got it there, no more to say
         if self.watch is None or snap is None or snap.thresholds is None:
             return
         own_views = [v for v in snap.ranks if v.rank in own]
-        hosts = {v.host for v in snap.ranks if v.host}
-        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s, hosts)
+        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s, lambda: _hosts(snap))
 
     def read(self, snap: Snapshot, nodes: Iterable[int], now: float) -> tuple[NodeNetwork, ...]:
         """The nodes' latest looks: at every poll while every rank stalls, else every
@@ -63,3 +65,7 @@ class NetworkFollow:
 
 def no_rank_started(snap: Snapshot) -> bool:
     return all(v.state is RankState.STARTING for v in snap.ranks)
+
+
+def _hosts(snap: Snapshot) -> set[str]:
+    return {v.host for v in snap.ranks if v.host}

@@ -249,6 +249,7 @@ def test_an_interface_taken_down_is_named_with_its_host(jobs):
     job = jobs["interface-down"]
     summary = job.finding("network.link")["summary"]
     assert f"h2's {job.iface} ({job.addr('h2')}) is down" in summary, summary
+    assert "→" not in summary  # no direction claimed from counters the kernel stopped
 
 
 def test_a_name_changed_mid_run_is_named_before_and_after_and_the_job_is_not_stopped(jobs):

@@ -147,3 +147,15 @@ def test_a_peer_named_by_this_hosts_resolver_before_its_own_look_comes():
     assert "the link between h1 and h2 carries nothing" in out.findings[0].summary
     assert "a probe from h1 to h2 times out" in out.findings[0].summary
     assert network.name_changes(alone) == []  # a peer's name is no name of the job's to watch
+
+
+def test_an_interface_down_claims_no_direction_from_the_counters():
+    reports = list(looks("interface-down"))
+    # as at the stop: h2's segments counted out, none of them in at h1
+    h2 = reports[1]
+    links = tuple(replace(link, segs_out=(link.segs_out or 0) + 900) for link in h2.links)
+    reports[1] = replace(h2, links=links)
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=tuple(reports)))
+    assert out is not None
+    summary = out.findings[0].summary
+    assert "→" not in summary and "the link between h1 and h2 carries nothing" in summary

@@ -193,7 +193,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     first = directions[0] if directions else None
     parts = [f"hang: every rank waits in {what} ({fmt_s(stalled_s)} without progress)"]
     if first is not None:
-        one_way = _one_way(first, pairs)
+        # with an interface down, counters stop where the kernel stops sending: no direction
+        one_way = _one_way(first, pairs) if not down else None
         if one_way is not None:
             link = f"the link {one_way[0]} → {one_way[1]} carries nothing ({one_way[1]} → {one_way[0]} does)"
         else:

@@ -82,7 +82,12 @@ def main() -> None:
         run = RunDir.create(Path(tmp) / "run")
         write_run(run)
         monitor = Monitor(
-            run, capture_stacks=False, explain_logs=False, node_rank=0, hang_after=5.0
+            run,
+            capture_stacks=False,
+            explain_logs=False,
+            node_rank=0,
+            hang_after=5.0,
+            launcher=True,
         )
         on, off = monitor.network, Off()
         step = 0

@@ -1,9 +1,11 @@
 """What the network checks cost a healthy job: node 0's launcher of a 2-node job with 8 ranks
 on this node, its ranks training (a step and a heartbeat per rank between polls), polled as the
-launcher polls. Each pair of polls runs one poll with the network side as shipped and one with it
-switched off (no looks, no reads of the nodes' looks), in alternating order; the ratio of their
-CPU times (process CPU: the network side's threads included) is printed as median and spread over the pairs, with the looks taken and the probes
-sent (both must be 0: they run only after every rank of a node stalled past the threshold).
+launcher polls. Each round runs one poll with the network side as shipped and two with it
+switched off (no looks, no reads of the nodes' looks, no lookups of names), in alternating
+order; the ratio of their CPU times (process CPU: the network side's threads included) is
+printed as median and spread over the rounds, beside the two polls without it against each
+other (the machine's noise), with the looks taken and the probes sent (both
+must be 0: they run only after every rank of a node stalled past the threshold).
 
     python benchmarks/network_cost.py [--pairs 300]
 """
@@ -17,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -59,13 +62,16 @@ class Off:
     def read(self, *args) -> tuple:
         return ()
 
+    def findings(self, *args) -> list:
+        return []
+
     def wait(self, timeout_s: float) -> None:
         pass
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", type=int, default=300)
+    parser.add_argument("--pairs", type=int, default=300, help="rounds of three polls")
     args = parser.parse_args()
     probes = []
     real_probe_all = peer_probe.probe_all
@@ -76,7 +82,12 @@ def main() -> None:
         run = RunDir.create(Path(tmp) / "run")
         write_run(run)
         monitor = Monitor(
-            run, capture_stacks=False, explain_logs=False, node_rank=0, hang_after=5.0
+            run,
+            capture_stacks=False,
+            explain_logs=False,
+            node_rank=0,
+            hang_after=5.0,
+            launcher=True,
         )
         on, off = monitor.network, Off()
         step = 0
@@ -84,10 +95,11 @@ def main() -> None:
             step += 1
             advance(run, step)
             monitor.poll()
-        ratios, on_us, off_us = [], [], []
+        ratios, control, on_us, off_us = [], [], [], []
+        orders = (("on", "off", "off2"), ("off", "off2", "on"), ("off2", "on", "off"))
         for i in range(args.pairs):
             times = {}
-            for side in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            for side in orders[i % 3]:
                 monitor.network = on if side == "on" else off
                 step += 1
                 advance(run, step)
@@ -95,10 +107,20 @@ def main() -> None:
                 monitor.poll()
                 times[side] = time.process_time() - start
             ratios.append(times["on"] / times["off"])
+            control.append(times["off2"] / times["off"])  # the same poll twice: the noise
             on_us.append(times["on"] * 1e6)
             off_us.append(times["off"] * 1e6)
         monitor.network = on
-        states = {v.state.value for v in monitor.poll().ranks}
+        snap = monitor.poll()
+        own = monitor.own_ranks(snap)
+        nodes = {0, 1}
+        start = time.perf_counter()
+        for _ in range(2000):  # what the network side adds to one poll, alone
+            on.read(snap, nodes, snap.taken_t)
+            on.findings(snap)
+            on.observe(snap, own, snap.taken_t)
+        side_us = (time.perf_counter() - start) / 2000 * 1e6
+        states = Counter(v.state.value for v in monitor.poll().ranks)
         looks = on.watch.looks if on.watch is not None else 0
         names = on.watch._names if on.watch is not None else []
         start = time.perf_counter()
@@ -106,13 +128,20 @@ def main() -> None:
             on.watch._name_views() if on.watch is not None else None
         names_us = (time.perf_counter() - start) / 100 * 1e6
     q = statistics.quantiles(ratios, n=10)
-    print(f"ranks on this node: {RANKS} ({', '.join(sorted(states))}), pairs: {args.pairs}")
+    c = statistics.quantiles(control, n=10)
+    shown = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+    print(f"ranks: {shown} (node 1's 8 are not written here), pairs: {args.pairs}")
     print(f"poll CPU with the network side: median {statistics.median(on_us):.0f} us")
     print(f"poll CPU without it:            median {statistics.median(off_us):.0f} us")
     print(
         f"ratio with/without: median {statistics.median(ratios):.3f} "
         f"(p10 {q[0]:.3f}, p90 {q[-1]:.3f})"
     )
+    print(
+        f"control, without against without: median {statistics.median(control):.3f} "
+        f"(p10 {c[0]:.3f}, p90 {c[-1]:.3f})"
+    )
+    print(f"the network side alone, per poll: {side_us:.1f} us")
     print(f"looks at the sockets: {looks}; peer probes sent: {len(probes)}")
     print(
         f"the names' check ({', '.join(n for n, _ in names)}), every 15 s in a thread: "

@@ -8,6 +8,7 @@ layers: the plan from the flags, and the monitor, the text view and the TUI that
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from ddpdoctor.launch.launcher import Watchers, launch
 from ddpdoctor.launch.plan import plan_from_args
@@ -28,4 +29,5 @@ def watchers() -> Watchers:
 
         return run(*args, **kwargs)
 
-    return Watchers(monitor=Monitor, headless=HeadlessView, tui=run_tui)
+    # the launcher's monitor: it looks at its ranks' network (not a watcher's, from elsewhere)
+    return Watchers(monitor=partial(Monitor, launcher=True), headless=HeadlessView, tui=run_tui)

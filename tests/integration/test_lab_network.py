@@ -170,6 +170,9 @@ def launch(job: Job, cache: Path) -> None:
                 except subprocess.TimeoutExpired:
                     out, err = "", f"launcher still running after {LAUNCH_TIMEOUT_S} s"
                 job.nodes.append(Finished(proc.returncode, out, err, 0.0))
+                # kept beside the run, for reading after the test (docs/network-hangs.md)
+                host = f"h{len(job.nodes)}"
+                (job.tmp / f"{job.name}.{host}.out").write_text(out + err)
         finally:
             undo_fault(job)
 
@@ -246,6 +249,7 @@ def test_an_interface_taken_down_is_named_with_its_host(jobs):
     job = jobs["interface-down"]
     summary = job.finding("network.link")["summary"]
     assert f"h2's {job.iface} ({job.addr('h2')}) is down" in summary, summary
+    assert "→" not in summary  # no direction claimed from counters the kernel stopped
 
 
 def test_a_name_changed_mid_run_is_named_before_and_after_and_the_job_is_not_stopped(jobs):

@@ -25,7 +25,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ import psutil
 from ddpdoctor.monitor.follow import peer_probe, tcp_diag
 from ddpdoctor.monitor.model.network import (
     MAX_LINKS,
+    MAX_NAMES,
     LinkView,
     NameView,
     NodeNetwork,
@@ -179,11 +180,17 @@ class NetWatch:
     # -- the look -------------------------------------------------------------------------------
 
     def observe(
-        self, views: Iterable[Any], pids: Mapping[int, int], now: float, hang_after_s: float
+        self,
+        views: Iterable[Any],
+        pids: Mapping[int, int],
+        now: float,
+        hang_after_s: float,
+        hosts: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         """Called at every poll with this node's rank views and pids (rank -> pid): starts a
         look when every one of them has made no progress for `hang_after_s`, or the names'
-        check when it is due; never waits for either."""
+        check when it is due; never waits for either. `hosts`: the job's hosts, asked only
+        for a look."""
         if self._thread is not None and self._thread.is_alive():
             return
         views = [v for v in views if v.rank in pids]
@@ -199,7 +206,8 @@ class NetWatch:
         if self._looked_t is not None and now - self._looked_t < LOOK_EVERY_S:
             return
         self._looked_t = now
-        self._start(lambda: self._look(dict(pids), now, stalled_s))
+        others = sorted({h for h in hosts() if h and h != self.host})[:MAX_PEERS]
+        self._start(lambda: self._look(dict(pids), now, stalled_s, others))
 
     def _start(self, target) -> None:
         self._thread = threading.Thread(target=target, name="ddpdoctor-net", daemon=True)
@@ -210,7 +218,9 @@ class NetWatch:
         if thread is not None:
             thread.join(timeout_s)
 
-    def _look(self, pids: dict[int, int], now: float, stalled_s: float) -> None:
+    def _look(
+        self, pids: dict[int, int], now: float, stalled_s: float, hosts: Sequence[str] = ()
+    ) -> None:
         addresses = local_addresses()
         own = {a for a, _, _ in addresses}
         conns = tcp_diag.connections_of(list(pids.values()))
@@ -230,7 +240,14 @@ class NetWatch:
             for r in peer_probe.probe_all(_probe_targets(links, listening))
         ]
         names = self._name_views() if self._names else ()
-        self._write(self._report(now, stalled_s, links, probes, names, addresses))
+        # the other hosts' names as this host resolves them: the peers' addresses named even
+        # before their own looks come (only to name them; not compared over time)
+        known = {view.name for view in names}
+        for host in hosts:
+            if host not in known:
+                found, error, took = resolve(host)
+                names = (*names, NameView(host, "a host of the job", None, found, error, took))
+        self._write(self._report(now, stalled_s, links, probes, names[:MAX_NAMES], addresses))
 
     def _report(self, now, stalled_s, links, probes, names, addresses=None) -> NodeNetwork:
         return NodeNetwork(

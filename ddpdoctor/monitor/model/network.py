@@ -19,7 +19,7 @@ from ddpdoctor.protocol import jsontext
 SCHEMA_VERSION = 1
 MAX_LINKS = 64  # connections per node report
 MAX_PROBES = 32
-MAX_NAMES = 8
+MAX_NAMES = 24
 MAX_TEXT = 200
 
 

@@ -92,13 +92,16 @@ class Monitor:
         ask_remote: bool = True,
         gpu_probe: GpuProbe | None = None,
         follow_all_nodes: bool = False,
+        launcher: bool = False,
     ) -> None:
         """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
         ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
         of ranks this process cannot reach. `gpu_probe`: the GPU utilization of local ranks that
         others wait on (NVML by default; ddpdoctor.monitor.follow.host_probes). `follow_all_nodes`: a
         follower launcher whose view someone looks at reads every node's summary all along, as
-        node 0 does (NodeMerge), so that view shows every rank."""
+        node 0 does (NodeMerge), so that view shows every rank. `launcher`: this monitor is
+        `ddpdoctor run`'s, on the job's own host: it looks at its ranks' network when they
+        stall and at the names the launch needs (ddpdoctor.monitor.pipeline.network_follow)."""
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
         self.node_rank = node_rank
         self.clock = clock
@@ -160,7 +163,7 @@ class Monitor:
         self._launcher_pid: int | None = None  # run.json's launcher_pid (0: none), once read
         self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
         # a launcher's looks at its ranks' connections once they all stall; every node's read
-        self.network = NetworkFollow(self.run, node_rank, data, look=write_diagnosis)
+        self.network = NetworkFollow(self.run, node_rank, data, look=launcher)
         # which ranks are processes of the job (a file's word alone makes no rank)
         self.vouching = Vouching(self.run.path, self.run.events_file)
         self._pending_since: dict[int, float] = {}  # rank -> when its node was first asked
@@ -316,6 +319,7 @@ class Monitor:
         extra.extend(skipped_event_findings(self.state))
         extra.extend(self.vouching.findings(self.state.world_size))
         extra.extend(self.disk.findings())
+        extra.extend(self.network.findings(snap))
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = diagnose(snap, extra_findings=extra, held=self._held)

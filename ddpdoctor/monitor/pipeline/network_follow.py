@@ -7,10 +7,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.follow.net_watch import NetReports, NetWatch, job_names
+from ddpdoctor.monitor.follow.startup_names import StartupNames
 from ddpdoctor.monitor.judge.rules.network import symmetric_stall
 from ddpdoctor.monitor.model.network import NodeNetwork
-from ddpdoctor.monitor.model.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot
 from ddpdoctor.protocol.rundir import RunDir
 
 # While no stall asks for them, the nodes' files are read this often (a changed name).
@@ -24,21 +26,25 @@ class NetworkFollow:
     def __init__(
         self, run: RunDir, node_rank: int | None, run_json: Mapping[str, Any], *, look: bool
     ) -> None:
-        self.watch = (
-            NetWatch(run, node_rank, job_names(run_json, os.environ))
-            if look and node_rank is not None
-            else None
-        )
+        names = job_names(run_json, os.environ) if look else []
+        self.watch = NetWatch(run, node_rank, names) if look and node_rank is not None else None
+        # a launch where no rank starts: the names it needs (any launcher, one node or several)
+        self.startup = StartupNames(names) if look else None
         self.reports = NetReports(run)
         self._read_t: float | None = None
         self._latest: tuple[NodeNetwork, ...] = ()
 
     def observe(self, snap: Snapshot | None, own: Mapping[int, int], now: float) -> None:
         """After a poll: a look when this node's ranks all stalled (never waits for it)."""
+        if self.startup is not None and snap is not None:
+            if no_rank_started(snap):
+                self.startup.observe(True, snap.elapsed_s)
+            else:
+                self.startup = None  # a rank started: the names got it there, no more to say
         if self.watch is None or snap is None or snap.thresholds is None:
             return
         own_views = [v for v in snap.ranks if v.rank in own]
-        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s)
+        self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s, lambda: _hosts(snap))
 
     def read(self, snap: Snapshot, nodes: Iterable[int], now: float) -> tuple[NodeNetwork, ...]:
         """The nodes' latest looks: at every poll while every rank stalls, else every
@@ -49,6 +55,17 @@ class NetworkFollow:
             self._latest = self.reports.read(nodes)
         return self._latest
 
+    def findings(self, snap: Snapshot) -> list[Finding]:
+        return self.startup.findings(no_rank_started(snap)) if self.startup is not None else []
+
     def wait(self, timeout_s: float) -> None:
         if self.watch is not None:
             self.watch.wait(timeout_s)
+
+
+def no_rank_started(snap: Snapshot) -> bool:
+    return all(v.state is RankState.STARTING for v in snap.ranks)
+
+
+def _hosts(snap: Snapshot) -> set[str]:
+    return {v.host for v in snap.ranks if v.host}

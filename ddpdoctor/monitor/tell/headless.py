@@ -32,6 +32,8 @@ from ddpdoctor.monitor.tell.diagnosis_text import (
 )
 
 STATUS_EVERY_S = 5.0
+# Findings worth a line as soon as they appear, while the job runs (the network's names).
+SAID_AT_ONCE = frozenset({"network.name_unresolved", "network.name_changed"})
 MAX_BARS = 16
 
 
@@ -146,6 +148,14 @@ class HeadlessView:
         """A wait for a busy rank, once as it becomes a warning and once as an error (the
         status line shows it all along): not a hang, but worth a line in the log."""
         for finding in snap.findings:
+            if (
+                finding.id in SAID_AT_ONCE
+                and (finding.id, finding.summary) not in self._printed_findings
+            ):
+                self._printed_findings.add((finding.id, finding.summary))
+                for line in finding_lines(finding, self.symbols):
+                    self._print(line)
+                continue
             if finding.id != WAIT_FINDING or finding.severity is Severity.INFO:
                 continue
             key = (finding.severity, finding.ranks)

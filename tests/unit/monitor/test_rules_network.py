@@ -34,6 +34,11 @@ def stalled(rank: int, host: str, for_s: float = 10.0):
 def test_both_ways_cut_names_the_pair_the_connection_and_the_probe():
     out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=looks("cut-both")))
     assert out is not None and out.verdict is Verdict.HANG and out.confirmed and not out.culprits
+    # before twice the threshold the job is not stopped yet: a link may come back
+    early = network.detect(
+        snap([stalled(0, "h1", 7.0), stalled(1, "h2", 7.0)], network=looks("cut-both"))
+    )
+    assert early is not None and early.verdict is Verdict.HANG and not early.confirmed
     summary = out.findings[0].summary
     assert "the link between h1 and h2 carries nothing in either direction" in summary
     assert "queued on rank 0's connection to 198.19.77.12" in summary
@@ -131,3 +136,26 @@ def test_with_one_node_look_the_peer_is_named_by_the_names_it_resolved():
     out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=only_h2))
     assert out is not None
     assert "the link between h1 and h2" in out.findings[0].summary
+
+
+def test_a_peer_named_by_this_hosts_resolver_before_its_own_look_comes():
+    h1 = looks("cut-both")[0]
+    peer = NameView("h2", "a host of the job", None, ("198.19.77.12",), None, 0.0)
+    alone = (replace(h1, names=(*h1.names, peer)),)
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=alone))
+    assert out is not None
+    assert "the link between h1 and h2 carries nothing" in out.findings[0].summary
+    assert "a probe from h1 to h2 times out" in out.findings[0].summary
+    assert network.name_changes(alone) == []  # a peer's name is no name of the job's to watch
+
+
+def test_an_interface_down_claims_no_direction_from_the_counters():
+    reports = list(looks("interface-down"))
+    # as at the stop: h2's segments counted out, none of them in at h1
+    h2 = reports[1]
+    links = tuple(replace(link, segs_out=(link.segs_out or 0) + 900) for link in h2.links)
+    reports[1] = replace(h2, links=links)
+    out = network.detect(snap([stalled(0, "h1"), stalled(1, "h2")], network=tuple(reports)))
+    assert out is not None
+    summary = out.findings[0].summary
+    assert "→" not in summary and "the link between h1 and h2 carries nothing" in summary

@@ -23,6 +23,7 @@ from ddpdoctor.monitor.model.network import LinkView, NameView, NodeNetwork
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 
 MIN_LOST = 2  # segments one end sent and the other never received, to count as lost
+CONFIRM_AFTER = 2.0  # the stall, in hang thresholds, before the job is stopped for the network
 SILENT_ACK_MS = 3000  # no ACK for this long with bytes outstanding: the link carries nothing
 FIX = (
     "Every rank is alive and waits for data that does not arrive: the network between these "
@@ -192,7 +193,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     first = directions[0] if directions else None
     parts = [f"hang: every rank waits in {what} ({fmt_s(stalled_s)} without progress)"]
     if first is not None:
-        one_way = _one_way(first, pairs)
+        # with an interface down, counters stop where the kernel stops sending: no direction
+        one_way = _one_way(first, pairs) if not down else None
         if one_way is not None:
             link = f"the link {one_way[0]} → {one_way[1]} carries nothing ({one_way[1]} → {one_way[0]} does)"
         else:
@@ -229,7 +231,12 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         verdict=Verdict.HANG,
         started_t=started,
         onset_t=max(latest, started + snap.thresholds.hang_after_s if snap.thresholds else latest),
-        confirmed=any(p.probe_failed for p in faulty) or bool(down),
+        # stopped only once it is certain and lasting: a peer that does not answer (or an
+        # interface down) and no progress for twice the hang threshold; a link that comes back
+        # sooner resumes the job (TCP retransmits), and the finding goes with the stall
+        confirmed=(any(p.probe_failed for p in faulty) or bool(down))
+        and snap.thresholds is not None
+        and stalled_s >= CONFIRM_AFTER * snap.thresholds.hang_after_s,
     )
 
 

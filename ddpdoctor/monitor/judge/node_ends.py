@@ -187,3 +187,54 @@ def _lost(
         findings=(*findings, *kept),
         culprits=frozenset(lost_ranks),
     )
+
+
+def awaiting_nodes(
+    snap: Snapshot,
+    nodes: Mapping[int, NodeRecord],
+    node_of: Mapping[int, int | None],
+    silent_s: Mapping[int, float],
+    *,
+    own_node: int | None,
+    now: float,
+) -> Snapshot:
+    """While a job over several nodes runs: a crash whose first failure only echoes a peer's
+    (a connection reset) while another node has not said yet how its part is doing is not
+    told for LOST_AFTER_S (+1 s) after that failure: that node's summary says within a second
+    which of its ranks failed first, or its silence says that it is lost. Until then the
+    verdict stays RUNNING, so that no view, and no stop, names the survivor."""
+    if snap.verdict is not Verdict.CRASH:
+        return snap
+    root = root_cause(snap)
+    if root is None or not looks_like_consequence(root) or root.failed_t is None:
+        return snap
+    if not 0 <= now - root.failed_t < LOST_AFTER_S + 1.0:
+        return snap
+    failed_nodes = {node_of.get(v.rank) for v in snap.ranks if v.state in _FAILED}
+    waiting = sorted(
+        n
+        for n, r in nodes.items()
+        if n != own_node
+        and not r.ended
+        and r.stopped_for is None
+        and silent_s.get(n, 0.0) < LOST_AFTER_S
+        and n not in failed_nodes
+    )
+    if not waiting:
+        return snap
+    note = Finding(
+        "node.awaited",
+        Severity.INFO,
+        f"rank {root.rank} failed on a peer's error ({root.error or root.exit_signal}); "
+        f"waiting for {', '.join(f'node {n}' for n in waiting)} to report before naming a "
+        "culprit",
+        "Nothing to do: the verdict follows within seconds.",
+    )
+    return replace(
+        snap,
+        verdict=Verdict.RUNNING,
+        culprits=frozenset(),
+        confirmed=False,
+        detected_after_s=None,
+        findings=(note, *(f for f in snap.findings if f.id not in _STOP_EFFECTS)),
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED
-from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
+from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
 from ddpdoctor.monitor.model.snapshot import Snapshot
 
 # A rank of another host is refused when its node's launcher has not counted it among its ranks
@@ -38,14 +38,14 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
     own_problem = bool(
         held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
     )
+    node_of = {view.rank: monitor.state.node_of(view.rank) for view in snap.ranks}
     told = across_nodes(
-        snap,
-        monitor.nodes,
-        {view.rank: monitor.state.node_of(view.rank) for view in snap.ranks},
-        silent,
-        own_node=monitor.node_rank,
-        held_problem=own_problem,
+        snap, monitor.nodes, node_of, silent, own_node=monitor.node_rank, held_problem=own_problem
     )
+    if told is snap and held is None and not monitor.job_ended and snap.live:
+        told = awaiting_nodes(
+            snap, monitor.nodes, node_of, silent, own_node=monitor.node_rank, now=now
+        )
     if own_problem and told is not snap and told.findings[0].id == "node.lost":
         # the problem the job was stopped for was the lost host's: so says diagnosis.json's
         # stopped_for, which later watchers hold

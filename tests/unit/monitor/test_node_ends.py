@@ -121,3 +121,26 @@ def test_a_problem_this_launcher_stopped_the_job_for_stands():
     # ... but a crash it stopped the job for that only echoed a peer is the lost host's
     lost = across_nodes(base, nodes(), NODE_OF, {1: 17.0}, own_node=0, held_problem=True)
     assert lost.culprits == {1} and lost.findings[0].id == "node.lost"
+
+
+def test_a_survivors_reset_waits_for_the_other_node_to_report_before_naming_a_culprit():
+    from ddpdoctor.monitor.judge.node_ends import awaiting_nodes
+
+    failed = view(0, RankState.FAILED, host="h1", error=RESET, exit_code=1, failed_t=NOW - 1)
+    running = view(1, host="h2", alive=None)
+    base = judged([failed, running])
+    assert base.verdict is Verdict.CRASH and base.culprits == {0}  # the survivor, at once
+    held = awaiting_nodes(base, nodes(), NODE_OF, {1: 0.5}, own_node=0, now=NOW)
+    assert held.verdict is Verdict.RUNNING and not held.culprits and not held.confirmed
+    assert held.findings[0].id == "node.awaited" and "node 1" in held.findings[0].summary
+    # ... for a few seconds only, and not once node 1 has said one of its ranks failed
+    late = NOW + LOST_AFTER_S + 1
+    assert awaiting_nodes(base, nodes(), NODE_OF, {1: 0.5}, own_node=0, now=late) is base
+    raised = view(1, RankState.FAILED, host="h2", error="ValueError: x", alive=None)
+    told = judged([failed, raised])
+    assert awaiting_nodes(told, nodes(), NODE_OF, {1: 0.5}, own_node=0, now=NOW) is told
+    # a rank's own error is never held back
+    own = judged(
+        [view(0, RankState.FAILED, host="h1", error="ValueError: x", failed_t=NOW), running]
+    )
+    assert awaiting_nodes(own, nodes(), NODE_OF, {1: 0.5}, own_node=0, now=NOW) is own

@@ -4,7 +4,8 @@
         -> Monitor polled through SupervisedRun (supervise.py) by the TUI or the headless loop
         -> final snapshot, diagnosis.json, the closing summary, and the exit code
 
-Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor failed a check, the job hung,
+Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor refused (a failed check of
+the machine or the launch; never the script checkup), the job hung,
 mismatched or crashed, or exited non-zero; 2 a usage error (raised before anything starts); 130 the
 user interrupted it. The job never outlives this function (see TorchrunProcess).
 
@@ -176,16 +177,13 @@ def refuse(
     if recorder is not None:
         recorder.ended(code, None, time.time())
     monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
-    monitor.close(job_ended=True)
+    final = monitor.close(job_ended=True)
     console.print(f"run directory: {one_line(str(run_dir.path))}", markup=False)
     console.print(f"verdict: not started (exit code {code})", markup=False)
-    if plan.json:
-        doc = {
-            "schema_version": 1,
-            "verdict": None,
-            "doctor": report,
-            "job": {"exit_code": code, "started": False},
-        }
+    if plan.json:  # diagnosis.json (the refusing checks as findings), the report, the job
+        doc = final.diagnosis_json()
+        doc["doctor"] = report
+        doc["job"] = {"exit_code": code, "started": False}
         sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
     return code
 

@@ -4,7 +4,8 @@
         -> Monitor polled through SupervisedRun (supervise.py) by the TUI or the headless loop
         -> final snapshot, diagnosis.json, the closing summary, and the exit code
 
-Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor failed a check, the job hung,
+Exit codes: 0 the job ran and the verdict is healthy; 1 the doctor refused (a failed check of
+the machine or the launch; never the script checkup), the job hung,
 mismatched or crashed, or exited non-zero; 2 a usage error (raised before anything starts); 130 the
 user interrupted it. The job never outlives this function (see TorchrunProcess).
 
@@ -31,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from ddpdoctor.console import make_console, one_line, symbols_for, tui_capable
-from ddpdoctor.exit_codes import ExitCode
+from ddpdoctor.console import make_console, tui_capable
 from ddpdoctor.launch.capacity import HostCapacity, check_nproc
 from ddpdoctor.launch.closing import (
     RunOutcome,
@@ -43,6 +43,7 @@ from ddpdoctor.launch.closing import (
 from ddpdoctor.launch.command import spawn_hint, starts_own_ranks
 from ddpdoctor.launch.hangup import Hangup
 from ddpdoctor.launch.plan import LaunchPlan, installed_torch_version, run_json_document
+from ddpdoctor.launch.preflight import preflight, refuse
 from ddpdoctor.launch.ray_relay import RelayProcess
 from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, new_launch_id
 from ddpdoctor.launch.supervise import StopPolicy, SupervisedRun
@@ -150,36 +151,6 @@ def _launch(plan: LaunchPlan, watchers: Watchers, hangup: Hangup) -> int:
     # launcher itself is killed.
     env[ENV_LAUNCH_ID] = new_launch_id()
     return run_and_report(plan, watchers, run_dir, console, argv, env, recorder, hangup)
-
-
-def refuse(
-    plan: LaunchPlan,
-    watchers: Watchers,
-    run_dir: RunDir,
-    console: Console,
-    recorder: NodeRecorder | None,
-    report: dict[str, Any],
-) -> int:
-    """The preflight refused the launch: say so where every tool looks. diagnosis.json (so that
-    `watch` ends at once) holds the refusing checks as its findings, on one node or many (a node
-    of a job over several writes it unless the lead already wrote its final one); the node
-    record says this node ended; exit 1."""
-    code = int(ExitCode.PROBLEMS)
-    if recorder is not None:
-        recorder.ended(code, None, time.time())
-    monitor = watchers.monitor(run_dir, hang_after=plan.hang_after, node_rank=plan.node_rank)
-    monitor.close(job_ended=True)
-    console.print(f"run directory: {one_line(str(run_dir.path))}", markup=False)
-    console.print(f"verdict: not started (exit code {code})", markup=False)
-    if plan.json:
-        doc = {
-            "schema_version": 1,
-            "verdict": None,
-            "doctor": report,
-            "job": {"exit_code": code, "started": False},
-        }
-        sys.stdout.write(jsontext.dumps(doc, indent=2) + "\n")
-    return code
 
 
 def run_and_report(
@@ -332,58 +303,6 @@ def run_job(
     )
     with agent_lock:
         return outcome, dict(agent.exits)
-
-
-def preflight(plan: LaunchPlan, run_dir: RunDir, console: Console) -> dict[str, Any] | None:
-    """Run the doctor for this job and keep its report (doctor.json); the report's JSON when a
-    fact about this machine or launch refuses the launch (after printing why), else None.
-
-    The script checkup's findings never refuse (ddpdoctor.checks.gate): they are printed with
-    their line and fix, kept in doctor.json, and cited by the diagnosis if their symptom shows."""
-    from ddpdoctor.checks.context import DoctorOptions
-    from ddpdoctor.checks.gate import refusing, static_problems
-    from ddpdoctor.checks.progress import progress_spinner
-    from ddpdoctor.checks.render import render_report
-    from ddpdoctor.checks.runner import run_checks
-
-    meeting_addr, meeting_port = plan.rendezvous.meeting_point()
-    from_endpoint = plan.rendezvous.master_addr is None and meeting_addr is not None
-    options = DoctorOptions(
-        nproc=plan.nproc_per_node,
-        nnodes=plan.max_nodes,
-        backend=plan.backend,
-        master_addr=meeting_addr,
-        master_port=meeting_port,
-        address_flag="--rdzv-endpoint" if from_endpoint else None,
-        workers=plan.workers,
-        scripts=plan.checkup_scripts,
-        # torchrun --standalone picks a free port: a busy 29500 is nothing to this launch.
-        launcher_picks_port=plan.rendezvous.standalone,
-    )
-    with progress_spinner(not plan.json) as on_progress:
-        report = run_checks(options=options, on_progress=on_progress)
-    document = report.to_json()
-    write_json_atomic(run_dir.doctor_json_for(plan.node_rank), document)
-    render_report(report, console, symbols=symbols_for(console.file))
-    blockers = refusing(report.results)
-    if blockers:
-        failed = any(r.status.value == "fail" for r in blockers)
-        what = "failed a check" if failed else "could not run a check"
-        console.print(
-            f"ddpdoctor run: the doctor {what} about this machine or launch, so the job was not "
-            "started: apply the fixes above, or rerun with --no-doctor to launch anyway",
-            markup=False,
-        )
-        return document
-    if static_problems(report.results):
-        console.print(
-            "ddpdoctor run: the script checkup's findings above are a reading of the source, "
-            "which cannot know which branch runs: the job starts, and the diagnosis cites them "
-            "if their symptom appears",
-            markup=False,
-        )
-    console.print()
-    return None
 
 
 def watch_headless(

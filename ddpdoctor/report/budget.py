@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from ddpdoctor.rank_ranges import named_ranks
 from ddpdoctor.report.timeline import Span, Timeline
 
-PAGE_SPANS = 24_000  # bars on the page's timeline
-PAGE_POINTS = 24_000  # points of the step-time chart
-TRACE_SPANS = 80_000  # complete events in the trace (about 150 bytes each)
+PAGE_SPANS = 16_000  # bars on the page's timeline
+PAGE_POINTS = 16_000  # points of the step-time chart
+TRACE_SPANS = 60_000  # complete events in the trace (about 150 bytes each)
 # Never thinned: a collective that never completed, a culprit's stall: what the verdict is about.
 KEPT_WHOLE = frozenset({"wait", "stalled"})
 

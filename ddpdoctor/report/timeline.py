@@ -29,7 +29,7 @@ MAX_EVENTS_PER_RANK = (
 MAX_SPANS_PER_KIND = 20_000
 # What the report reads of all ranks' event files together: a longer file is read at its start
 # and at its end (where a hang or a crash is), and the page says the middle was left out.
-READ_BUDGET_BYTES = 48 << 20
+READ_BUDGET_BYTES = 24 << 20
 MIN_READ_PER_RANK = 256 << 10
 MAX_LINE_BYTES = 1 << 20  # an events line longer than this is no event of the runtime's
 GAP = None  # what _events yields where it skipped the middle of a file

@@ -76,12 +76,31 @@ def run_that_never_started(tmp_path, *, launcher_pid: int):
 
 def test_a_run_whose_doctor_failed_is_not_started_and_finished(tmp_path):
     run = run_that_never_started(tmp_path, launcher_pid=dead_pid())
-    run.doctor_json.write_text(json.dumps({"counts": {"fail": 1, "error": 1}}))
+    results = [
+        {"id": "network.master_port", "group": "network", "title": "Master port",
+         "status": "fail", "summary": "port 29500 is already in use by pid 7",
+         "details": ["held by python train.py"], "fix": "kill 7, or pick another port"},
+        {"id": "smoke.collectives", "group": "smoke", "title": "Collectives",
+         "status": "error", "summary": "timed out after 60 s", "details": [], "fix": None},
+        # the script checkup never refused a launch: not a reason
+        {"id": "script.collective_under_rank_guard", "group": "script", "title": "t.py:3",
+         "status": "fail", "summary": "barrier() under a rank guard", "fix": "call it on all"},
+    ]  # fmt: skip
+    run.doctor_json.write_text(json.dumps({"counts": {"fail": 2, "error": 1}, "results": results}))
     snap = quiet(run, Clock()).poll()
     assert snap.verdict is Verdict.NOT_STARTED and snap.finished and snap.verdict.is_problem
-    reason = snap.findings[0]
-    assert reason.id == "run.not_started"
-    assert "1 failed check(s) and 1 check(s) that could not run (doctor.json)" in reason.summary
+    port, smoke = snap.findings[:2]
+    assert port.id == "preflight.network.master_port" and port.fix == "kill 7, or pick another port"
+    assert port.summary == (
+        "the preflight refused the launch: Master port: port 29500 is already in use by pid 7"
+    )
+    assert [e.text for e in port.evidence] == [
+        "network.master_port: fail",
+        "held by python train.py",
+    ]
+    assert all(e.file == "doctor.json" for e in port.evidence)
+    assert smoke.id == "preflight.smoke.collectives" and "could not run" in smoke.summary
+    assert not any(f.id.startswith("preflight.script") for f in snap.findings)
 
 
 def test_a_live_launcher_with_nothing_written_yet_is_still_starting(tmp_path):

@@ -57,8 +57,8 @@ def await_nodes(monitor: Any) -> None:
     """Before the final word of a job over several nodes: give the other nodes' launchers
     time to record their end (a healthy job's do within a second or two), so that a node
     whose launcher is silent is known lost, not guessed. Bounded by LOST_AFTER_S."""
-    if len(monitor.nodes) < 2:
-        return
+    if len(monitor.nodes) < 2 or monitor._held is not None:
+        return  # (a launcher that stopped the job waited for its verdict before: no more)
     deadline = time.monotonic() + LOST_AFTER_S + 1.0
     while time.monotonic() < deadline:
         monitor.node_watch.due_now()

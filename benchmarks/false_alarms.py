@@ -190,6 +190,8 @@ def faulty_jobs() -> list[Job]:
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
     env.pop("RAY_ADDRESS", None)  # the Ray jobs start a local cluster of their own
+    # ... whose raylet may take longer than Ray's 60 s to register on a loaded machine
+    env.setdefault("RAY_raylet_start_wait_time_s", "600")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -12,13 +12,14 @@ from ddpdoctor.explain import (
     nccl,
     nccl_init,
     python,
+    ray,
     torchrun,
     watchdog,
 )
 from ddpdoctor.explain.log_rules import Analyzer, LineRule, RuleSet, RuleTable
 
 # Order matters for classification: the first specific rule that matches names a line.
-SOURCES = (nccl, watchdog, torchrun, gloo, c10d, ddp, python, benign)
+SOURCES = (nccl, watchdog, torchrun, gloo, c10d, ddp, ray, python, benign)
 
 # What each finding id means (the README's table; tests check every id is listed).
 DESCRIPTIONS: dict[str, str] = {
@@ -49,6 +50,8 @@ DESCRIPTIONS: dict[str, str] = {
     "watchdog.heartbeat_stuck": "the heartbeat monitor killed a process whose watchdog was stuck",
     "watchdog.teardown": "`taking the entire process down`: a consequence, not the cause",
     "watchdog.flight_recorder_disabled": "set TORCH_NCCL_TRACE_BUFFER_SIZE to record collectives",
+    "ray.worker_died": "Ray's word on a worker process that died: its exit type and detail",
+    "ray.memory_killed": "Ray's memory monitor killed a worker: the node ran low on memory",
     "torchrun.failed": "torchrun's root-cause rank exited with a non-zero code",
     "torchrun.killed": "the root-cause rank was killed by SIGKILL (OOM killer or kill -9)",
     "torchrun.signal": "the root-cause rank died of another signal (SIGABRT, SIGSEGV, SIGBUS, ...)",

@@ -36,9 +36,10 @@ ray_call           state ("busy": the user's code started running in this Ray wo
                    a rank that vanishes while idle finished; one that vanishes busy died.
 
 Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,
-heartbeat, warning, fault, error and exit are written at once; collective, step, epoch, phase and
-metrics events are queued on the training thread and written, in order, within ~20 ms by the
-heartbeat thread, or before the next immediate event.)
+heartbeat, warning, fault, error, exit, ray_call and step are written at once (a step when it
+closes, with everything queued before it); collective, epoch, phase and metrics events are queued
+on the training thread and written, in order, within ~20 ms by the heartbeat thread, or before
+the next immediate event.)
 
 hello              ray, in a Ray worker: {actor_name, actor_class, actor_id, job_id, node_id,
                    node_ip, worker_id, busy (the user's code runs), calls [names]}

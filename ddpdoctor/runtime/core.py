@@ -133,7 +133,7 @@ class Runtime:
         self._on_first_queued: Callable[[], None] | None = None
         if rank is not None:
             self._writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
-            self.steps.sink = self._writer.enqueue
+            self.steps.sink = self._writer.write
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -221,9 +221,10 @@ class Runtime:
                     event["rank"] = rank
                 writer.enqueue(event)
             self._writer = writer
-            # from now on a closed step goes straight to the writer's queue: one call fewer
-            # on the hot path than through record()
-            self.steps.sink = writer.enqueue
+            # from now on a closed step goes straight to the file, with what was queued before
+            # it: one write per training step, and a rank killed a moment later (SIGKILL, the
+            # OOM killer: no exit handler runs) has every step it finished counted
+            self.steps.sink = writer.write
         writer.flush()
 
     # -- state ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ workers an environment is the job's `runtime_env`, and its way to rewrite that o
 the runtime-env hook ($RAY_RUNTIME_ENV_HOOK, a "module.function" called by `ray.init()` with the
 runtime_env given, returning the one to use).
 
-`ddpdoctor run -- COMMAND` sets $RAY_RUNTIME_ENV_HOOK to `runtime_env_hook` below (a hook the
+`ddpdoctor run -- COMMAND` sets $RAY_RUNTIME_ENV_HOOK to `runtime_env_hook` below (through
+site/ddpdoctor_ray_hook.py, which the driver can import even without ddpdoctor; a hook the
 user had set moves to $DDPDOCTOR_RAY_USER_HOOK and runs first, as before). It adds to the job's
 `env_vars`: ddpdoctor's sitecustomize folder first on PYTHONPATH (the cluster's own PYTHONPATH
 kept after it, through Ray's ${PYTHONPATH} expansion) and ddpdoctor's variables (the run
@@ -33,7 +34,9 @@ ENV_USER_HOOK = "DDPDOCTOR_RAY_USER_HOOK"  # the hook the user had set, chained 
 # the trailing separator would put the working directory on sys.path; the sitecustomize takes
 # that entry out again).
 ENV_RAY_PYTHONPATH = "DDPDOCTOR_RAY_PYTHONPATH"
-HOOK_NAME = f"{__name__}.runtime_env_hook"
+# The hook as Ray loads it: a module of the sitecustomize folder, importable wherever that folder
+# is on PYTHONPATH, which calls runtime_env_hook below.
+HOOK_NAME = "ddpdoctor_ray_hook.runtime_env_hook"
 PREFIX = "DDPDOCTOR_"
 # ddpdoctor's own variables that stay on the driver
 DRIVER_ONLY = frozenset({ENV_USER_HOOK})

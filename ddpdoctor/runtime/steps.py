@@ -83,8 +83,8 @@ class StepTracker:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         # where a closed step goes: the runtime's record() until the rank's writer exists, then
-        # the writer's enqueue itself (core.Runtime sets it)
-        self.sink: Callable[[Record], None] = record
+        # the writer's write itself (core.Runtime sets it)
+        self.sink: Callable[[Record], object] = record
         self._mono = mono_clock
         self._wall = wall_clock
         self._lock = threading.RLock()

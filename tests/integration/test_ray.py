@@ -87,7 +87,15 @@ class Cluster:
 
 
 def _ray_env(**extra: str) -> dict[str, str]:
-    env = clean_env({"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **extra})
+    env = clean_env(
+        {
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # a raylet may take longer than Ray's 60 s to register on a loaded 2-core machine
+            "RAY_raylet_start_wait_time_s": "600",
+            **extra,
+        }
+    )
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_RUNTIME_ENV_HOOK", None)
@@ -109,7 +117,7 @@ def cluster(tmp_path_factory):
         f"--object-manager-port={free_port()}", "--num-cpus=4", "--include-dashboard=false",
         f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]  # fmt: skip
-    env = _ray_env(**{MARK: mark, "RAY_raylet_start_wait_time_s": "600"})
+    env = _ray_env(**{MARK: mark})
     with open(base / "head.log", "w") as log:
         head = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -104,3 +104,47 @@ def test_nested_calls_are_busy_until_the_outer_returns(recording):
     assert outer() is True
     states = [e["state"] for e in events(recording, "ray_call")]
     assert states == ["busy", "idle"]
+
+
+def test_the_hook_ray_loads_never_fails_where_ddpdoctor_cannot_be_imported(tmp_path):
+    """An interpreter without ddpdoctor (python -S: no site-packages) still imports the hook from
+    the sitecustomize folder; only the user's own hook runs then."""
+    import subprocess
+
+    (tmp_path / "users_hook.py").write_text(
+        "def rewrite(env):\n    return {**(env or {}), 'from_user': True}\n"
+    )
+    code = (
+        "import importlib, os\n"
+        "name = os.environ['RAY_RUNTIME_ENV_HOOK']\n"
+        "module, _, attr = name.rpartition('.')\n"
+        "print(getattr(importlib.import_module(module), attr)({'pip': ['x']}))\n"
+    )
+    env = {
+        "PYTHONPATH": f"{SITE}:{tmp_path}",
+        "RAY_RUNTIME_ENV_HOOK": ray_env.HOOK_NAME,
+        "DDPDOCTOR_RAY_USER_HOOK": "users_hook.rewrite",
+        "PATH": "/usr/bin:/bin",
+    }
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{'pip': ['x'], 'from_user': True}"
+
+
+def test_the_actors_class_comes_from_its_methods_without_asking_ray(monkeypatch):
+    from ddpdoctor.runtime import ray_identity
+
+    monkeypatch.setattr(ray_identity, "_actor_class_name", None)
+    ray_identity.note_actor_method("RayTrainWorker.poll_status")
+    assert ray_identity._actor_class(None) == "RayTrainWorker"
+    ray_identity.note_actor_method("make.<locals>.Trainer.train")
+    assert ray_identity._actor_class(None) == "make.<locals>.Trainer"
+    ray_identity.note_actor_method("free_function")  # not a method: the class stays
+    assert ray_identity._actor_class(None) == "make.<locals>.Trainer"

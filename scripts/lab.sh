@@ -448,17 +448,18 @@ cmd_ray() {
 
 cmd_ray_stop() {
   need_root
-  local host
+  local host bin
+  bin=$( (ray_bin) 2>/dev/null) || bin=""
   # `ray stop` sees only its host's processes (each host has its own PID namespace): nodes
-  # first, the head last. Nothing of the machine's own Ray is touched.
+  # first, the head last. Nothing of the machine's own Ray is touched. It runs wherever the lab
+  # has a host (a start cut short may have left a GCS without a raylet).
   for host in $(hosts | sort -r); do
-    [ -n "$(host_pid "$host")" ] || continue
-    if ray_daemons_up "$host"; then
-      run_on "$host" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled timeout 60 "$(ray_bin)" stop --force \
-        >/dev/null 2>&1 || true
-    fi
+    [ -n "$(host_pid "$host")" ] && [ -n "$bin" ] || continue
+    run_on "$host" env RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled timeout 60 "$bin" stop --force \
+      >/dev/null 2>&1 || true
   done
-  rm -rf "$RAY_DIR"
+  # (a daemon's last log lines may land while the folder goes)
+  rm -rf "$RAY_DIR" 2>/dev/null || { sleep 1; rm -rf "$RAY_DIR"; }
   log "Ray is down on the lab"
 }
 

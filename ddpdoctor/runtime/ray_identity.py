@@ -17,6 +17,7 @@ WORKER_SCRIPT = "default_worker.py"  # what the raylet runs: ray/_private/worker
 _lock = threading.Lock()
 _running: dict[int, str] = {}  # call id -> name, of the user's calls now running
 _next_id = 0
+_actor_class_name: str | None = None  # the class of the actor this worker hosts, once loaded
 
 
 def enter(name: str) -> tuple[int, bool]:
@@ -86,13 +87,15 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)[:200]
 
 
+def note_actor_method(qualname: str) -> None:
+    """A method of the actor this worker hosts was loaded ("RayTrainWorker.poll_status"): its
+    class is the actor's (read here, where asking Ray for the actor's own handle could block)."""
+    global _actor_class_name
+    owner, _, _ = qualname.rpartition(".")
+    if owner and "<locals>" not in owner.rsplit(".", 1)[-1]:
+        _actor_class_name = owner[:200]
+
+
 def _actor_class(ctx: Any) -> str | None:
-    """The actor's class name (Ray Train's workers: "RayTrainWorker"), from the actor's own
-    handle; None outside an actor."""
-    try:
-        if getattr(ctx, "get_actor_id", lambda: None)() is None:
-            return None
-        descriptor = getattr(ctx.current_actor, "_ray_actor_creation_function_descriptor", None)
-        return _text(getattr(descriptor, "class_name", None))
-    except Exception:  # noqa: BLE001
-        return None
+    """The actor's class name (Ray Train's workers: "RayTrainWorker"); None outside an actor."""
+    return _actor_class_name

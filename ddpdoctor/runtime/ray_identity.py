@@ -17,7 +17,6 @@ WORKER_SCRIPT = "default_worker.py"  # what the raylet runs: ray/_private/worker
 _lock = threading.Lock()
 _running: dict[int, str] = {}  # call id -> name, of the user's calls now running
 _next_id = 0
-_actor_class_name: str | None = None  # the class of the actor this worker hosts, once loaded
 
 
 def enter(name: str) -> tuple[int, bool]:
@@ -87,15 +86,23 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)[:200]
 
 
-def note_actor_method(qualname: str) -> None:
-    """A method of the actor this worker hosts was loaded ("RayTrainWorker.poll_status"): its
-    class is the actor's (read here, where asking Ray for the actor's own handle could block)."""
-    global _actor_class_name
-    owner, _, _ = qualname.rpartition(".")
-    if owner and "<locals>" not in owner.rsplit(".", 1)[-1]:
-        _actor_class_name = owner[:200]
+def actor_class_from_title(title: str) -> str | None:
+    """The actor's class from the process title Ray gives a worker while it runs an actor's
+    call ("ray::RayTrainWorker.execute" -> "RayTrainWorker"); None for an idle or task worker."""
+    if not title.startswith("ray::"):
+        return None
+    name = title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0]
+    return name[:200] if name and name != "IDLE" else None
 
 
 def _actor_class(ctx: Any) -> str | None:
-    """The actor's class name (Ray Train's workers: "RayTrainWorker"); None outside an actor."""
-    return _actor_class_name
+    """The actor's class name (Ray Train's workers: "RayTrainWorker"), read from this process's
+    title (asking Ray for the actor's own handle could block the rank's hello)."""
+    try:
+        if getattr(ctx, "get_actor_id", lambda: None)() is None:
+            return None
+        with open("/proc/self/cmdline", "rb") as fh:
+            title = fh.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001
+        return None
+    return actor_class_from_title(title)

@@ -146,7 +146,6 @@ def _wrap_actor_methods(function_manager: Any) -> None:
     @functools.wraps(original)
     def make_executor(self: Any, method_name: str, method: Callable[..., Any]) -> Any:
         executor = original(self, method_name, method)
-        ray_identity.note_actor_method(getattr(method, "__qualname__", "") or "")
         if (
             method_name.startswith("__ray")
             or not _is_users(method)

@@ -138,13 +138,10 @@ def test_the_hook_ray_loads_never_fails_where_ddpdoctor_cannot_be_imported(tmp_p
     assert out.stdout.strip() == "{'pip': ['x'], 'from_user': True}"
 
 
-def test_the_actors_class_comes_from_its_methods_without_asking_ray(monkeypatch):
-    from ddpdoctor.runtime import ray_identity
+def test_the_actors_class_comes_from_the_title_ray_gives_the_process():
+    from ddpdoctor.runtime.ray_identity import actor_class_from_title
 
-    monkeypatch.setattr(ray_identity, "_actor_class_name", None)
-    ray_identity.note_actor_method("RayTrainWorker.poll_status")
-    assert ray_identity._actor_class(None) == "RayTrainWorker"
-    ray_identity.note_actor_method("make.<locals>.Trainer.train")
-    assert ray_identity._actor_class(None) == "make.<locals>.Trainer"
-    ray_identity.note_actor_method("free_function")  # not a method: the class stays
-    assert ray_identity._actor_class(None) == "make.<locals>.Trainer"
+    assert actor_class_from_title("ray::RayTrainWorker.execute") == "RayTrainWorker"
+    assert actor_class_from_title("ray::TrainWorker") == "TrainWorker"
+    assert actor_class_from_title("ray::IDLE") is None
+    assert actor_class_from_title("/usr/bin/python train.py") is None

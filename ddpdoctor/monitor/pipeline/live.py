@@ -20,53 +20,32 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from ddpdoctor.monitor.follow.checkup import CheckupReader
-from ddpdoctor.monitor.follow.disk_space import DiskWatch
 from ddpdoctor.monitor.follow.fr_collector import FrCollector
 from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
-from ddpdoctor.monitor.follow.liveness import is_local, pid_alive, this_host
 from ddpdoctor.monitor.follow.log_findings import LogFindings
-from ddpdoctor.monitor.follow.node_summaries import NodeMerge
-from ddpdoctor.monitor.follow.node_watch import NODES_EVERY_S, NodeWatch
-from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with_nodes
-from ddpdoctor.monitor.follow.tail import RunTailer
-from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
     ended_with_ranks,
     interrupted_snapshot,
-    launcher_gone,
     not_started_snapshot,
 )
 from ddpdoctor.monitor.judge.run_findings import skipped_event_findings, unreadable_findings
-from ddpdoctor.monitor.model.snapshot import CheckupNote, RankState, RankView, Snapshot, Verdict
-from ddpdoctor.monitor.model.state import RunState
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
+from ddpdoctor.monitor.pipeline.followed_run import FollowedRun
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
 from ddpdoctor.monitor.pipeline.seen import across_nodes_of, await_nodes, check_disk, vouch
 from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
-from ddpdoctor.protocol import jsontext, processes
+from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.stacks.collector import StackCollector
 
 # A follower's ranks in one of these states: it pulls the other nodes' summaries.
 _PULL_STATES = frozenset({RankState.WAITING, RankState.STALLED, RankState.FAILED, RankState.GONE})
-# With no local rank alive, a run whose latest event is older than this is over (or elsewhere).
-LIVE_WINDOW_S = 30.0
-
-
-def _classifier() -> Callable[[str], Any] | None:
-    try:
-        from ddpdoctor.explain import classify_line
-    except ImportError:
-        return None
-    return classify_line
 
 
 def _asker(node_rank: int | None):
@@ -77,7 +56,9 @@ def _asker(node_rank: int | None):
     return Asker.here(role="launcher", node=node_rank)
 
 
-class Monitor:
+class Monitor(FollowedRun):
+    """Watch one run: follow it (FollowedRun), judge each poll, write and tell its diagnosis."""
+
     def __init__(
         self,
         run_dir: RunDir | str | os.PathLike[str],
@@ -102,27 +83,16 @@ class Monitor:
         node 0 does (NodeMerge), so that view shows every rank. `launcher`: this monitor is
         `ddpdoctor run`'s, on the job's own host: it looks at its ranks' network when they
         stall and at the names the launch needs (ddpdoctor.monitor.pipeline.network_follow)."""
-        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
-        self.node_rank = node_rank
-        self.clock = clock
+        super().__init__(
+            run_dir,
+            hang_after=hang_after,
+            clock=clock,
+            node_rank=node_rank,
+            follow_all_nodes=follow_all_nodes,
+        )
         self.capture_stacks = capture_stacks
         self.write_diagnosis = write_diagnosis
         data = self.run.read_run_json()
-        self.hang_after = hang_after if hang_after is not None else recorded_hang_after(data)
-        self.state = RunState(run_info(self.run, data), classify=_classifier())
-        self.tailer = RunTailer(self.run)
-        if node_rank is not None:  # a launcher of a job over several nodes: its own logs
-            self.tailer.log_roots = (self.run.node_logs_dir(node_rank),)
-        # other nodes' summaries in place of their ranks' files; this node's own summary
-        self.merge = NodeMerge(
-            self.run, self.state, self.tailer, node_rank, follow_all=follow_all_nodes
-        )
-        self.nodes: dict[int, NodeRecord] = {}
-        self.node_watch = NodeWatch(self.run)
-        # Set by whoever runs the job (the launcher) once torchrun has exited: a run that never
-        # wrote a thing is then over, not starting.
-        self.job_ended = False
-        self._checkup_read_t: float | None = None
         self.stacks = StackCollector(
             self.run,
             timeout_s=stack_timeout_s,
@@ -131,20 +101,13 @@ class Monitor:
             launcher_ended=self._launcher_ended,
         )
         self.logs = LogFindings(self.run) if explain_logs else None
-        self.disk = DiskWatch(self.run.path)
         # flight-recorder dumps asked of the ranks (a suspected hang or mismatch, the TUI's `b`)
         self.flight_recorder = FrCollector(self.run, clock=clock)
-        # the preflight's script checkup findings (doctor.json), which diagnoses cite
-        self.checkup = CheckupReader(self.run)
-        self.local_host = this_host()
-        self._local_hosts: dict[str | None, bool] = {}  # host -> whether it is this one
         self._lock = threading.RLock()
-        self._run_json_mtime = self._mtime(self.run.run_json)
         self._previous = self._read_previous_diagnosis()
         self._first_problem: tuple[tuple[Verdict, float], float] | None = None
         self._captured_for: frozenset[int] | None = None
         self._loaded_stored_stacks = False
-        self._last: Snapshot | None = None
         # diagnosis.json, written when what it says changes
         self.writer = DiagnosisWriter(self.run, node_rank)
         self.polls = 0
@@ -164,8 +127,6 @@ class Monitor:
         self.host_probes = HostProbes(gpu_probe if gpu_probe is not None else NvmlProbe())
         # a launcher's looks at its ranks' connections once they all stall; every node's read
         self.network = NetworkFollow(self.run, node_rank, data, look=launcher)
-        # which ranks are processes of the job (a file's word alone makes no rank)
-        self.vouching = Vouching(self.run.path, self.run.events_file)
         self._pending_since: dict[int, float] = {}  # rank -> when its node was first asked
 
     # -- public API ------------------------------------------------------------------------
@@ -421,123 +382,6 @@ class Monitor:
             and v.alive is not False
         }
         return self.stacks.start(targets, remote=remote)
-
-    def owns(self, view: RankView) -> bool:
-        """Whether this process captures the rank itself: a launcher the ranks of its own node
-        (not merely of its host: two agents may share one); a watcher the live ranks of its host
-        that no running launcher answers for."""
-        if view.alive is not True or view.pid is None or view.state.finished:
-            return False
-        node = self.state.node_of(view.rank)
-        if self.node_rank is not None:
-            return node == self.node_rank
-        # A watcher leaves a rank to its node's launcher while that one runs: py-spy attaches to
-        # a process one tracer at a time, and the launcher is there to capture it.
-        record = self.nodes.get(node) if node is not None else None
-        return record is None or record.ended
-
-    def own_ranks(self, snap: Snapshot | None = None) -> dict[int, int]:
-        """rank -> pid of the live ranks this process captures itself (see `owns`)."""
-        snap = snap or self._last
-        if snap is None:
-            return {}
-        return {v.rank: v.pid for v in snap.ranks if v.pid is not None and self.owns(v)}
-
-    def node_ranks(self, snap: Snapshot | None = None) -> dict[int, int | None]:
-        """For node N's launcher: every rank of node N, rank -> pid (None once it has ended)."""
-        snap = snap or self._last
-        if snap is None or self.node_rank is None:
-            return {}
-        return {
-            v.rank: v.pid if self.owns(v) else None
-            for v in snap.ranks
-            if self.state.node_of(v.rank) == self.node_rank
-        }
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _check_liveness(self, *, first_look: bool = False) -> None:
-        """Whether each local rank's process lives. `first_look`: only ranks seen for the first
-        time in this poll, and a dead one reads as unknown until the next poll checks it before
-        reading (its exit event may have been written after this poll read the file)."""
-        alive = self.state.alive
-        local = self._local_hosts
-        for rank, tracker in self.state.ranks.items():
-            if tracker.exit_code is not None or tracker.pid is None:
-                continue
-            here = local.get(tracker.host)
-            if here is None:  # (one answer per host: this runs per rank, twice a poll)
-                here = local[tracker.host] = is_local(tracker.host, self.local_host)
-            if first_look:
-                if here and rank not in alive:
-                    self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t) or None)
-                continue
-            if alive.get(rank) is False:
-                continue  # dead stays dead (a pid can be reused)
-            if not here:
-                alive[rank] = None  # another host's process: not this watcher's to tell
-                continue
-            self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
-
-    def _is_live(self, now: float) -> bool:
-        if any(a is True for a in self.state.alive.values()):
-            return True
-        last = self.state.last_t
-        if last is None:
-            # Nothing written yet: the job is starting, unless it is known to be over (every
-            # launcher of a job over several nodes has recorded its end).
-            over = bool(self.nodes) and all(record.ended for record in self.nodes.values())
-            if not self.nodes and not self.job_ended:
-                over = launcher_gone(self.run, self.local_host)
-            return not (self.job_ended or over)
-        return now - last < LIVE_WINDOW_S
-
-    def _reload_run_json(self) -> None:
-        mtime = self._mtime(self.run.run_json)
-        if mtime != self._run_json_mtime:
-            self._run_json_mtime = mtime
-            data = self.run.read_run_json()
-            self.state.info = with_nodes(run_info(self.run, data), self.nodes)
-            if self.hang_after is None:
-                self.hang_after = recorded_hang_after(data)
-
-    def _read_nodes(self, now: float) -> None:
-        """The launchers' node records (a job that spans nodes), at most once a second."""
-        quiet = bool(self.node_rank and self.state.ranks and not self.merge.active)
-        records = self.node_watch.refresh(
-            now, quiet_follower=quiet, expected=self.state.info.nnodes
-        )
-        if records is not None:
-            self.nodes = records
-            self.state.set_nodes(records)
-            self.state.info = with_nodes(self.state.info, records)
-
-    def _read_checkup(self, now: float, final: bool) -> tuple[CheckupNote, ...]:
-        """The script checkup's findings: each doctor.json is read once as it appears (a watcher
-        may attach before the preflight wrote it); looked for at most once a second."""
-        last = self._checkup_read_t
-        if final or last is None or not 0 <= now - last < NODES_EVERY_S:
-            self._checkup_read_t = now
-            return self.checkup.refresh()
-        return self.checkup.notes
-
-    def _launcher_ended(self, node: int) -> bool:
-        record = self.nodes.get(node)
-        return record is not None and record.ended
-
-    @staticmethod
-    def _mtime(path: Path) -> float | None:
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            return None
-
-    def _read_previous_diagnosis(self) -> dict[str, Any] | None:
-        try:
-            data = jsontext.read(self.run.diagnosis_json)
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
 
     def _write(self, snap: Snapshot, *, force: bool = False) -> None:
         if self.writes_diagnosis:

@@ -31,6 +31,20 @@ class RuleOutcome:
     stopped_t: float | None = None  # when the launcher stopped the job for it (a held outcome)
 
 
+def confirmed_mismatch(rule: str, finding: Finding, onset: float | None) -> RuleOutcome:
+    """A confirmed mismatch of the finding's ranks that held from `onset` (the mismatch rules
+    all end so: the ranks' calls, contracts or gradient syncs differ, a fact of their events)."""
+    return RuleOutcome(
+        rule=rule,
+        findings=(finding,),
+        verdict=Verdict.MISMATCH,
+        confirmed=True,
+        culprits=frozenset(finding.ranks),
+        started_t=onset,
+        onset_t=onset,
+    )
+
+
 def fmt_s(seconds: float | None) -> str:
     if seconds is None:
         return "?"

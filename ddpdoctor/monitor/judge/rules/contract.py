@@ -12,8 +12,8 @@ mismatch of those ranks, named at that line, whichever rank trips first.
 from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.judge.rules import RuleOutcome
-from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
+from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch
+from ddpdoctor.monitor.model.snapshot import Snapshot
 
 CODE = "spmd.contract_mismatch"
 FIX = (
@@ -70,13 +70,5 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             evidence=tuple(evidence),
         )
         onset = t if t is not None else view.last_progress_t
-        return RuleOutcome(
-            rule="contract",
-            findings=(finding,),
-            verdict=Verdict.MISMATCH,
-            confirmed=True,
-            culprits=frozenset(ranks),
-            started_t=onset,
-            onset_t=onset,
-        )
+        return confirmed_mismatch("contract", finding, onset)
     return None

@@ -13,8 +13,8 @@ that decides which forwards sync (the model's `no_sync()` call).
 from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.judge.rules import RuleOutcome
-from ddpdoctor.monitor.model.snapshot import CollectiveView, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch
+from ddpdoctor.monitor.model.snapshot import CollectiveView, RankView, Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
 SUFFIX = ":ddp_grads"
@@ -84,13 +84,5 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             ranks=culprits,
             evidence=tuple(evidence),
         )
-        return RuleOutcome(
-            rule="grad_syncs",
-            findings=(finding,),
-            verdict=Verdict.MISMATCH,
-            confirmed=True,
-            culprits=frozenset(culprits),
-            started_t=onset,
-            onset_t=onset,
-        )
+        return confirmed_mismatch("grad_syncs", finding, onset)
     return None

@@ -13,14 +13,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
+from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, confirmed_mismatch
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
     CollectiveView,
     RankView,
     Snapshot,
-    Verdict,
 )
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -125,15 +124,7 @@ def _mismatch(
         ranks=ranks,
         evidence=tuple(evidence),
     )
-    return RuleOutcome(
-        rule="mismatch",
-        findings=(finding,),
-        verdict=Verdict.MISMATCH,
-        confirmed=True,
-        culprits=frozenset(ranks),
-        started_t=onset,
-        onset_t=onset,
-    )
+    return confirmed_mismatch("mismatch", finding, onset)
 
 
 def _from_divergence(

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster lab-ray lab-ray-stop
+.PHONY: demo test test-ray lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster lab-ray lab-ray-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,12 @@ lint: $(VENV)/.installed-test
 # every pytest process rewrote and compiled all 450 test modules again (7 s of CPU each, 3.5 s
 # cached) and every job's processes compiled what they import.
 test: lint docs
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "not ray"
+
+# The tests that start Ray clusters (marked ray: a local cluster, one started with `ray start`,
+# and the lab's two hosts): each Ray job takes minutes on a 2-core machine, so they run apart.
+test-ray: $(VENV)/.installed-test
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m ray
 
 # The documentation site (mkdocs-material), built strictly: a broken link or a page missing from
 # the navigation fails the build, and so `make test`.

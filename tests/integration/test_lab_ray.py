@@ -28,6 +28,7 @@ from tests.procs import PYTHON, REPO, background, clean_env, wait_for
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.lab,
+    pytest.mark.ray,
     pytest.mark.skipif(lab.down_reason() is not None, reason=lab.down_reason() or ""),
     pytest.mark.timeout(1800),
 ]

@@ -38,7 +38,7 @@ from tests.procs import (
 
 pytest.importorskip("ray.train.torch")
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.timeout(1200)]
 
 CORPUS = REPO / "tests" / "corpus" / "ray"
 RUN_TIMEOUT_S = 600

@@ -201,7 +201,8 @@ def test_watch_ends_on_a_run_that_never_started(tmp_path):
     assert diagnosis(run_dir)["verdict"] == "not_started"
     watched = run(ddpdoctor_cmd("watch", "--no-tui", str(run_dir)), timeout=30)
     assert watched.returncode == 1
-    assert "NOT STARTED: the preflight refused the launch: " in watched.stdout
+    assert "NOT STARTED" in watched.stdout  # its findings: the checks that refused the launch
+    assert "preflight.gpu.count: the preflight refused the launch: " in watched.stdout
     as_json = run(ddpdoctor_cmd("watch", "--json", str(run_dir)), timeout=30)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["verdict"] == "not_started"
 

@@ -67,6 +67,29 @@ class Finished:
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class JsonRun:
+    """A finished `ddpdoctor run --json`: its exit code, its output and its run directory."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    run_dir: Path
+
+    def document(self) -> dict:
+        """The final document `--json` printed on stdout."""
+        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
+        return json.loads(self.stdout)
+
+    def events(self, rank: int, kind: str | None = None) -> list[dict]:
+        """A rank's events as written (those of one kind, with `kind`)."""
+        from ddpdoctor.protocol.events import parse_event_line
+
+        path = self.run_dir / "events" / f"rank-{rank}.jsonl"
+        found = (parse_event_line(line) for line in path.read_text().splitlines())
+        return [e for e in found if e and (kind is None or e["kind"] == kind)]
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after a moment."""
     if proc.poll() is None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from ddpdoctor.monitor.model.thresholds import HANG_FLOOR_S, STARTUP_FLOOR_S
 from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,
+    JsonRun,
     assert_healthy_unless_aborted_at_exit,
     clean_env,
     ddpdoctor_cmd,
@@ -46,16 +46,7 @@ HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 
 
-@dataclass(frozen=True)
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    def document(self) -> dict:
-        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
-        return json.loads(self.stdout)
+Result = JsonRun  # one finished `ddpdoctor run --json` job
 
 
 def _start(job: dict, base: Path) -> subprocess.Popen:

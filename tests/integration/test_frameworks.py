@@ -19,15 +19,14 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,
     TEARDOWN_ABORT,
+    JsonRun,
     assert_healthy_unless_aborted_at_exit,
     clean_env,
     ddpdoctor_cmd,
@@ -60,17 +59,7 @@ def command_of(job: dict) -> list[str]:
     return [str(tool) if tool.exists() else words[0], *words[1:]]
 
 
-@dataclass(frozen=True)
-class Result:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    def document(self) -> dict:
-        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
-        return json.loads(self.stdout)
-
+class Result(JsonRun):
     def aborted_in_teardown(self, doc: dict) -> bool:
         """Every rank recorded a clean exit, and then one aborted in torch's C++ teardown (what
         its log says: the abort's message, and torchrun's SIGABRT for it)."""
@@ -89,11 +78,6 @@ class Result:
             kept = [line for line in text if "find_unused_parameters" not in line]
             out.append(f"--- {path.name}\n" + "\n".join(kept[-lines:]))
         return "\n".join(out)
-
-    def events(self, rank: int, kind: str) -> list[dict]:
-        path = self.run_dir / "events" / f"rank-{rank}.jsonl"
-        found = (parse_event_line(line) for line in path.read_text().splitlines())
-        return [e for e in found if e and e["kind"] == kind]
 
 
 def _start(job: dict, base: Path) -> subprocess.Popen:

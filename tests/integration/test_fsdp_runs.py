@@ -16,14 +16,13 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,
+    JsonRun,
     assert_healthy_unless_aborted_at_exit,
     clean_env,
     ddpdoctor_cmd,
@@ -42,20 +41,7 @@ HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 
 
-@dataclass(frozen=True)
-class Result:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    def document(self) -> dict:
-        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
-        return json.loads(self.stdout)
-
-    def events(self, rank: int) -> list[dict]:
-        path = self.run_dir / "events" / f"rank-{rank}.jsonl"
-        return [e for e in map(parse_event_line, path.read_text().splitlines()) if e]
+Result = JsonRun  # one finished `ddpdoctor run --json` job
 
 
 def _start(job: dict, base: Path) -> subprocess.Popen:

@@ -26,9 +26,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpdoctor.protocol.events import parse_event_line
 from tests.procs import (
     REPO,
+    JsonRun,
     clean_env,
     ddpdoctor_cmd,
     free_port,
@@ -139,22 +139,7 @@ def cluster(tmp_path_factory):
     assert _marked(mark) == [], "a process of the Ray cluster outlived it"
 
 
-@dataclass(frozen=True)
-class Result:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    run_dir: Path
-
-    def document(self) -> dict:
-        assert self.stdout.strip(), f"no JSON on stdout\n{self.stderr[-3000:]}"
-        return json.loads(self.stdout)
-
-    def events(self, rank: int, kind: str) -> list[dict]:
-        path = self.run_dir / "events" / f"rank-{rank}.jsonl"
-        found = (parse_event_line(line) for line in path.read_text().splitlines())
-        return [e for e in found if e and e["kind"] == kind]
-
+class Result(JsonRun):
     def context(self) -> str:
         return f"{self.stdout[-2000:]}\n{self.stderr[-4000:]}"
 

@@ -130,6 +130,9 @@ build_host() {  # build_host INDEX NHOSTS
     done
     [ -n "$child" ] || die "host $name did not start: $(cat "$STATE/$name.log")"
     echo "$child" > "$STATE/$name.pid"
+    # The pids an earlier host of this name wrote belong to a PID namespace that is gone.
+    rm -f "$STATE/slurm/slurmd-$name.pid"
+    if [ "$name" = h1 ]; then rm -f "$STATE/slurm/slurmctld.pid"; fi
   fi
 }
 
@@ -294,11 +297,16 @@ mount_cgroups() {  # mount_cgroups HOST: the same cgroup hierarchies in HOST's m
 
 daemon_up() {  # daemon_up HOST NAME: NAME's pid file names a live slurm daemon on HOST (its own pids)
   # A pid file left by an earlier lab (a host's pid namespace starts again at 1) may name any
-  # process now, even this check's own shell: only a slurmctld or slurmd under that pid counts.
+  # process now, even this check's own shell, or a thread of the new slurmctld (/proc/TID
+  # answers for threads too, under the daemon's name): only a process (its own thread-group
+  # leader) running the daemon the file is for counts.
+  local want=slurmd
+  [ "$2" = slurmctld ] && want=slurmctld
   [ -s "$SLURM_DIR/$2.pid" ] && run_on "$1" sh -c \
-    'pid=$(cat "$0") && case "$(cat "/proc/$pid/comm" 2>/dev/null)" in slurmctld|slurmd) ;; *) exit 1 ;; esac
-      ! grep -q "^State:[[:space:]]*Z" "/proc/$pid/status"' \
-    "$SLURM_DIR/$2.pid" 2>/dev/null
+    'pid=$(cat "$0") && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] \
+      && grep -q "^Tgid:[[:space:]]*$pid\$" "/proc/$pid/status" \
+      && ! grep -q "^State:[[:space:]]*Z" "/proc/$pid/status"' \
+    "$SLURM_DIR/$2.pid" "$want" 2>/dev/null
 }
 
 stop_daemon() {  # stop_daemon HOST NAME: end the slurm daemon NAME's pid file names, if it runs

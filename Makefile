@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-ray lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster lab-ray lab-ray-stop
+.PHONY: demo test test-slow test-all test-ray lint docs docs-serve format clean bench gpu-check cluster cluster-stop lab lab-stop lab-cluster lab-ray lab-ray-stop
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,17 @@ lint: $(VENV)/.installed-test
 # Bytecode caching on for the suite, whatever the shell says: with PYTHONDONTWRITEBYTECODE set,
 # every pytest process rewrote and compiled all 450 test modules again (7 s of CPU each, 3.5 s
 # cached) and every job's processes compiled what they import.
+# `make test` is what CI runs, within 8 minutes on two cores: the unit and TUI tests and one real
+# job per verdict, launcher and command. `make test-slow` runs the rest but Ray's (the corpora of
+# users' code, the frameworks, FSDP, the other lab scenarios, jobs timed or killed one by one:
+# tests/integration/conftest.py says which and why); `make test-all` runs every tier.
 test: lint docs
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "not ray"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "not ray and not slow"
+
+test-slow: $(VENV)/.installed-test
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "slow and not ray"
+
+test-all: test test-slow test-ray
 
 # The tests that start Ray clusters (marked ray: a local cluster, one started with `ray start`,
 # and the lab's two hosts): each Ray job takes minutes on a 2-core machine, so they run apart.

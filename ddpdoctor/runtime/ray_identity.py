@@ -87,20 +87,38 @@ def _text(value: Any) -> str | None:
 
 
 def actor_class_from_title(title: str) -> str | None:
-    """The actor's class from the process title Ray gives a worker while it runs an actor's
-    call ("ray::RayTrainWorker.execute" -> "RayTrainWorker"); None for an idle or task worker."""
+    """The actor's class from the process title Ray gives a worker between an actor's calls
+    ("ray::RayTrainWorker") or during one named after its method ("ray::RayTrainWorker.execute");
+    None for an idle or task worker. A call given a name of its own (`.options(name=...)`, which
+    Ray Train's worker group does) titles the process with that name alone, hence
+    actor_class_of_worker first."""
     if not title.startswith("ray::"):
         return None
     name = title[len("ray::") :].split(".", 1)[0].split(" ", 1)[0]
     return name[:200] if name and name != "IDLE" else None
 
 
+def actor_class_of_worker(worker: Any) -> str | None:
+    """The class of the one actor this worker process holds, from Ray's own table of it
+    (worker.actors: actor id -> instance, filled when the actor was created here)."""
+    actors = getattr(worker, "actors", None)
+    if not isinstance(actors, dict) or len(actors) != 1:
+        return None
+    name = type(next(iter(actors.values()))).__name__
+    return name[:200] or None
+
+
 def _actor_class(ctx: Any) -> str | None:
-    """The actor's class name (Ray Train's workers: "RayTrainWorker"), read from this process's
-    title (asking Ray for the actor's own handle could block the rank's hello)."""
+    """The actor's class name (Ray Train's workers: "RayTrainWorker"): from Ray's table of the
+    actors in this process, else from the process title (asking Ray for the actor's own handle
+    could block the rank's hello)."""
     try:
         if getattr(ctx, "get_actor_id", lambda: None)() is None:
             return None
+        worker_module = sys.modules.get("ray._private.worker")
+        found = actor_class_of_worker(getattr(worker_module, "global_worker", None))
+        if found:
+            return found
         with open("/proc/self/cmdline", "rb") as fh:
             title = fh.read(4096).split(b"\0", 1)[0].decode("utf-8", "replace")
     except Exception:  # noqa: BLE001

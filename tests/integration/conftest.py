@@ -53,6 +53,7 @@ class Job:
     args: tuple[str, ...] = ()
     command: tuple[str, ...] = ()
     stdout: str = "file"
+    slow: bool = False  # only the slow tier's tests read it: started only when they run
 
 
 CRASH = (
@@ -147,20 +148,21 @@ JOBS = [
         Job(
             f"sample-{name}",
             ("--backend", "gloo", "--hang-after", "3", "--", f"{SAMPLES}/{name}.py"),
+            slow=slow,
         )
-        for name in (
-            "stuck_dataloader",
-            "healthy",
-            "missing_set_epoch",
-            "slow_rank",
-            "exception_on_one_rank",
-            "rank0_only_barrier",
-            "uneven_data",
-            "allreduce_size_mismatch",
+        for name, slow in (
+            ("stuck_dataloader", False),
+            ("healthy", False),
+            ("missing_set_epoch", True),
+            ("slow_rank", True),
+            ("exception_on_one_rank", True),
+            ("rank0_only_barrier", True),
+            ("uneven_data", True),
+            ("allreduce_size_mismatch", True),
         )
     ],
     # the same sample under plain torchrun: it must print what it prints under ddpdoctor
-    Job("plain-missing_set_epoch", command=PLAIN_MISSING_SET_EPOCH),
+    Job("plain-missing_set_epoch", command=PLAIN_MISSING_SET_EPOCH, slow=True),
 ]
 
 
@@ -192,6 +194,8 @@ class SharedRuns:
         self._results = results
 
     def __getitem__(self, name: str) -> Result:
+        if name not in self._results and any(j.name == name and j.slow for j in JOBS):
+            raise KeyError(f"the shared run {name!r} is started only with the slow tier's tests")
         return self._results[name]
 
     def get(self, name: str) -> Result:
@@ -257,8 +261,14 @@ def run_jobs(jobs: Sequence[Job], base: Path) -> dict[str, Result]:
 
 
 @pytest.fixture(scope="session")
-def shared_runs(tmp_path_factory) -> SharedRuns:
-    return SharedRuns(run_jobs(JOBS, tmp_path_factory.mktemp("shared-runs")))
+def shared_runs(request, tmp_path_factory) -> SharedRuns:
+    # The slow tier's jobs only when one of its tests that read the shared runs was selected.
+    slow_wanted = any(
+        item.get_closest_marker("slow") and "shared_runs" in item.fixturenames
+        for item in request.session.items
+    )
+    jobs = [job for job in JOBS if slow_wanted or not job.slow]
+    return SharedRuns(run_jobs(jobs, tmp_path_factory.mktemp("shared-runs")))
 
 
 # -- running the suite on two workers (make test: pytest -n 2 --dist loadgroup) ------------------
@@ -267,7 +277,9 @@ def shared_runs(tmp_path_factory) -> SharedRuns:
 # above (one session fixture), Slurm's one node (srun steps would queue behind each other) and
 # the lab's hosts (one module's firewall rules would cut another's traffic).
 def _worker_group(items: list[pytest.Item]) -> str:
-    if any(item.get_closest_marker("lab") for item in items):
+    # The Ray modules join them: two Ray clusters starting at once on two cores miss Ray's own
+    # 60 s start-up limits.
+    if any(item.get_closest_marker("lab") or item.get_closest_marker("ray") for item in items):
         return "lab"
     if any(
         "shared_runs" in item.fixturenames or item.get_closest_marker("slurm") for item in items
@@ -276,12 +288,65 @@ def _worker_group(items: list[pytest.Item]) -> str:
     return items[0].nodeid.split("::")[0]
 
 
+# -- the two tiers: `make test` (CI) and `make test-slow` ------------------------------------
+# On two cores every job costs ~12 CPU-seconds of importing torch in its launcher and ranks, and
+# `make test` has 8 minutes. It keeps the unit and TUI tests and, of the integration tests, one
+# real job for each verdict, launcher and command (the shared runs above, mp.spawn, srun, the
+# doctor, explain, watch, the TUI live, the lab's preflight faults and its Slurm). The tests of
+# users' code in quantity (the corpora, the frameworks, FSDP), the other multi-host lab
+# scenarios, and the tests that start jobs of their own to time or kill them are marked `slow`
+# here and run by `make test-slow` (`make test-all`: every tier, Ray's included).
+SLOW_MODULES = {
+    "test_frameworks.py": "Lightning, accelerate and the HF Trainer, healthy and faulty",
+    "test_fsdp_runs.py": "the FSDP2 / DeviceMesh corpus, healthy and faulty",
+    "test_corpus_runs.py": "the run corpus: pytorch/examples and tutorial recipes",
+    "test_run_gate_and_output.py": "guarded collectives in Lightning jobs",
+    "test_busy_ranks.py": "busy vs blocked ranks: timing, alone",
+    "test_lab_network.py": "cut links and stalled peers on the lab's hosts",
+    "test_lab_node_loss.py": "lost hosts and killed launchers on the lab's hosts",
+    "test_lab_run.py": "every launcher across the lab's hosts",
+    "test_run_multinode.py": "two torchrun nodes on one machine",
+    "test_run_signals.py": "hang-ups and Ctrl-C under srun",
+    "test_full_disk.py": "a full run directory under a running job",
+    "test_run_forged_ranks.py": "forged ranks beside a healthy job",
+    "test_script_citation.py": "the preflight's line cited in the final diagnosis",
+}
+SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
+    "test_run_commands.py::test_srun_crash_names_the_rank_that_raised",
+    "test_run_commands.py::test_srun_hang_names_the_rank_and_stops_the_step",
+    "test_run_commands.py::test_nothing_of_an_mp_spawn_job_outlives_a_killed_ddpdoctor",
+    "test_run_commands.py::test_a_script_run_by_the_bootstrap_without_rank_variables",
+    "test_run_hardening.py::test_sigkill_to_ddpdoctor_ends_every_process",
+    "test_run_hardening.py::test_ctrl_c_on_a_healthy_run_is_interrupted_not_a_crash",
+    "test_run_hardening.py::test_a_daemon_a_rank_started_ends_with_the_run",
+    "test_run_inputs.py::test_keep_running_leaves_a_hung_job_until_ctrl_c",
+    # the sample scripts beyond a healthy one and a hang (their shared runs are slow=True)
+    "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
+    "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",
+    "test_diagnose_jobs.py::test_slow_rank_is_a_straggler_not_a_hang",
+    "test_diagnose_jobs.py::test_faults_get_their_verdict_and_rank_1_as_culprit[sample-exception",
+    "test_diagnose_jobs.py::test_rank0_only_barrier_is_a_mismatch_with_rank_0_as_culprit",
+    "test_diagnose_jobs.py::test_uneven_data_is_called_uneven_inputs",
+    "test_diagnose_jobs.py::test_allreduce_size_mismatch_names_both_sides",
+    "test_sample_jobs.py::test_a_sample_behaves_the_same_with_and_without_ddpdoctor",
+    "test_sample_jobs.py::test_missing_set_epoch_is_caught_by_the_sampler_audit",
+)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    path = Path(str(item.path)).name
+    test = f"{path}::{item.name}"
+    return path in SLOW_MODULES or any(test.startswith(prefix) for prefix in SLOW_TESTS)
+
+
 def pytest_collection_modifyitems(config, items):
     modules: dict[str, list[pytest.Item]] = {}
     here = Path(__file__).parent
     for item in items:
         if Path(str(item.path)).parent == here:
             modules.setdefault(str(item.path), []).append(item)
+            if _is_slow(item):
+                item.add_marker(pytest.mark.slow)
     # The first test that asks for the shared runs waits for all of them: on a busy worker that
     # takes longer than one test's usual limit.
     shared_setup = pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)

@@ -145,3 +145,18 @@ def test_the_actors_class_comes_from_the_title_ray_gives_the_process():
     assert actor_class_from_title("ray::TrainWorker") == "TrainWorker"
     assert actor_class_from_title("ray::IDLE") is None
     assert actor_class_from_title("/usr/bin/python train.py") is None
+
+
+def test_the_actors_class_comes_first_from_rays_table_of_the_actor_in_the_process():
+    from ddpdoctor.runtime.ray_identity import actor_class_of_worker
+
+    class RayTrainWorker:
+        pass
+
+    class Worker:
+        def __init__(self, actors: dict) -> None:
+            self.actors = actors
+
+    assert actor_class_of_worker(Worker({"a1": RayTrainWorker()})) == "RayTrainWorker"
+    assert actor_class_of_worker(Worker({})) is None
+    assert actor_class_of_worker(None) is None

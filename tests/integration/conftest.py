@@ -292,7 +292,7 @@ def _worker_group(items: list[pytest.Item]) -> str:
 # On two cores every job costs ~12 CPU-seconds of importing torch in its launcher and ranks, and
 # `make test` has 8 minutes. It keeps the unit and TUI tests and, of the integration tests, one
 # real job for each verdict, launcher and command (the shared runs above, mp.spawn, srun, the
-# doctor, explain, watch, the TUI live, the lab's preflight faults and its Slurm). The tests of
+# doctor, explain, watch, the TUI live, the lab's preflight faults). The tests of
 # users' code in quantity (the corpora, the frameworks, FSDP), the other multi-host lab
 # scenarios, and the tests that start jobs of their own to time or kill them are marked `slow`
 # here and run by `make test-slow` (`make test-all`: every tier, Ray's included).
@@ -305,6 +305,7 @@ SLOW_MODULES = {
     "test_lab_network.py": "cut links and stalled peers on the lab's hosts",
     "test_lab_node_loss.py": "lost hosts and killed launchers on the lab's hosts",
     "test_lab_run.py": "every launcher across the lab's hosts",
+    "test_lab_slurm.py": "srun across the lab's hosts (make test keeps srun on one host)",
     "test_run_multinode.py": "two torchrun nodes on one machine",
     "test_run_signals.py": "hang-ups and Ctrl-C under srun",
     "test_full_disk.py": "a full run directory under a running job",

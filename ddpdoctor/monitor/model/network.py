@@ -74,9 +74,14 @@ class NodeNetwork:
     links: tuple[LinkView, ...]
     probes: tuple[ProbeView, ...]
     names: tuple[NameView, ...] = ()
+    # Whether a live watcher vouches for the node that wrote the look (its own, or a node whose
+    # launcher started ranks it vouched for): only such a look may confirm a stop. Never read
+    # from the file (a file's claim explains, it does not stop); after the fact nothing stops.
+    vouched: bool = True
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("vouched")
         data["schema_version"] = SCHEMA_VERSION
         return data
 

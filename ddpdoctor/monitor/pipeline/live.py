@@ -15,6 +15,7 @@ asks for the rest (ddpdoctor.protocol.stack_requests).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -37,7 +38,13 @@ from ddpdoctor.monitor.judge.run_findings import skipped_event_findings, unreada
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.pipeline.followed_run import FollowedRun
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
-from ddpdoctor.monitor.pipeline.seen import across_nodes_of, await_nodes, check_disk, vouch
+from ddpdoctor.monitor.pipeline.seen import (
+    across_nodes_of,
+    await_nodes,
+    check_disk,
+    look_vouched,
+    vouch,
+)
 from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
 from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.events import parse_event_line
@@ -272,7 +279,8 @@ class Monitor(FollowedRun):
             checkup=checkup,
         )
         nodes = set(self.nodes) | set(range(snap.run.nnodes or 1))
-        snap = replace(snap, network=self.network.read(snap, nodes, now))
+        vouched = functools.partial(look_vouched, self) if live else None
+        snap = replace(snap, network=self.network.read(snap, nodes, now, vouched))
         extra = list(self.stacks.findings)
         if self.logs is not None:
             extra.extend(self.logs.findings)

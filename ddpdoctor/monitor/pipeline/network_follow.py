@@ -4,7 +4,8 @@ stall (ddpdoctor.monitor.follow.net_watch), and every node's looks read back for
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.findings import Finding
@@ -46,14 +47,23 @@ class NetworkFollow:
         own_views = [v for v in snap.ranks if v.rank in own]
         self.watch.observe(own_views, own, now, snap.thresholds.hang_after_s, lambda: _hosts(snap))
 
-    def read(self, snap: Snapshot, nodes: Iterable[int], now: float) -> tuple[NodeNetwork, ...]:
+    def read(
+        self,
+        snap: Snapshot,
+        nodes: Iterable[int],
+        now: float,
+        vouched: Callable[[NodeNetwork], bool] | None = None,
+    ) -> tuple[NodeNetwork, ...]:
         """The nodes' latest looks: at every poll while every rank stalls, else every
-        READ_EVERY_S."""
+        READ_EVERY_S. `vouched`: a live watcher's judgement of the node behind each look (a
+        look it does not vouch for explains a hang and never confirms a stop)."""
         due = self._read_t is None or not 0 <= now - self._read_t < READ_EVERY_S
         if symmetric_stall(snap) is not None or due:
             self._read_t = now
             self._latest = self.reports.read(nodes)
-        return self._latest
+        if vouched is None:
+            return self._latest
+        return tuple(replace(look, vouched=vouched(look)) for look in self._latest)
 
     def findings(self, snap: Snapshot) -> list[Finding]:
         return self.startup.findings(no_rank_started(snap)) if self.startup is not None else []

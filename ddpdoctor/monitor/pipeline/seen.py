@@ -133,6 +133,19 @@ def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:
     return PENDING
 
 
+def look_vouched(monitor: Any, look: Any) -> bool:
+    """A node's network look (network.json) may confirm a stop: this launcher's own node's, or
+    a node whose record names the look's host and whose launcher counts a rank this watcher
+    vouched for. Any other look is a file's claim: it explains the hang, it stops nothing."""
+    if look.node_rank == monitor.node_rank:
+        return True
+    record = monitor.nodes.get(look.node_rank)
+    seen = monitor.merge.feed.seen.get(look.node_rank)
+    if record is None or record.host != look.host or seen is None:
+        return False
+    return any(rank in monitor.vouching.vouched for rank in seen.ranks)
+
+
 def launcher_pids(monitor: Any) -> set[int]:
     """The pids of the run's launchers on this host (run.json's, the node records')."""
     pids = {r.launcher_pid for r in monitor.nodes.values() if is_local(r.host, monitor.local_host)}

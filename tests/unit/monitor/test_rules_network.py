@@ -159,3 +159,48 @@ def test_an_interface_down_claims_no_direction_from_the_counters():
     assert out is not None
     summary = out.findings[0].summary
     assert "→" not in summary and "the link between h1 and h2 carries nothing" in summary
+
+
+def test_a_look_the_watcher_does_not_vouch_for_explains_and_never_confirms_a_stop():
+    """node-1.json is a file: one claiming a dead peer while the watcher's own look sees its
+    probe answered keeps the finding (to explain) but not the stop."""
+    own, other = looks("cut-both")
+    answered = replace(own, probes=tuple(replace(p, answered=True) for p in own.probes))
+    ranks = [stalled(0, "h1"), stalled(1, "h2")]
+    claimed = network.detect(snap(ranks, network=(answered, replace(other, vouched=False))))
+    assert claimed is not None and claimed.verdict is Verdict.HANG and not claimed.confirmed
+    assert "a probe from h2 to h1" in claimed.findings[0].summary
+    # the same look vouched for (its node's launcher counts a rank the watcher vouched for)
+    assert network.detect(snap(ranks, network=(answered, other))).confirmed
+    # the watcher's own look showing the cut confirms it whatever the other file says
+    own_cut = network.detect(snap(ranks, network=(own, replace(other, vouched=False))))
+    assert own_cut is not None and own_cut.confirmed
+
+
+def test_whether_a_look_is_vouched_for_is_never_written_or_read():
+    report = looks("cut-both")[1]
+    data = replace(report, vouched=False).to_json()
+    assert "vouched" not in data
+    data["vouched"] = False
+    parsed = node_network_from_json(data)
+    assert parsed is not None and parsed.vouched  # after the fact: evidence, nothing to stop
+
+
+def test_a_live_watcher_vouches_for_its_own_look_and_for_nodes_whose_ranks_it_vouched():
+    from types import SimpleNamespace
+
+    from ddpdoctor.monitor.pipeline.seen import look_vouched
+
+    record = SimpleNamespace(host="h2")
+    monitor = SimpleNamespace(
+        node_rank=0,
+        nodes={1: record},
+        merge=SimpleNamespace(feed=SimpleNamespace(seen={1: SimpleNamespace(ranks=[1])})),
+        vouching=SimpleNamespace(vouched={1: 4242}),
+    )
+    own, other = looks("cut-both")
+    assert look_vouched(monitor, own) and look_vouched(monitor, other)
+    assert not look_vouched(monitor, replace(other, host="h9"))  # not the host its record names
+    assert not look_vouched(monitor, replace(other, node_rank=5))  # no such node
+    monitor.vouching.vouched = {}
+    assert not look_vouched(monitor, other)  # none of its ranks vouched for

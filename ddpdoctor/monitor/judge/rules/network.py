@@ -232,12 +232,18 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         started_t=started,
         onset_t=max(latest, started + snap.thresholds.hang_after_s if snap.thresholds else latest),
         # stopped only once it is certain and lasting: a peer that does not answer (or an
-        # interface down) and no progress for twice the hang threshold; a link that comes back
-        # sooner resumes the job (TCP retransmits), and the finding goes with the stall
-        confirmed=(any(p.probe_failed for p in faulty) or bool(down))
+        # interface down) in a look the watcher vouches for, and no progress for twice the hang
+        # threshold; a link that comes back sooner resumes the job (TCP retransmits), and the
+        # finding goes with the stall
+        confirmed=_certain([r for r in reports if r.vouched])
         and snap.thresholds is not None
         and stalled_s >= CONFIRM_AFTER * snap.thresholds.hang_after_s,
     )
+
+
+def _certain(looks: Sequence[NodeNetwork]) -> bool:
+    """These looks alone show a peer that does not answer or an interface down."""
+    return any(p.probe_failed for p in _pairs(looks).values()) or bool(_interfaces_down(looks))
 
 
 def _probe_phrase(p: _Pair) -> str:

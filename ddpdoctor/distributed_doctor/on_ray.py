@@ -185,7 +185,8 @@ def main(args: argparse.Namespace) -> int:
     ray = _import_ray()
     address = args.ray or None
     wait_s = float(args.timeout) + START_SLACK_S
-    _connect(ray, address, float(args.timeout) + CONNECT_SLACK_S)
+    done = threading.Event()
+    _connect(ray, address, float(args.timeout) + CONNECT_SLACK_S, done)
     try:
         nodes = cluster_nodes(ray.nodes(), ray.get_runtime_context().get_node_id())
         if not nodes:
@@ -209,6 +210,7 @@ def main(args: argparse.Namespace) -> int:
         ]
     finally:
         ray.shutdown()
+        done.set()
     return _emit(results, nodes)
 
 
@@ -248,11 +250,16 @@ def _import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str | None, wait_s: float) -> None:
-    """ray.init() with a deadline: a cluster that never answers is one line, not a wait."""
+def _connect(ray: Any, address: str | None, wait_s: float, done: threading.Event) -> None:
+    """ray.init() with a deadline: a cluster that never answers is one line, not a wait.
+
+    The thread that called ray.init() lives until `done`: a local cluster's GCS and raylet are
+    its children, started with the parent-death signal (SIGKILL), which the kernel sends when
+    the thread that forked them ends, not the process."""
     import logging
 
     outcome: list[BaseException | None] = []
+    answered = threading.Event()
 
     def connect() -> None:
         try:
@@ -265,10 +272,14 @@ def _connect(ray: Any, address: str | None, wait_s: float) -> None:
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - reported below as one line
             outcome.append(exc)
+            return
+        finally:
+            answered.set()
+        done.wait()
 
     thread = threading.Thread(target=connect, name="ddpdoctor-ray-init", daemon=True)
     thread.start()
-    thread.join(wait_s)
+    answered.wait(wait_s)
     where = address or os.environ.get("RAY_ADDRESS") or "this machine"
     if not outcome:
         raise RayClusterError(f"the Ray cluster at {where} did not answer within {wait_s:.0f} s")

@@ -60,3 +60,27 @@ def test_flags_reach_every_node_and_files_only_rank_0() -> None:
 def test_only_nccl_and_gloo_variables_travel_to_the_nodes() -> None:
     env = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "PATH": "/bin", "RANK": "3"}
     assert forwarded_env(env) == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_the_thread_that_started_a_local_cluster_lives_until_the_doctor_is_done() -> None:
+    """A local cluster's GCS and raylet get SIGKILL (their parent-death signal) when the thread
+    that forked them ends: ray.init()'s thread waits for `done`, and the caller does not."""
+    import threading
+    import time
+
+    from ddpdoctor.distributed_doctor.on_ray import _connect
+
+    started: list[threading.Thread] = []
+
+    class FakeRay:
+        def init(self, **_: object) -> None:
+            started.append(threading.current_thread())
+
+    done = threading.Event()
+    begun = time.monotonic()
+    _connect(FakeRay(), "local", 30.0, done)
+    assert time.monotonic() - begun < 5  # answered: no wait for the deadline
+    assert started and started[0].is_alive()
+    done.set()
+    started[0].join(5)
+    assert not started[0].is_alive()

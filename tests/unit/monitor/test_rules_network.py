@@ -204,3 +204,16 @@ def test_a_live_watcher_vouches_for_its_own_look_and_for_nodes_whose_ranks_it_vo
     assert not look_vouched(monitor, replace(other, node_rank=5))  # no such node
     monitor.vouching.vouched = {}
     assert not look_vouched(monitor, other)  # none of its ranks vouched for
+
+
+def test_a_direction_that_sent_nothing_is_not_said_to_carry():
+    """Both ways cut while only h2 had bytes to send (rank 0 waits to receive): h1's side lost
+    nothing because it sent nothing, which does not make h1 → h2 a working direction."""
+    h1, h2 = looks("cut-one-way")
+    idle = tuple(replace(link, total_retrans=0, retransmits=0, send_q=0) for link in h1.links)
+    out = network.detect(
+        snap([stalled(0, "h1"), stalled(1, "h2")], network=(replace(h1, links=idle), h2))
+    )
+    assert out is not None
+    summary = out.findings[0].summary
+    assert "the link between h1 and h2 carries nothing in either direction" in summary, summary

@@ -49,6 +49,9 @@ class _Pair:
     probe_failed: bool = False
     lost: int = 0  # segments src sent on a connection that dst's end never received
     matched: bool = False  # a connection from src to dst was seen from both ends
+    # src's segments to dst needed retransmitting (or are in flight): with none lost, they
+    # reached dst, and it was dst's ACKs that did not come back
+    sending: bool = False
 
 
 def _host_of(addr: str, reports: Sequence[NodeNetwork]) -> str:
@@ -137,6 +140,7 @@ def _pairs(reports: Sequence[NodeNetwork]) -> dict[tuple[str, str], _Pair]:
                 p = pair(src, dst)
                 p.matched = True
                 p.lost = max(p.lost, link.segs_out - other.segs_in)
+                p.sending = p.sending or outstanding or bool(link.retransmits or link.total_retrans)
         for probe in report.probes:
             if not probe.answered:
                 dst = _host_of(probe.addr, reports)
@@ -255,14 +259,17 @@ def _probe_phrase(p: _Pair) -> str:
 
 
 def _one_way(p: _Pair, pairs: dict[tuple[str, str], _Pair]) -> tuple[str, str] | None:
-    """(src, dst) when the segment counts of both ends show one direction alone losing."""
+    """(src, dst) when the segment counts of both ends show one direction alone losing, and
+    the other direction delivering: nothing lost there although its sender had segments to
+    send again or in flight. A direction that sent nothing proves nothing (every rank but one
+    may just be waiting to receive): then no direction is claimed."""
     there = pairs.get((p.src, p.dst))
     back = pairs.get((p.dst, p.src))
     if there is None or back is None or not (there.matched and back.matched):
         return None
-    if there.lost >= MIN_LOST and back.lost <= 0:
+    if there.lost >= MIN_LOST and back.lost <= 0 and back.sending:
         return p.src, p.dst
-    if back.lost >= MIN_LOST and there.lost <= 0:
+    if back.lost >= MIN_LOST and there.lost <= 0 and there.sending:
         return p.dst, p.src
     return None
 

@@ -148,3 +148,18 @@ def test_the_error_events_location_reaches_the_rank_view():
     assert tracker.error_line == "train.py:17 in main"
     tracker._error({"exc_type": "RuntimeError", "fatal": True, "location": "odd"}, NOW, None)
     assert tracker.error_line is None
+
+
+def test_a_rank_that_blames_a_peer_still_running_waits_for_that_peers_end():
+    """Rank 1's "Connection closed by peer" comes a moment before rank 0's clean exit after
+    fewer collectives is read: the crash is the verdict meanwhile, but not held until rank 0
+    ends or PEER_FATE_WAIT_S passes (a rule that reads rank 0's end may then say more)."""
+    blames = "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:11184"
+    early = crash.detect(snap([view(0), failed(1, NOW - 0.4, blames)]))
+    assert early.verdict is Verdict.CRASH and early.culprits == {1} and not early.confirmed
+    late = crash.detect(snap([view(0), failed(1, NOW - crash.PEER_FATE_WAIT_S - 0.1, blames)]))
+    assert late.confirmed
+    peer_done = crash.detect(snap([view(0, RankState.DONE, exit_code=0), failed(1, NOW, blames)]))
+    assert peer_done.confirmed
+    # an error of the rank's own is held at once, peers running or not
+    assert crash.detect(snap([view(0), failed(1, NOW, "ValueError: bad batch")])).confirmed

@@ -26,6 +26,10 @@ _CONSEQUENCE = re.compile(
 )
 _EXTERNAL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 TRACEBACK_LINES = 6
+# A root cause whose error says a peer went away ("Connection closed by peer") while that peer
+# still runs: its end (a clean exit after fewer collectives, a crash of its own) is usually a
+# few hundred milliseconds behind. The verdict waits this long for it before it is held.
+PEER_FATE_WAIT_S = 3.0
 
 
 _ENDED_BADLY = frozenset({RankState.FAILED, RankState.GONE})
@@ -74,11 +78,19 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         rule="crash",
         findings=tuple(findings),
         verdict=Verdict.CRASH,
-        confirmed=True,
+        confirmed=not _awaiting_peers_fate(root, snap),
         culprits=frozenset(culprits),
         started_t=root.failed_t,
         onset_t=root.failed_t,
     )
+
+
+def _awaiting_peers_fate(root: RankView, snap: Snapshot) -> bool:
+    """The root's own error blames a peer that has not ended yet, for under PEER_FATE_WAIT_S."""
+    if not (root.error and _CONSEQUENCE.search(root.error)) or root.failed_t is None:
+        return False
+    running = any(not v.state.finished for v in snap.ranks if v.rank != root.rank)
+    return running and snap.taken_t - root.failed_t < PEER_FATE_WAIT_S
 
 
 def _with_extra_call(finding: Finding, root: RankView, snap: Snapshot) -> Finding:

@@ -33,6 +33,10 @@ from ddpdoctor.runtime.records import Record
 from ddpdoctor.runtime.steps import StepTracker
 from ddpdoctor.runtime.writer import EventWriter
 
+# Closed steps are written at once at most this often; between, they go with the heartbeat's
+# flush (every few milliseconds while events wait).
+STEP_WRITE_EVERY_S = 0.05
+
 
 class BeatThread(Protocol):
     """The heartbeat thread as the runtime knows it (runtime/heartbeat.py builds on this module,
@@ -131,9 +135,10 @@ class Runtime:
         self._early: list[dict[str, Any] | Record] = []
         self._undo: list[Callable[[], None]] = []
         self._on_first_queued: Callable[[], None] | None = None
+        self._step_written_t = float("-inf")
         if rank is not None:
             self._writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
-            self.steps.sink = self._writer.write
+            self.steps.sink = self._write_step
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -183,6 +188,21 @@ class Runtime:
         else:
             writer.enqueue(record)
 
+    def _write_step(self, record: Record) -> None:
+        """A closed training step: on disk now when the last step written is STEP_WRITE_EVERY_S
+        old, else queued for the heartbeat's next flush. A rank killed a moment after a step
+        (SIGKILL, the OOM killer: no exit handler runs) has every step of a slow job counted,
+        and a job of millisecond steps makes no system call per step on its training thread."""
+        writer = self._writer
+        if writer is None:
+            return
+        now = self.mono_clock()
+        if now - self._step_written_t >= STEP_WRITE_EVERY_S:
+            self._step_written_t = now
+            writer.write(record)
+        else:
+            writer.enqueue(record)
+
     def _keep_early(self, event: dict[str, Any] | Record) -> EventWriter | None:
         """Keep an event until the rank is known; the writer instead when it just became known."""
         with self._lock:
@@ -221,10 +241,8 @@ class Runtime:
                     event["rank"] = rank
                 writer.enqueue(event)
             self._writer = writer
-            # from now on a closed step goes straight to the file, with what was queued before
-            # it: one write per training step, and a rank killed a moment later (SIGKILL, the
-            # OOM killer: no exit handler runs) has every step it finished counted
-            self.steps.sink = writer.write
+            # from now on a closed step goes to the file with what was queued before it
+            self.steps.sink = self._write_step
         writer.flush()
 
     # -- state ---------------------------------------------------------------------------------

@@ -75,6 +75,8 @@ def sync_desc(ddp: Any) -> CollectiveDesc | None:
             return None
         pseudo = GroupInfo(group.name + SYNC_GROUP_SUFFIX, group.size, group.ranks)
         desc = CollectiveDesc(SYNC_OP, pseudo, TensorSummary(), is_async=False)
+        # a count, not a call that blocks: queued like a bucket's, never a write on the hot path
+        desc.immediate = False
         ddp.__dict__[SYNCS_ATTR] = desc
     return desc
 

@@ -33,9 +33,10 @@ from ddpdoctor.runtime.records import Record
 from ddpdoctor.runtime.steps import StepTracker
 from ddpdoctor.runtime.writer import EventWriter
 
-# Closed steps are written at once at most this often; between, they go with the heartbeat's
-# flush (every few milliseconds while events wait).
+# A closed step is written at once when it was slow (a write is then a fraction of a percent of
+# it) or the last one written is this old; between, steps go with the heartbeat's flush.
 STEP_WRITE_EVERY_S = 0.05
+SLOW_STEP_S = 0.005
 
 
 class BeatThread(Protocol):
@@ -135,7 +136,7 @@ class Runtime:
         self._early: list[dict[str, Any] | Record] = []
         self._undo: list[Callable[[], None]] = []
         self._on_first_queued: Callable[[], None] | None = None
-        self._step_written_t = float("-inf")
+        self._step_written_t = self._step_closed_t = float("-inf")
         if rank is not None:
             self._writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
             self.steps.sink = self._write_step
@@ -189,15 +190,18 @@ class Runtime:
             writer.enqueue(record)
 
     def _write_step(self, record: Record) -> None:
-        """A closed training step: on disk now when the last step written is STEP_WRITE_EVERY_S
-        old, else queued for the heartbeat's next flush. A rank killed a moment after a step
-        (SIGKILL, the OOM killer: no exit handler runs) has every step of a slow job counted,
-        and a job of millisecond steps makes no system call per step on its training thread."""
+        """A closed training step: on disk now when it took SLOW_STEP_S or more or the last step
+        written is STEP_WRITE_EVERY_S old, else queued for the heartbeat's next flush. A rank
+        killed a moment after a step (SIGKILL, the OOM killer: no exit handler runs) has every
+        step it finished counted unless its steps take milliseconds, and then the training thread
+        makes no system call per step."""
         writer = self._writer
         if writer is None:
             return
         now = self.mono_clock()
-        if now - self._step_written_t >= STEP_WRITE_EVERY_S:
+        slow = now - self._step_closed_t >= SLOW_STEP_S
+        self._step_closed_t = now
+        if slow or now - self._step_written_t >= STEP_WRITE_EVERY_S:
             self._step_written_t = now
             writer.write(record)
         else:

@@ -175,3 +175,33 @@ def test_a_step_record_reads_back_as_the_step_event():
         "comm_wait_s": 0.125,
         "samples_per_s": None,
     }
+
+
+def test_a_slow_step_is_on_disk_when_it_closes_and_fast_ones_wait_for_the_flush(run_path):
+    """What a SIGKILL right after a step leaves: the events file as it is, no flush."""
+    from ddpdoctor.runtime import core
+
+    now = [100.0]
+    runtime = Runtime(run_path, rank=0, mono_clock=lambda: now[0])
+    path = runtime.run_dir.events_file(0)
+
+    def on_disk() -> list[int]:
+        events = map(parse_event_line, path.read_bytes().split(b"\n")) if path.exists() else []
+        return [e["step"] for e in events if e and e["kind"] == "step"]
+
+    closed = [0]
+
+    def close_step(after_s: float) -> None:
+        now[0] += after_s
+        closed[0] += 1
+        record = (records.step, 1000.0, now[0], closed[0], None, None, 16, 1, after_s, 0.0, 0.0)
+        runtime.steps.sink(record)
+
+    close_step(1.0)  # the first: written
+    close_step(core.SLOW_STEP_S * 2)  # slow: written
+    assert on_disk() == [1, 2]
+    for _ in range(3):
+        close_step(0.001)  # millisecond steps: queued
+    assert on_disk() == [1, 2]
+    close_step(core.STEP_WRITE_EVERY_S)  # the last write is old: written, after the queue
+    assert on_disk() == [1, 2, 3, 4, 5, 6]

@@ -82,6 +82,24 @@ class OpenCollective:
 MAX_DESCRIPTIONS = 512
 
 
+class CountedCalls:
+    """Calls that only count, never block (DDP's gradient syncs, one per synced forward): the
+    training thread adds one (`count += 1`, nothing else); the heartbeat thread writes the latest
+    number as one call, start and end, when it flushes (CollectiveTracker.poll). The monitor keeps
+    the highest number a rank reached per group, so a batch of syncs reads as the syncs one by one
+    would, with the site of the latest. `site_due` asks the next call to say where it comes from
+    (one frame walk a flush, not one a call); `site` is that place, as call_sites encodes it."""
+
+    __slots__ = ("count", "desc", "site", "site_due", "written")
+
+    def __init__(self, desc: CollectiveDesc) -> None:
+        self.desc = desc
+        self.count = 0
+        self.written = 0
+        self.site: str | None = None
+        self.site_due = True
+
+
 class CollectiveTracker:
     """Numbers collectives, records their events, and remembers the ones still in flight.
 
@@ -102,6 +120,7 @@ class CollectiveTracker:
         self._open: dict[OpenCollective, None] = {}  # insertion ordered: the oldest first
         self._watched: list[tuple[OpenCollective, Probe, str]] = []
         self._descriptions: dict[Any, CollectiveDesc] = {}
+        self._counted: list[CountedCalls] = []
         self.started = 0
         self.done = 0
 
@@ -197,8 +216,36 @@ class CollectiveTracker:
         """True while some collective waits for a polled probe (the heartbeat then polls often)."""
         return bool(self._watched)
 
+    def counter(self, desc: CollectiveDesc) -> CountedCalls:
+        """A new count of calls of `desc`, written by poll() (see CountedCalls)."""
+        counted = CountedCalls(desc)
+        with self._lock:
+            self._counted.append(counted)
+        return counted
+
+    def _write_counts(self) -> None:
+        for counted in self._counted:
+            seq = counted.count  # read once: the training thread may add meanwhile
+            if seq <= counted.written:
+                continue
+            counted.written = seq
+            desc = counted.desc
+            with self._lock:
+                if seq <= self._seqs.get(desc.seq_key, 0):
+                    continue
+                self._seqs[desc.seq_key] = seq
+            now, wall_t = self._mono(), self._wall()
+            self._record((records.collective_start, wall_t, now, desc, seq, counted.site), False)
+            self._record(
+                (records.collective_end, wall_t, now, desc, seq, 0.0, None, "count"), False
+            )
+            counted.site_due = True
+
     def poll(self) -> int:
-        """Check every watched probe once; end those that are done. Returns how many ended."""
+        """Write the counted calls' news, check every watched probe once and end those that are
+        done. Returns how many ended."""
+        if self._counted:
+            self._write_counts()
         if not self._watched:
             return 0
         with self._lock:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
 from ddpdoctor.runtime.c10d_hooks import GROUPS
-from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
+from ddpdoctor.runtime.collectives import CountedCalls, GroupInfo, TensorSummary
 from ddpdoctor.runtime.ddp_hooks import MODE_RECORDER
 from ddpdoctor.runtime.patching import patch
 from ddpdoctor.runtime.records import CollectiveDesc
@@ -32,7 +32,7 @@ from ddpdoctor.runtime.records import CollectiveDesc
 SITE_ATTR = "_ddpdoctor_ddp_site"  # the user's line that made the DDP model
 DONE_ATTR = "_ddpdoctor_contract_done"
 NO_SYNC_ATTR = "_ddpdoctor_no_sync_site"  # the site text of the model's latest no_sync() call
-SYNCS_ATTR = "_ddpdoctor_sync_desc"  # the description of its gradient syncs, made once
+SYNCS_ATTR = "_ddpdoctor_sync_count"  # the count of its gradient syncs (CountedCalls), made once
 SYNC_OP = "ddp_gradient_sync"
 SYNC_GROUP_SUFFIX = ":ddp_grads"
 
@@ -67,18 +67,17 @@ def members_of(ddp: Any) -> list[int] | None:
     return sorted(group.ranks) if group is not None and group.ranks is not None else None
 
 
-def sync_desc(ddp: Any) -> CollectiveDesc | None:
-    desc = ddp.__dict__.get(SYNCS_ATTR)
-    if desc is None:
+def sync_counter(ddp: Any, rt: core.Runtime) -> CountedCalls | None:
+    counted = ddp.__dict__.get(SYNCS_ATTR)
+    if counted is None:
         group = GROUPS.describe(ddp.process_group)
         if group is None:
             return None
         pseudo = GroupInfo(group.name + SYNC_GROUP_SUFFIX, group.size, group.ranks)
         desc = CollectiveDesc(SYNC_OP, pseudo, TensorSummary(), is_async=False)
-        # a count, not a call that blocks: queued like a bucket's, never a write on the hot path
-        desc.immediate = False
-        ddp.__dict__[SYNCS_ATTR] = desc
-    return desc
+        desc.immediate = False  # a count, not a call that blocks: never a write on the hot path
+        counted = ddp.__dict__[SYNCS_ATTR] = rt.collectives.counter(desc)
+    return counted
 
 
 def counts_syncs(rt: core.Runtime) -> bool:
@@ -89,12 +88,18 @@ def counts_syncs(rt: core.Runtime) -> bool:
 
 
 def on_synced_forward(ddp: Any, rt: core.Runtime) -> None:
-    """A forward whose backward will all-reduce the gradients: counted, with its deciding line."""
-    desc = sync_desc(ddp)
-    if desc is None:
+    """A forward whose backward will all-reduce the gradients: counted. Its deciding line (the
+    model's latest `no_sync()` call, else the forward's own line) is looked up once per write of
+    the count (every few tens of milliseconds), not per forward: the line of a loop's forward
+    does not change from one step to the next, and a walk of the stack per step cost more than
+    the rest of the runtime's per-step work together."""
+    counted = ddp.__dict__.get(SYNCS_ATTR) or sync_counter(ddp, rt)
+    if counted is None:
         return
-    site = ddp.__dict__.get(NO_SYNC_ATTR) or call_sites.caller_site(2)
-    rt.collectives.end(rt.collectives.begin(desc, site))
+    if counted.site_due:
+        counted.site_due = False
+        counted.site = ddp.__dict__.get(NO_SYNC_ATTR) or call_sites.caller_site(2)
+    counted.count += 1
 
 
 def install(runtime: core.Runtime) -> None:

@@ -372,3 +372,30 @@ def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(tmp_path, mon
         assert last["comm_wait_s"] == pytest.approx(min(0.25, last["step_time_s"]), abs=2e-6)
     finally:
         deactivate()
+
+
+def test_gradient_syncs_are_counted_and_written_as_the_latest_number(tmp_path, monkeypatch, world):
+    """By default every synced forward adds one to a count that the heartbeat writes when it
+    flushes: the highest number with the line of the forward after the previous write, never a
+    frame walk or an event per forward."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    runtime = activate(tmp_path / "run")
+    try:
+        model = make_model()
+        for _ in range(3):
+            train_step(model)  # the line every sync comes from
+        with model.no_sync():
+            train_step(model)  # not a sync
+        wait_until(lambda: any(e["seq"] == 3 for e in events(runtime, "collective_end")))
+        syncs = [e for e in events(runtime, "collective_start") if e["op"] == "ddp_gradient_sync"]
+        assert syncs and syncs[-1]["seq"] == 3 and syncs[-1]["group"].endswith(":ddp_grads")
+        assert syncs[0]["site"]["file"].endswith("test_runtime_ddp.py")
+        assert len(syncs) <= 3  # batched: as many records as flushes, at most one per sync
+        train_step(model)  # after no_sync: its line is the deciding one
+        runtime.collectives.poll()
+        last = [e for e in events(runtime, "collective_start") if e["op"] == "ddp_gradient_sync"]
+        assert last[-1]["seq"] == 4
+    finally:
+        deactivate()

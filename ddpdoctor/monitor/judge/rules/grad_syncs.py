@@ -31,10 +31,11 @@ def _syncs(view: RankView) -> dict[str, int]:
 
 
 def _call(view: RankView, group: str, seq: int) -> CollectiveView | None:
-    for coll in view.recent_collectives:
-        if coll.group == group and coll.seq == seq:
-            return coll
-    return None
+    """The rank's sync numbered `seq`, else the first one it wrote after it: the runtime writes
+    the count as it stands at each flush (several syncs in one record), with the line of the
+    first sync after the previous flush."""
+    after = [c for c in view.recent_collectives if c.group == group and c.seq >= seq]
+    return min(after, key=lambda c: c.seq) if after else None
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:

@@ -83,14 +83,18 @@ class FrCollector:
         wait = ASK_EVERY_S
         if asked is None or th is None:
             return wait
+        # the sooner threshold (every rank behind blocked) wants a dump by then too
+        soonest = min(th.hang_after_s, th.hang_blocked_after_s or th.hang_after_s)
         for d in self._dumps.values():
             for group in d.groups:
                 entry = d.pending(group.pg)
                 if entry is None or entry.created_t is None:
                     continue
-                due = entry.created_t + th.hang_after_s + 0.05 - asked
-                if 0.0 < due < wait:
-                    wait = due
+                for after in (soonest, th.hang_after_s):
+                    due = entry.created_t + after + 0.05 - asked
+                    if 0.0 < due < wait:
+                        wait = due
+                        break
         return wait
 
     def collect(self, now: float) -> tuple[FrRank, ...]:

@@ -49,6 +49,10 @@ class Thresholds:
     pg_timeout_basis: str = ""
     wait_warn_after_s: float | None = None  # a wait for a busy rank is a warning past this
     wait_error_after_s: float | None = None  # ... and an error past this
+    # A wait for ranks that are all blocked (no CPU, no I/O, the very same frame) for about as
+    # long as the wait itself is a hang past this, sooner than hang_after_s (None: not sooner).
+    hang_blocked_after_s: float | None = None
+    heartbeat_period_s: float = 1.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,9 @@ class Thresholds:
             "pg_timeout_basis": self.pg_timeout_basis,
             "wait_warn_after_s": self.wait_warn_after_s,
             "wait_error_after_s": self.wait_error_after_s,
+            "hang_blocked_after_s": (
+                round(self.hang_blocked_after_s, 3) if self.hang_blocked_after_s else None
+            ),
         }
 
 

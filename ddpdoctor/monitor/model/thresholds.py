@@ -6,7 +6,14 @@ default follows what the job has shown so far:
     hang_after = max(floor, STEP_FACTOR × median recent step time,
                      WAIT_FACTOR × longest collective wait that completed during training)
 
-The floor is a few seconds once training runs, and larger before the first training step, when
+A wait whose culprits are all *blocked* (progress.py: no CPU, no I/O and the very same frame, for
+about as long as the others have waited) is a hang sooner, past
+
+    hang_blocked_after = max(BLOCKED_FLOOR_S, BLOCKED_PERIODS × heartbeat period,
+                             STEP_FACTOR × median step, WAIT_FACTOR × longest normal wait)
+
+since that is evidence, not only time: nothing on the rank moved while the others waited. A busy,
+undecided or silent culprit still takes hang_after. The floor is a few seconds once training runs, and larger before the first training step, when
 single-rank work (rank 0 preparing or downloading data while the others wait at a barrier, model
 loading) legitimately keeps ranks waiting. `--hang-after` replaces all of this with one number.
 
@@ -28,6 +35,10 @@ from collections.abc import Iterable, Sequence
 from ddpdoctor.monitor.model.snapshot import Thresholds
 
 HANG_FLOOR_S = 5.0
+# Blocked culprits: two idle heartbeat intervals make "blocked" (progress.BLOCKED_INTERVALS), so a
+# floor of 2.5 heartbeat periods leaves the evidence half a period to cover the whole wait.
+BLOCKED_FLOOR_S = 2.5
+BLOCKED_PERIODS = 2.5
 STARTUP_FLOOR_S = 15.0
 STEP_FACTOR = 10.0
 WAIT_FACTOR = 1.5
@@ -93,6 +104,13 @@ def compute_thresholds(
         hang, basis = max(candidates, key=lambda c: c[0])
         basis = f"{hang:.1f} s = {basis}"
         adaptive = True
+        if training_started:
+            blocked_floor = max(BLOCKED_FLOOR_S, BLOCKED_PERIODS * period)
+            blocked = max(blocked_floor, *(value for value, _ in candidates[1:]))
+            if blocked < hang:
+                basis += f"; {blocked:.1f} s when every rank behind is blocked"
+    if hang_after is not None or not training_started:
+        blocked = hang
     typical = _p90(all_waits)
     waiting = max(WAITING_FLOOR_S, WAITING_FACTOR * typical)
     waiting = min(waiting, 0.5 * hang)
@@ -109,6 +127,8 @@ def compute_thresholds(
         pg_timeout_basis=timeout_basis,
         wait_warn_after_s=warn,
         wait_error_after_s=error,
+        hang_blocked_after_s=min(blocked, hang),
+        heartbeat_period_s=period,
     )
 
 

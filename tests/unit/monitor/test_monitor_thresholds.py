@@ -48,3 +48,16 @@ def test_waiting_shows_after_a_few_normal_collectives_but_before_the_hang():
 def test_stale_heartbeat_scales_with_its_period():
     assert th().heartbeat_stale_s == 5.0
     assert th(heartbeat_period=2.0).heartbeat_stale_s == 10.0
+
+
+def test_blocked_culprits_have_a_sooner_threshold_that_follows_the_job():
+    quick = th(step_times=[0.01] * 20)
+    assert quick.hang_after_s == 5.0 and quick.hang_blocked_after_s == 2.5
+    assert "2.5 s when every rank behind is blocked" in quick.basis
+    assert th(step_times=[0.4] * 20).hang_blocked_after_s == 4.0  # 10 x the median step
+    assert th(heartbeat_period=2.0).hang_blocked_after_s == 5.0  # 2.5 heartbeat periods
+
+
+def test_no_sooner_threshold_before_training_or_with_hang_after():
+    for t in (th(training_started=False), th(hang_after=7.0)):
+        assert t.hang_blocked_after_s == t.hang_after_s

@@ -3,8 +3,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ddpdoctor.monitor.judge.rules import hang
-from ddpdoctor.monitor.model.snapshot import RankState, StackGroup, Verdict
-from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view, waiting
+from ddpdoctor.monitor.model.snapshot import Activity, RankState, StackGroup, Verdict
+from ddpdoctor.protocol.verdicts import ActivityState
+from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, thresholds, view, waiting
 
 CULPRIT_STACK = StackGroup(
     ranks=(1,),
@@ -126,3 +127,40 @@ def test_culprit_stopped_after_the_hang_is_described_where_it_was():
     text = out.findings[0].summary
     assert "it is in phase train at step 10, last event fault hang" in text
     assert "then it was stopped by SIGTERM" in text
+
+
+def _blocked_for(seconds, **kw):
+    activity = Activity(ActivityState.BLOCKED, 0.0, "train.py:40 wait_for_file", seconds)
+    return culprit(activity=activity, **kw)
+
+
+def _soon(ranks, **kw):
+    th = replace(thresholds(5.0), hang_blocked_after_s=2.5, heartbeat_period_s=1.0)
+    return replace(snap(ranks, **kw), thresholds=th)
+
+
+def test_a_culprit_blocked_for_the_whole_wait_is_a_hang_at_the_sooner_threshold():
+    out = hang.detect(_soon([waiting(0, 41, 2.7), _blocked_for(2.0)]))
+    assert out is not None and out.culprits == {1}
+    assert out.onset_t == NOW - 2.7 + 2.5
+    assert "every rank behind blocked" in " ".join(e.text for e in out.findings[0].evidence)
+
+
+def test_the_sooner_threshold_needs_the_evidence_to_cover_the_wait():
+    # blocked for a second of a 3 s wait: it was doing something a moment ago
+    assert hang.detect(_soon([waiting(0, 41, 3.0), _blocked_for(1.0)])) is None
+    # under the sooner threshold itself
+    assert hang.detect(_soon([waiting(0, 41, 2.0), _blocked_for(2.0)])) is None
+
+
+def test_a_busy_or_undecided_culprit_still_takes_the_full_threshold():
+    busy = Activity(ActivityState.BUSY, 95.0, "train.py:60 evaluate", 3.0)
+    assert hang.detect(_soon([waiting(0, 41, 3.0), culprit(activity=busy)])) is None
+    assert hang.detect(_soon([waiting(0, 41, 3.0), culprit()])) is None  # activity unknown
+    assert hang.detect(_soon([waiting(0, 41, 5.5), culprit()])) is not None
+
+
+def test_every_rank_behind_must_be_blocked_for_the_sooner_threshold():
+    other = view(2, seq=40, last_progress_t=NOW - 9.0)  # activity unknown
+    ranks = [waiting(0, 41, 3.0), _blocked_for(3.0), other]
+    assert hang.detect(_soon(ranks)) is None

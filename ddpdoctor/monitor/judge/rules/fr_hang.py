@@ -41,34 +41,89 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     # The default group only: its id ("0") is the same on every rank, while a subgroup's id is
     # a per-process count that ranks outside it may not share.
     for pg in ("0",):
-        waiters: list[tuple[FrRank, FrEntry]] = []
-        for d in dumps:
-            entry = d.pending(pg)
-            if entry is None or entry.created_t is None:
-                continue
-            if d.taken_t - entry.created_t >= th.hang_after_s:
-                waiters.append((d, entry))
-        if not waiters:
-            continue
-        k = min(e.seq for _, e in waiters)
-        at_k = [(d, e) for d, e in waiters if e.seq == k]
-        created = min(e.created_t or 0.0 for _, e in at_k)
-        behind = []
-        for d in dumps:
-            group = d.group(pg)
-            if group is None or last_scheduled(d, pg) >= k or not current(d, snap):
-                continue
-            view = snap.rank(d.rank)
-            if view is not None and busy(view, snap):
-                continue  # making progress of its own (eval, download): the others wait for it
-            if d.taken_t - created >= th.hang_after_s:
-                behind.append(d)
-        if not behind:
-            continue  # every backend scheduled #K (a transport stall), or the rest are busy
-        outcome = _outcome(snap, at_k, behind, created, pg)
-        if best is None or (outcome.onset_t or 0.0) < (best.onset_t or 0.0):
+        outcome = _full_wait(snap, dumps, pg) or _blocked_wait(snap, dumps, pg)
+        if outcome is not None and (
+            best is None or (outcome.onset_t or 0.0) < (best.onset_t or 0.0)
+        ):
             best = outcome
     return best
+
+
+def _full_wait(snap: Snapshot, dumps: list[FrRank], pg: str) -> RuleOutcome | None:
+    """Dumps taken the hang threshold after the waiters scheduled #K, ranks behind not busy."""
+    th = snap.thresholds
+    assert th is not None
+    waiters: list[tuple[FrRank, FrEntry]] = []
+    for d in dumps:
+        entry = d.pending(pg)
+        if entry is None or entry.created_t is None:
+            continue
+        if d.taken_t - entry.created_t >= th.hang_after_s:
+            waiters.append((d, entry))
+    if not waiters:
+        return None
+    k = min(e.seq for _, e in waiters)
+    at_k = [(d, e) for d, e in waiters if e.seq == k]
+    created = min(e.created_t or 0.0 for _, e in at_k)
+    behind = []
+    for d in dumps:
+        group = d.group(pg)
+        if group is None or last_scheduled(d, pg) >= k or not current(d, snap):
+            continue
+        view = snap.rank(d.rank)
+        if view is not None and busy(view, snap):
+            continue  # making progress of its own (eval, download): the others wait for it
+        if d.taken_t - created >= th.hang_after_s:
+            behind.append(d)
+    if not behind:
+        return None  # every backend scheduled #K (a transport stall), or the rest are busy
+    return _outcome(snap, at_k, behind, created, pg, th.hang_after_s)
+
+
+def _blocked_wait(snap: Snapshot, dumps: list[FrRank], pg: str) -> RuleOutcome | None:
+    """The sooner threshold (thresholds.py): every rank behind #K is blocked, and has been for
+    the whole wait. The dumps may be older than the threshold: a waiter's still stands while it
+    has trained no further since (fr_wait.still_waiting's test), a culprit's while `current`."""
+    th = snap.thresholds
+    assert th is not None
+    soonest = th.hang_blocked_after_s
+    if soonest is None or soonest >= th.hang_after_s:
+        return None
+    waiters: list[tuple[FrRank, FrEntry]] = []
+    for d in dumps:
+        entry = d.pending(pg)
+        view = snap.rank(d.rank)
+        if entry is None or entry.created_t is None or view is None or view.state.finished:
+            continue
+        if not _trained_no_further(d, view):
+            continue
+        if snap.taken_t - entry.created_t >= soonest:
+            waiters.append((d, entry))
+    if not waiters:
+        return None
+    k = min(e.seq for _, e in waiters)
+    at_k = [(d, e) for d, e in waiters if e.seq == k]
+    created = min(e.created_t or 0.0 for _, e in at_k)
+    waited = snap.taken_t - max(e.created_t or 0.0 for _, e in at_k)
+    behind = []
+    for d in dumps:
+        group = d.group(pg)
+        if group is None or last_scheduled(d, pg) >= k or not current(d, snap):
+            continue
+        view = snap.rank(d.rank)
+        if view is None or not hang_rule.blocked_through(view, waited, snap):
+            return None  # a rank behind that is not plainly blocked: the full threshold decides
+        behind.append(d)
+    if not behind:
+        return None
+    return _outcome(snap, at_k, behind, created, pg, soonest)
+
+
+def _trained_no_further(dump: FrRank, view: RankView) -> bool:
+    if dump.step is not None and view.step is not None:
+        return view.step <= dump.step
+    last = view.last_progress_t
+    return last is None or last <= dump.taken_t + STALE_SLACK_S
 
 
 def current(dump: FrRank, snap: Snapshot) -> bool:
@@ -116,13 +171,14 @@ def _outcome(
     behind: list[FrRank],
     created: float,
     pg: str,
+    after_s: float,
 ) -> RuleOutcome:
     th = snap.thresholds
     assert th is not None
     entry = at_k[0][1]
     waiter_ranks = sorted(d.rank for d, _ in at_k)
     culprit_ranks = sorted(d.rank for d in behind)
-    longest = max(d.taken_t - (e.created_t or d.taken_t) for d, e in at_k)
+    longest = max(snap.taken_t - (e.created_t or d.taken_t) for d, e in at_k)
     views = [v for r in culprit_ranks if (v := snap.rank(r)) is not None]
     verb = "waits" if len(waiter_ranks) == 1 else "wait"
     summary = (
@@ -141,6 +197,13 @@ def _outcome(
     if len(behind) > 8:
         evidence.append(Evidence(f"... and {len(behind) - 8} more ranks behind"))
     evidence.extend(Evidence(waiter_line(d, e)) for d, e in at_k[:2])
+    if after_s < th.hang_after_s:
+        evidence.append(
+            Evidence(
+                f"threshold {fmt_s(after_s)}: every rank behind blocked (no CPU, no I/O, the same"
+                f" frame) for the whole wait (else {fmt_s(th.hang_after_s)})"
+            )
+        )
     finding = Finding(
         id="hang",
         severity=Severity.ERROR,
@@ -157,7 +220,7 @@ def _outcome(
         verdict=Verdict.HANG,
         culprits=frozenset(culprit_ranks),
         started_t=started,
-        onset_t=created + th.hang_after_s,
+        onset_t=created + after_s,
         stalled=frozenset(
             v.rank for v in views if not v.state.finished and v.state is not RankState.WAITING
         ),

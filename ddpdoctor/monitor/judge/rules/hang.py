@@ -21,6 +21,7 @@ from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
 from ddpdoctor.monitor.model.snapshot import CollectiveView, RankState, RankView, Snapshot, Verdict
 from ddpdoctor.monitor.model.views_together import waiting_collective
 from ddpdoctor.protocol import events as ev
+from ddpdoctor.protocol.verdicts import ActivityState
 from ddpdoctor.rank_ranges import named_ranks
 
 FIX = (
@@ -33,15 +34,20 @@ FIX = (
 )
 
 
-def long_waiters(snap: Snapshot) -> dict[str, list[tuple[RankView, CollectiveView]]]:
-    """Per group, the ranks that have waited in a collective past the hang threshold, alive."""
+def long_waiters(
+    snap: Snapshot, after_s: float | None = None
+) -> dict[str, list[tuple[RankView, CollectiveView]]]:
+    """Per group, the ranks that have waited in a collective past `after_s` (the hang
+    threshold unless given), alive."""
     th = snap.thresholds
     out: dict[str, list[tuple[RankView, CollectiveView]]] = defaultdict(list)
     if th is None:
         return out
+    if after_s is None:
+        after_s = th.hang_after_s
     for view in snap.ranks:
         coll = waiting_collective(view)
-        if coll is None or coll.waiting_s < th.hang_after_s:
+        if coll is None or coll.waiting_s < after_s:
             continue
         if heartbeat_alive_while_waiting(view, coll, snap):
             out[coll.group].append((view, coll))
@@ -81,6 +87,18 @@ def undecided(view: RankView, snap: Snapshot) -> bool:
     return view.activity is None and view.reports_progress and fresh and not view.state.finished
 
 
+def blocked_through(view: RankView, waited_s: float, snap: Snapshot) -> bool:
+    """The rank is blocked (no CPU, no I/O, the same frame) and has been for the whole wait but
+    one heartbeat period (the interval in which it stopped is active by its earlier work)."""
+    th = snap.thresholds
+    activity = view.activity
+    if th is None or activity is None or view.state.finished:
+        return False
+    if activity.state is not ActivityState.BLOCKED or activity.since_s is None:
+        return False
+    return activity.since_s + th.heartbeat_period_s >= waited_s
+
+
 def members_of(coll: CollectiveView, snap: Snapshot) -> list[int]:
     if coll.group == ev.DEFAULT_GROUP or not coll.group_ranks:
         return [v.rank for v in snap.ranks]
@@ -92,9 +110,11 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if th is None:
         return None
     best: RuleOutcome | None = None
-    for group, waiters in long_waiters(snap).items():
+    soonest = min(th.hang_after_s, th.hang_blocked_after_s or th.hang_after_s)
+    for group, waiters in long_waiters(snap, soonest).items():
         k = min(c.seq for _, c in waiters)
         at_k = [(v, c) for v, c in waiters if c.seq == k]
+        waited = min(c.waiting_s for _, c in at_k)
         coll = at_k[0][1]
         behind = []
         for m in members_of(coll, snap):
@@ -106,8 +126,14 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         stuck = [v for v in behind if not progressing(v) and not undecided(v, snap)]
         if not stuck:
             continue  # every rank behind is busy (a wait: rules.wait) or not judged yet
+        after = th.hang_after_s
+        if waited < after:  # sooner only on the evidence that nothing moved on any rank behind
+            if not all(blocked_through(v, waited, snap) for v in stuck):
+                continue
+            after = soonest
         waiting = [v for v, _ in waiters]
-        outcome = _outcome(snap, coll, waiting, stuck, _divergence(snap, coll, waiting, stuck))
+        divergence = _divergence(snap, coll, waiting, stuck)
+        outcome = _outcome(snap, coll, waiting, stuck, divergence, after)
         if best is None or (outcome.onset_t or 0) < (best.onset_t or 0):
             best = outcome
     return best
@@ -134,14 +160,16 @@ def _outcome(
     waiters: list[RankView],
     culprits: list[RankView],
     divergence: call_sites.Divergence | None = None,
+    after_s: float | None = None,
 ) -> RuleOutcome:
     th = snap.thresholds
     assert th is not None
+    after = after_s if after_s is not None else th.hang_after_s
     since = min(
         (w.collective.since_t for w in waiters if w.collective and w.collective.since_t),
         default=None,
     )
-    onset = since + th.hang_after_s if since is not None else snap.taken_t
+    onset = since + after if since is not None else snap.taken_t
     progress = [c.last_progress_t for c in culprits if c.last_progress_t is not None]
     started = min(progress) if progress else since
     if started is not None and since is not None:
@@ -179,7 +207,9 @@ def _outcome(
             Evidence(
                 f"rank {view.rank}: waits in {view.collective.describe() if view.collective else '?'}"
                 f" for {fmt_s(view.collective.waiting_s if view.collective else None)}"
-                f" (threshold {fmt_s(th.hang_after_s)}; heartbeat alive)"
+                f" (threshold {fmt_s(after)}"
+                f"{', every rank behind blocked' if after < th.hang_after_s else ''};"
+                " heartbeat alive)"
             )
         )
     waiting_on = tuple((w.rank, tuple(sorted(culprit_ranks))[:16]) for w in waiters)

@@ -190,3 +190,12 @@ def test_a_peer_stop_needs_its_torchrun_ended():
             proc.kill()
             proc.wait()
     assert peer_stop({1: record}, 0) is Verdict.HANG
+
+
+def test_a_never_started_record_of_a_launcher_that_runs_is_not_followed():
+    from ddpdoctor.launch.supervise import peer_never_started
+
+    never = NodeRecord(1, this_host(), os.getpid(), ended_t=time.time())  # this process runs
+    assert peer_never_started({1: never}, 0) is None
+    gone = NodeRecord(1, this_host(), 4_190_001, ended_t=time.time())
+    assert peer_never_started({1: gone}, 0) is gone

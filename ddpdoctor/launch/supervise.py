@@ -29,10 +29,13 @@ finishes an answer in progress before it stops its ranks.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from ddpdoctor.protocol.verdicts import Verdict
 
@@ -131,12 +134,13 @@ class StopPolicy:
         return Decision()
 
 
-def peer_stop(records: Any, node_rank: int | None) -> Verdict | None:
-    """The verdict another node's launcher stopped its torchrun for (node records), if any."""
+def peer_stop(records: Any, node_rank: int | None, snapshot: Any = None) -> Verdict | None:
+    """The verdict another node's launcher stopped its torchrun for (node records), if any,
+    once what this launcher sees confirms it (`peer_record_confirmed`)."""
     if node_rank is None:
         return None
     for node, record in sorted((records or {}).items()):
-        if node != node_rank and record.stopped_for:
+        if node != node_rank and record.stopped_for and peer_record_confirmed(record, snapshot):
             try:
                 return Verdict(record.stopped_for)
             except ValueError:
@@ -150,9 +154,39 @@ def peer_never_started(records: Any, node_rank: int | None) -> Any:
     if node_rank is None:
         return None
     for node, record in sorted((records or {}).items()):
-        if node != node_rank and record.ended and record.started_t is None:
-            return record
+        if (
+            node != node_rank
+            and record.ended
+            and record.started_t is None
+            and not (is_local(record.host) and pid_alive(record.launcher_pid))
+        ):
+            return record  # (a launcher of this host that still runs has not ended)
     return None
+
+
+def is_local(host: str | None) -> bool:
+    here = socket.gethostname()
+    return bool(host) and (host == here or str(host).split(".")[0] == here.split(".")[0])
+
+
+def pid_alive(pid: int | None) -> bool:
+    try:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:
+        return True
+    except psutil.Error:
+        return False
+
+
+def peer_record_confirmed(record: Any, snapshot: Any) -> bool:
+    """Whether a node record's word that its launcher stopped its part of the job is borne out
+    by what this launcher sees: a node record is a file of the run directory, which any process
+    of the job can write. On this host, that node's torchrun has ended; on another, a rank of
+    that host has ended (a stopped part's ranks end within a second or two)."""
+    if is_local(record.host):
+        return not (record.torchrun_pid and pid_alive(record.torchrun_pid))
+    views = [v for v in getattr(snapshot, "ranks", ()) if v.host == record.host]
+    return not views or any(v.state.finished for v in views)
 
 
 def local_rank_pids(snapshot: Snapshot) -> list[int]:
@@ -204,7 +238,7 @@ class SupervisedRun:
             # Without this, torchrun waits for the missing node until its rendezvous times out.
             self.abandoned_by = absent.node_rank
             self._stop_pending = True
-        peer = peer_stop(nodes, self.node_rank)
+        peer = peer_stop(nodes, self.node_rank, snapshot)
         decision = self.policy.observe(snapshot, job_running=running, peer_stopped=peer)
         if decision.capture_stacks:
             self.monitor.request_stacks()

@@ -321,6 +321,9 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_run_hardening.py::test_ctrl_c_on_a_healthy_run_is_interrupted_not_a_crash",
     "test_run_hardening.py::test_a_daemon_a_rank_started_ends_with_the_run",
     "test_run_inputs.py::test_keep_running_leaves_a_hung_job_until_ctrl_c",
+    # forged claims during a 40 s stall of every rank, one node and two
+    "test_run_claims.py::test_a_forged_network_look_on_one_node_is_not_read",
+    "test_run_claims.py::test_forged_gone_and_network_look_stop_neither_node",
     # the sample scripts beyond a healthy one and a hang (their shared runs are slow=True)
     "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
     "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",

@@ -59,7 +59,7 @@ def network_path(run: RunDir, node_rank: int) -> Path:
     return run.node_dir(node_rank) / NETWORK_NAME
 
 
-def _loopback(addr: str) -> bool:
+def is_loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback or addr in ("0.0.0.0", "::")
     except ValueError:
@@ -156,6 +156,9 @@ class NetWatch:
         self._names_t: float | None = None
         self.looks = 0
         self.changed_names: tuple[NameView, ...] = ()
+        # the look this launcher wrote last, held here: its own node's look is this one, never
+        # the file read back (any process of the job can write that file)
+        self.latest: NodeNetwork | None = None
 
     # -- the names ----------------------------------------------------------------------------
 
@@ -230,7 +233,7 @@ class NetWatch:
             for c in conns.get(pid, ()):
                 if c.state == "LISTEN":
                     listening.add(c.local_port)
-                elif not _loopback(c.peer) and c.peer not in own:
+                elif not is_loopback(c.peer) and c.peer not in own:
                     links.append(_link_view(rank, c))
         links.sort(key=lambda link: (-link.send_q, -link.retransmits, link.rank))
         links = links[:MAX_LINKS]
@@ -262,11 +265,13 @@ class NetWatch:
         )
 
     def _write(self, report: NodeNetwork) -> None:
+        self.latest = report
         with contextlib.suppress(OSError):  # a lost look: the diagnosis goes without it
             write_json_atomic(network_path(self.run, self.node_rank), report.to_json())
             self._written = True
 
     def _remove(self) -> None:
+        self.latest = None
         if self._written:
             with contextlib.suppress(OSError):
                 os.unlink(network_path(self.run, self.node_rank))

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.gone_claims import GoneClaims
+from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.node_publisher import Publisher
 from ddpdoctor.monitor.follow.row_reader import CallRecords, NodeRows, apply_rows
 from ddpdoctor.monitor.model.launchers import proc_children
@@ -177,6 +179,7 @@ class NodeMerge:
         self._full: dict[int, list] | None = None  # the summary being applied: its digests
         self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
+        self.gone = GoneClaims()
         self.follower = own_node is not None and own_node > 0
         # Whether other nodes' summaries are read. A follower whose view a person looks at (its
         # TUI, its live terminal view) reads them from the start, as node 0 does: otherwise the
@@ -216,6 +219,8 @@ class NodeMerge:
                     self._follow(rank, node)
         for node, summary in changed:
             self.apply_summary(node, summary, standing)
+        if self.gone.pending:
+            self.gone.settle(self.state, now)
         if not standing >= self._standing:  # a node's summary stopped standing since
             for rank, node in list(self.via.items()):
                 if node not in standing:
@@ -255,10 +260,8 @@ class NodeMerge:
         if summary.rows is not None:
             self._apply_rows(node, summary, standing)
         self._full = None
-        for rank in summary.gone:  # its node saw the process end: not this watcher's to see
-            tracker = self.state.ranks.get(rank)
-            if self.via.get(rank) == node and tracker is not None and tracker.exit_code is None:
-                self.state.set_alive(rank, False)
+        # its node saw the process end: checked before it ends the rank (gone_claims)
+        self.gone.claim(node, summary, self.state, is_local, lambda r: self.via.get(r) == node)
 
     def _takes(self, rank: int, node: int, standing: set[int], last: int) -> bool:
         """Whether this watcher follows `rank` through node's summary, and is behind `last`."""
@@ -380,7 +383,9 @@ class NodeMerge:
         self.publisher.maybe_publish(now, own, force=force, trackers=self.state.ranks)
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
-        return self.feed.stale_findings(now, nodes) if self.feed.seen else []
+        return (self.feed.stale_findings(now, nodes) if self.feed.seen else []) + (
+            self.gone.findings()
+        )
 
 
 def ranks_of_children(pid: int) -> dict[int, int]:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from ddpdoctor.monitor.model.snapshot import RunInfo
+from ddpdoctor.protocol.events import MAX_RANKS
 from ddpdoctor.protocol.rundir import RunDir
 
 
@@ -17,14 +18,18 @@ def _first(data: dict[str, Any], *keys: str) -> Any:
     return None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: Any, bound: int | None = None) -> int | None:
+    """An integer of run.json; `bound`: a count (ranks, nodes), which must lie in 1..bound
+    (a file's number allocates nothing: a larger one is no count of a launch)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
+    if isinstance(value, str) and value.isdigit() and len(value) <= 18:
+        value = int(value)
+    if not isinstance(value, int):
+        return None
+    if bound is not None and not 0 < value <= bound:
+        return None
+    return value
 
 
 def _float(value: Any) -> float | None:
@@ -47,12 +52,12 @@ def run_info(run: RunDir, data: dict[str, Any] | None = None) -> RunInfo:
     return RunInfo(
         name=str(_first(data, "name", "run_name") or run.path.name),
         run_dir=str(run.path),
-        world_size=_int(_first(data, "world_size")),
+        world_size=_int(_first(data, "world_size"), 1 << 62),
         backend=_first(data, "backend") if isinstance(_first(data, "backend"), str) else None,
         hosts=tuple(str(h) for h in hosts),
         started_t=_float(_first(data, "started_t", "start_time", "started", "start_t")),
         command=tuple(str(c) for c in command) if isinstance(command, list) else (),
-        nnodes=_int(_first(data, "nnodes")),
+        nnodes=_int(_first(data, "nnodes"), MAX_RANKS),
         total_steps=_int(_first(data, "total_steps", "steps")),
         launch_mode=data.get("launch_mode") if isinstance(data.get("launch_mode"), str) else None,
     )

@@ -78,12 +78,12 @@ def vouch_local(
         return f"pid {pid} belongs to another user"
     except psutil.Error:
         return f"pid {pid} is no process"
-    if _holds(pid, events_file) or _names_run(pid, run_dir) or _descends(proc, set(roots)):
+    if holds_file(pid, events_file) or _names_run(pid, run_dir) or _descends(proc, set(roots)):
         return None
     return f"pid {pid} is not a process of this run (it neither writes that file nor was started by it)"
 
 
-def _holds(pid: int, events_file: Path) -> bool:
+def holds_file(pid: int, events_file: Path) -> bool:
     """Whether the process holds `events_file` open (the runtime's writer keeps it so)."""
     try:
         target = events_file.stat()
@@ -151,6 +151,8 @@ class Vouching:
         new: list[Refusal] = []
         roots = tuple(roots)
         for rank, tracker in list(state.ranks.items()):
+            if state.ranks.get(rank) is not tracker:
+                continue  # refused in this pass (another rank's pid it named)
             pid = tracker.pid
             if self.vouched.get(rank) == pid and pid is not None:
                 continue
@@ -166,13 +168,46 @@ class Vouching:
             elif tracker.exit_code == 0 and tracker.error_t is None:
                 continue  # ended cleanly before a first look: nothing to act on, nothing to refute
             else:
-                why = vouch_local(pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots)
+                why = self._pid_taken(state, rank, tracker)
+                if why is None:
+                    why = vouch_local(
+                        pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots
+                    )
             if why is None or why == VOUCHED:
                 if pid is not None:
                     self.vouched[rank] = pid
             elif why != PENDING:
                 new.append(self._refuse(state, rank, tracker, why))
         return new
+
+    def _pid_taken(self, state: Any, rank: int, tracker: Any) -> str | None:
+        """A rank is one process: why `rank` is refused when another rank of the same host
+        already names its pid (None when no other does). Of two ranks naming one pid, the one
+        whose event file the process holds open is that process (its runtime keeps its own
+        file open); the other's hello is a copy or a forgery. A rank vouched for before that
+        turns out to be the other one is refused in turn."""
+        pid = tracker.pid
+        others = [
+            r
+            for r, t in state.ranks.items()
+            if r != rank and t.pid == pid and t.host == tracker.host and pid is not None
+        ]
+        if not others:
+            return None
+        if holds_file(pid, self.events_file(rank)):
+            for other in others:  # this process is `rank`: the others only named its pid
+                if holds_file(pid, self.events_file(other)):
+                    continue
+                self.vouched.pop(other, None)
+                why = f"pid {pid} is rank {rank}'s process (one process is one rank)"
+                self._refuse(state, other, state.ranks[other], why)
+            return None
+        owner = next((r for r in others if self.vouched.get(r) == pid), None)
+        if owner is None:
+            owner = next((r for r in others if holds_file(pid, self.events_file(r))), None)
+        if owner is None:
+            return None  # none holds its file (each ended, or not opened yet): the usual checks
+        return f"pid {pid} is rank {owner}'s process (one process is one rank)"
 
     def _refuse(
         self, state: Any, rank: int, tracker: Any, why: str, *, by: str | None = None

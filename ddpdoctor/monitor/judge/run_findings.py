@@ -26,6 +26,25 @@ def skipped_event_findings(state: RunState) -> list[Finding]:
     ]
 
 
+def world_findings(state: RunState) -> list[Finding]:
+    """run.json's world size, when the ranks' own hellos (their launch's WORLD_SIZE) say a
+    smaller one: the ranks' word is taken, and the file's claim said."""
+    disputed = state.world_disputed
+    if disputed is None:
+        return []
+    claimed, world = disputed
+    return [
+        Finding(
+            "run.world_disputed",
+            Severity.WARNING,
+            f"run.json says a world of {claimed} ranks, but the ranks' own hellos say {world}: "
+            f"the run is judged as {world} ranks",
+            "run.json was edited or copied from another run, or the job ran fewer ranks than "
+            "launched (an elastic job's smaller world). Nothing is allocated by the file's number.",
+        )
+    ]
+
+
 def unreadable_findings(unreadable: dict[str, str]) -> list[Finding]:
     """A file of the run (or events/ itself) that cannot be read: what it says is unknown, so
     a verdict without it must say so."""

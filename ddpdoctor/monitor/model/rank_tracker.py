@@ -76,6 +76,10 @@ class RankTracker:
         self.rss_bytes: int | None = None
         self.gpu_mem_bytes: int | None = None
         self.events_seen = 0
+        # an exit line (and its error) that this process's later events contradicted
+        self.contradicted: str | None = None
+        # its exit line is doubted: its process, seen alive, still holds its event file open
+        self.exit_doubted = False
         # counts every change (an event, an error line): a view of it is rebuilt only then
         self.version = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
@@ -152,6 +156,8 @@ class RankTracker:
             self._calls_key = None
             self.recent_view = None
         t = num(event.get("t"))
+        if self.exit_code is not None and not (kind == ev.HELLO and self._new_pid(event)):
+            self.exit_contradicted(f"then its {kind} events went on")
         self.events_seen += 1
         self.version += 1
         if t is not None:
@@ -321,6 +327,22 @@ class RankTracker:
             self.exit_signal = "SIGTERM"
         if self.exit_reason != "signal":  # stopped from outside: keep what it was doing
             self.last_event = f"exit {self.exit_code}"
+
+    def _new_pid(self, event: dict[str, Any]) -> bool:
+        pid = integer(event.get("pid"))
+        return pid is not None and pid != self.pid
+
+    def exit_contradicted(self, why: str) -> None:
+        """The same process wrote on after its exit line, which its runtime writes last (and
+        closes its file after): that exit, and the error before it, were a line someone else
+        appended (or one left from before). Reported (`contradicted`), never acted on."""
+        said = f"exit {self.exit_code}" + (f" after {self.error}" if self.error else "")
+        self.contradicted = f"{said}; {why}"
+        self.exit_doubted = False
+        self.exit_code = self.exit_reason = self.exit_t = self.exit_signal = None
+        self.error = self.traceback = self.error_line = None
+        self.error_t = None
+        self.error_at = None
 
     # -- derived facts ---------------------------------------------------------------------
 

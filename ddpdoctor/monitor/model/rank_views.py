@@ -252,6 +252,8 @@ class RankViews:
         self, tracker: RankTracker, now: float, live: bool, th: Thresholds
     ) -> tuple[RankState, float | None, int | None, str | None]:
         """(state, failed_t, exit_code, exit_signal) of one rank at `now`."""
+        if tracker.exit_doubted:
+            return RankState.RUNNING, None, None, None  # its process runs on: not ended (seen)
         if tracker.exit_code is not None:
             if tracker.exit_code == 0 and tracker.error_t is None:
                 return RankState.DONE, None, 0, None

@@ -175,6 +175,9 @@ class RunState(RankViews):
         self._launcher_groups = None
         self.by_local = {k: r for k, r in self.by_local.items() if r != rank}
         self.by_pid = {k: r for k, r in self.by_pid.items() if r != rank}
+        for other, kept in self.ranks.items():  # a refused hello may have named a kept pid
+            if kept.host is not None and kept.pid is not None:
+                self.by_pid.setdefault((kept.host, kept.pid), other)
 
     def _new_process(self, rank: int, event: dict[str, Any]) -> bool:
         """A hello of another process than the refused one: the rank is looked at anew."""
@@ -217,7 +220,7 @@ class RunState(RankViews):
         # The world ddpdoctor's own launch made (nproc x nnodes) is a fact: no hello enlarges it.
         # A user's command's world is known only from what its ranks say.
         known = self.info.world_size or self.hello_world
-        return min(known, ev.MAX_RANKS) if known > 0 else ev.MAX_RANKS
+        return min(known, ev.MAX_RANKS) if known and known > 0 else ev.MAX_RANKS
 
     def _training_started(self, t: float | None) -> None:
         if t is not None and (self.training_start_t is None or t < self.training_start_t):
@@ -316,12 +319,28 @@ class RunState(RankViews):
 
     @property
     def world_size(self) -> int:
-        if self.info.world_size:  # ddpdoctor's own launch: what it started, whatever a hello says
-            return min(self.info.world_size, ev.MAX_RANKS)
+        """The job's world: the launch's (run.json), checked against the ranks' own hellos.
+
+        A launch's world is a fact no hello enlarges (a claim of a larger world allocates no
+        views). A launch's world larger than every kept rank's hello says is the file's claim
+        against what the ranks' own environment said (their WORLD_SIZE, set by the launch that
+        really ran): the hellos win, and `world_disputed` says so. Never above ev.MAX_RANKS."""
         sizes = [t.world_size for t in self.ranks.values() if t.world_size]
-        known = max(sizes, default=0)
-        world = max(known, self.info.world_size or 0, max(self.ranks, default=-1) + 1)
-        return min(world, ev.MAX_RANKS)  # a made-up world size allocates no views
+        said = min(max(sizes, default=0), ev.MAX_RANKS)
+        seen = max(self.ranks, default=-1) + 1
+        launch = self.info.world_size
+        if launch and launch > 0:
+            if said and said < launch:
+                return min(max(said, seen), ev.MAX_RANKS)
+            return min(launch, ev.MAX_RANKS)
+        return min(max(said, seen), ev.MAX_RANKS)  # a made-up world size allocates no views
+
+    @property
+    def world_disputed(self) -> tuple[int, int] | None:
+        """(run.json's world size, the ranks' own) when the ranks' hellos say a smaller one."""
+        launch = self.info.world_size
+        world = self.world_size
+        return (launch, world) if launch and launch > world else None
 
     @property
     def training_started(self) -> bool:
@@ -364,7 +383,9 @@ class RunState(RankViews):
         if all_finished and all(v.state is RankState.DONE for v in views):
             verdict = Verdict.HEALTHY
         return Snapshot(
-            run=self.info if self.info.world_size else replace(self.info, world_size=world),
+            run=self.info
+            if self.info.world_size == world
+            else replace(self.info, world_size=world),
             taken_t=now,
             ranks=tuple(views),
             verdict=verdict,

@@ -34,7 +34,11 @@ from ddpdoctor.monitor.judge.run_end import (
     interrupted_snapshot,
     not_started_snapshot,
 )
-from ddpdoctor.monitor.judge.run_findings import skipped_event_findings, unreadable_findings
+from ddpdoctor.monitor.judge.run_findings import (
+    skipped_event_findings,
+    unreadable_findings,
+    world_findings,
+)
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.pipeline.followed_run import FollowedRun
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
@@ -42,6 +46,8 @@ from ddpdoctor.monitor.pipeline.seen import (
     across_nodes_of,
     await_nodes,
     check_disk,
+    contradicted_findings,
+    doubt_exits,
     look_vouched,
     vouch,
 )
@@ -250,6 +256,7 @@ class Monitor(FollowedRun):
                     note(event["rank"], line_no, event)
         self._check_liveness(first_look=True)
         vouch(self)
+        doubt_exits(self)
         self.merge.publish(now, force=final)
         self.host_probes.probe(self.state, self._last, now)
         interesting = False
@@ -278,7 +285,10 @@ class Monitor(FollowedRun):
             fr_status=self.flight_recorder.status(),
             checkup=checkup,
         )
-        nodes = set(self.nodes) | set(range(snap.run.nnodes or 1))
+        # a job on one node takes no network look (a node's look is for a job over several):
+        # a network.json there is none of ddpdoctor's
+        multi = len(self.nodes) > 1 or (snap.run.nnodes or 1) > 1
+        nodes = set(self.nodes) | set(range(min(snap.run.nnodes or 1, 4096))) if multi else set()
         vouched = functools.partial(look_vouched, self) if live else None
         snap = replace(snap, network=self.network.read(snap, nodes, now, vouched))
         extra = list(self.stacks.findings)
@@ -286,6 +296,8 @@ class Monitor(FollowedRun):
             extra.extend(self.logs.findings)
         extra.extend(unreadable_findings(self.tailer.unreadable))
         extra.extend(skipped_event_findings(self.state))
+        extra.extend(world_findings(self.state))
+        extra.extend(contradicted_findings(self.state))
         extra.extend(self.vouching.findings(self.state.world_size))
         extra.extend(self.disk.findings())
         extra.extend(self.network.findings(snap))

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ddpdoctor.findings import Finding
-from ddpdoctor.monitor.follow.net_watch import NetReports, NetWatch, job_names
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.net_watch import NetReports, NetWatch, is_loopback, job_names
 from ddpdoctor.monitor.follow.startup_names import StartupNames
 from ddpdoctor.monitor.judge.rules.network import symmetric_stall
 from ddpdoctor.monitor.model.network import NodeNetwork
@@ -34,6 +34,7 @@ class NetworkFollow:
         self.reports = NetReports(run)
         self._read_t: float | None = None
         self._latest: tuple[NodeNetwork, ...] = ()
+        self.forged: dict[int, str] = {}  # node -> why its network.json was not taken
 
     def observe(self, snap: Snapshot | None, own: Mapping[int, int], now: float) -> None:
         """After a poll: a look when this node's ranks all stalled (never waits for it)."""
@@ -60,17 +61,72 @@ class NetworkFollow:
         due = self._read_t is None or not 0 <= now - self._read_t < READ_EVERY_S
         if symmetric_stall(snap) is not None or due:
             self._read_t = now
-            self._latest = self.reports.read(nodes)
+            self._latest = self._checked(self.reports.read(nodes))
         if vouched is None:
             return self._latest
         return tuple(replace(look, vouched=vouched(look)) for look in self._latest)
 
+    def own(self, look: NodeNetwork) -> bool:
+        """Whether `look` is the one this launcher took itself (held in memory)."""
+        return (
+            self.watch is not None
+            and self.watch.latest is not None
+            and (look.to_json() == self.watch.latest.to_json())
+        )
+
+    def _checked(self, looks: tuple[NodeNetwork, ...]) -> tuple[NodeNetwork, ...]:
+        """The looks read from the nodes' files, checked against what this process knows:
+        its own node's look is the one it took (the file is not read back for it), and a look
+        that contradicts itself (a link to its own host, a node number not its file's) is none
+        a launcher wrote."""
+        own_node = self.watch.node_rank if self.watch is not None else None
+        kept = []
+        for look in looks:
+            why = None
+            if look.node_rank == own_node:
+                if not self.own(look):
+                    why = "this node's launcher did not write it"
+            else:
+                why = self_contradiction(look)
+            if why is None:
+                kept.append(look)
+            else:
+                self.forged[look.node_rank] = why
+        latest = self.watch.latest if self.watch is not None else None
+        if latest is not None and not any(look.node_rank == own_node for look in kept):
+            kept.append(latest)
+        return tuple(kept)
+
     def findings(self, snap: Snapshot) -> list[Finding]:
-        return self.startup.findings(no_rank_started(snap)) if self.startup is not None else []
+        found = self.startup.findings(no_rank_started(snap)) if self.startup is not None else []
+        if self.forged:
+            said = "; ".join(
+                f"nodes/node-{node}/network.json: {why}"
+                for node, why in sorted(self.forged.items())[:4]
+            )
+            found.append(
+                Finding(
+                    "network.unvouched",
+                    Severity.WARNING,
+                    f"a network look not taken by ddpdoctor was not read ({said})",
+                    "A node's network.json is written by its own launcher only. One written by "
+                    "anything else (a process of the job, a copy from another run) is reported, "
+                    "never acted on.",
+                )
+            )
+        return found
 
     def wait(self, timeout_s: float) -> None:
         if self.watch is not None:
             self.watch.wait(timeout_s)
+
+
+def self_contradiction(look: NodeNetwork) -> str | None:
+    """Why a look is none a launcher took (its links leave its own host, by construction)."""
+    for link in look.links:
+        if look.owns(link.peer) or is_loopback(link.peer):
+            return f"it names a link from {look.host} to its own address {link.peer}"
+    return None
 
 
 def no_rank_started(snap: Snapshot) -> bool:

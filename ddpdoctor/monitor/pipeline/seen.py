@@ -16,10 +16,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ddpdoctor.monitor.follow.liveness import is_local
-from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.liveness import is_local, pid_alive
+from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED, holds_file
 from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
 from ddpdoctor.monitor.model.snapshot import Snapshot
+from ddpdoctor.rank_ranges import named_ranks
 
 # A rank of another host is refused when its node's launcher has not counted it among its ranks
 # this long after its hello was read here (a launcher publishes its ranks every second).
@@ -105,6 +107,57 @@ def vouch(monitor: Any) -> None:
     )
 
 
+def doubt_exits(monitor: Any) -> None:
+    """An exit line of a rank of this host whose process still runs and still holds its event
+    file open: the runtime writes its exit last and closes the file at once, so that line is
+    someone else's (appended to the file) or a stale one. The rank is not ended while so
+    (its exit is doubted); once seen so at two polls, the line is contradicted: dropped, and
+    reported. A process that ends, or closes the file, leaves the line to stand."""
+    if monitor.job_ended:
+        return
+    here = monitor._local_hosts
+    state = monitor.state
+    for rank, tracker in state.ranks.items():
+        if tracker.exit_code is None or tracker.pid is None or state.alive.get(rank) is False:
+            continue
+        if tracker.exit_code == 0 and tracker.error_t is None:
+            continue  # a clean end stops nothing
+        if not (here.get(tracker.host) or is_local(tracker.host, monitor.local_host)):
+            continue
+        if not pid_alive(tracker.pid, tracker.hello_t):
+            state.set_alive(rank, False)  # ended: its exit line stands (looked at no more)
+            runs = False
+        else:
+            runs = holds_file(tracker.pid, monitor.vouching.events_file(rank))
+        if runs and tracker.exit_doubted:
+            tracker.exit_contradicted("its process runs on, its event file still open")
+        elif runs != tracker.exit_doubted:
+            tracker.exit_doubted = runs
+        else:
+            continue
+        tracker.version += 1
+        state._remake.add(rank)
+
+
+def contradicted_findings(state: Any) -> list[Finding]:
+    """Exit lines a rank's own process contradicted (ddpdoctor.monitor.model.rank_tracker)."""
+    said = [(r, t.contradicted) for r, t in sorted(state.ranks.items()) if t.contradicted]
+    if not said:
+        return []
+    lines = "; ".join(f"rank {rank}: {what}" for rank, what in said[:8])
+    return [
+        Finding(
+            "run.forged_exit",
+            Severity.WARNING,
+            f"{named_ranks(r for r, _ in said)} not ended: an exit line in "
+            f"{'its' if len(said) == 1 else 'their'} events is contradicted by the process "
+            f"itself ({lines})",
+            "A rank's runtime writes its exit event last. A line appended to a rank's event "
+            "file by something else (or left from another run) is reported, never acted on.",
+        )
+    ]
+
+
 def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:
     """A rank of another host, in a job whose launchers ddpdoctor started on every node: its
     parent must be a node's torchrun (host and pid, that node's record), and that node's
@@ -138,7 +191,7 @@ def look_vouched(monitor: Any, look: Any) -> bool:
     a node whose record names the look's host and whose launcher counts a rank this watcher
     vouched for. Any other look is a file's claim: it explains the hang, it stops nothing."""
     if look.node_rank == monitor.node_rank:
-        return True
+        return monitor.network.own(look)  # the look it took itself, never the file's
     record = monitor.nodes.get(look.node_rank)
     seen = monitor.merge.feed.seen.get(look.node_rank)
     if record is None or record.host != look.host or seen is None:

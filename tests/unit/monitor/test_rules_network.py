@@ -192,14 +192,17 @@ def test_a_live_watcher_vouches_for_its_own_look_and_for_nodes_whose_ranks_it_vo
     from ddpdoctor.monitor.pipeline.seen import look_vouched
 
     record = SimpleNamespace(host="h2")
+    own, other = looks("cut-both")
     monitor = SimpleNamespace(
         node_rank=0,
         nodes={1: record},
         merge=SimpleNamespace(feed=SimpleNamespace(seen={1: SimpleNamespace(ranks=[1])})),
         vouching=SimpleNamespace(vouched={1: 4242}),
+        network=SimpleNamespace(own=lambda look: look is own),  # the look it took itself
     )
-    own, other = looks("cut-both")
     assert look_vouched(monitor, own) and look_vouched(monitor, other)
+    # this node's look as a file says (any process of the job can write it): not its own
+    assert not look_vouched(monitor, replace(own, stalled_s=99.0))
     assert not look_vouched(monitor, replace(other, host="h9"))  # not the host its record names
     assert not look_vouched(monitor, replace(other, node_rank=5))  # no such node
     monitor.vouching.vouched = {}

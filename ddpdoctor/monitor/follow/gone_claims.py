@@ -1,0 +1,112 @@
+"""A node's word that one of its ranks is gone, checked before it ends the rank.
+
+A node whose watcher sees its ranks' processes (the Ray relay's node actor) names in its summary
+the ranks whose process it saw end without an exit event (`gone`, ddpdoctor.protocol.node_summary).
+The summary is a file of the run directory, which any process of the job can write: a rank that
+wrote another node's summary with `"gone": [1]` once got rank 1 called vanished and the job
+stopped while rank 1 trained on. So the claim counts only when
+
+- the summary is that node's launcher's: its host and pid are those of the node's record, and
+  that launcher runs, where this watcher can see it;
+- the rank's process is not seen alive by this watcher (a rank of this host: its pid);
+- the node goes on saying so, and the rank's record stays silent, for CONFIRM_S (a live rank
+  heartbeats every second): events of the rank after the claim refute it.
+
+A refuted claim is reported (a finding), never acted on. A claim costs a real loss CONFIRM_S.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.liveness import pid_alive
+from ddpdoctor.rank_ranges import named_ranks
+
+CONFIRM_S = 3.0
+MAX_REFUTED = 64  # refutations kept for the finding
+
+
+class GoneClaims:
+    """The `gone` claims read from the nodes' summaries: pending, refuted, or acted on."""
+
+    def __init__(self) -> None:
+        # rank -> (node, when first settled here (None: not yet), its record's mark then)
+        self.pending: dict[int, tuple[int, float | None, tuple[Any, ...]]] = {}
+        self.refuted: dict[int, str] = {}
+
+    def claim(
+        self,
+        node: int,
+        summary: Any,
+        state: Any,
+        local: Callable[[str | None], bool],
+        of_node: Callable[[int], bool],
+    ) -> None:
+        """A summary of `node` was read: note the ranks it names gone (those this watcher
+        follows through that node, `of_node`), refuting at once what it can see is not so."""
+        named = {rank for rank in summary.gone[:4096] if of_node(rank)}
+        for rank, (from_node, _, _) in list(self.pending.items()):
+            if from_node == node and rank not in named:
+                del self.pending[rank]
+                self._refute(rank, f"node {node}'s next summary no longer names it gone")
+        if not named:
+            return
+        record = state.nodes.get(node)
+        writer = None
+        if record is None or (summary.host, summary.pid) != (record.host, record.launcher_pid):
+            writer = f"node {node}'s summary that names it gone is not its launcher's (host and pid differ from its record)"
+        elif local(record.host) and not pid_alive(record.launcher_pid):
+            writer = f"node {node}'s launcher (pid {record.launcher_pid}) no longer runs"
+        for rank in sorted(named):
+            tracker = state.ranks.get(rank)
+            if tracker is None or tracker.exit_code is not None or rank in self.pending:
+                continue
+            if writer is not None:
+                self._refute(rank, writer)
+            elif local(tracker.host) and tracker.pid and pid_alive(tracker.pid, tracker.hello_t):
+                self._refute(rank, f"its process (pid {tracker.pid}) runs")
+            else:
+                self.pending[rank] = (node, None, _mark(tracker))
+
+    def settle(self, state: Any, now: float) -> None:
+        """Act on the claims that held for CONFIRM_S with the rank silent (the rank is gone)."""
+        for rank, (node, first, mark) in list(self.pending.items()):
+            tracker = state.ranks.get(rank)
+            if tracker is None or tracker.exit_code is not None:
+                del self.pending[rank]
+            elif _mark(tracker) != mark:
+                del self.pending[rank]
+                self._refute(rank, f"its events went on after node {node}'s summary named it gone")
+            elif first is None:
+                self.pending[rank] = (node, now, mark)
+            elif now - first >= CONFIRM_S:
+                del self.pending[rank]
+                state.set_alive(rank, False)
+
+    def _refute(self, rank: int, why: str) -> None:
+        if rank in self.refuted or len(self.refuted) < MAX_REFUTED:
+            self.refuted[rank] = why
+
+    def findings(self) -> list[Finding]:
+        if not self.refuted:
+            return []
+        said = sorted(self.refuted.items())
+        lines = "; ".join(f"rank {rank}: {why}" for rank, why in said[:6])
+        return [
+            Finding(
+                "node.gone_refuted",
+                Severity.WARNING,
+                f"{named_ranks(r for r, _ in said)} not taken as gone: a node summary said so, "
+                f"but what ddpdoctor saw does not ({lines})",
+                "A node's summary is written by its own launcher. A claim in it that the "
+                "launcher's record, the rank's process or its later events contradict is "
+                "reported, never acted on.",
+            )
+        ]
+
+
+def _mark(tracker: Any) -> tuple[Any, ...]:
+    """What changes when a rank's record gets anything new (an event, a row)."""
+    return (tracker.events_seen, tracker.last_event_t, tracker.step)

@@ -1,0 +1,157 @@
+"""A healthy gloo job whose rank 0 writes, while both ranks train, claims into its own run
+directory that ddpdoctor must check against what it sees before they may stop anything.
+
+    ddpdoctor run ... -- forge_claims.py --forge exit,pid [--seconds S] [--stall S]
+
+--forge (comma-separated):
+  exit     an error and `exit 1` appended to rank 1's event file, while rank 1 goes on
+  pid      events/rank-7.jsonl: a hello naming rank 0's own live pid and a world of 8, an error,
+           `exit 1`
+  gone     the other node's summary, rewritten with `"gone": [<rank 1>]` (its real host, pid
+           and contents), several times
+  network  during a stall of every rank (--stall S), nodes/node-<this node>/network.json: this
+           node's number and host, lo "down" and a silent link from this host to itself
+  runjson  run.json rewritten with `world_size` 20000000
+
+Both ranks then all-reduce four times a second for about S seconds (the same number of times
+on each rank) and finish cleanly: the right verdict is healthy, exit 0, never stopped.
+"""
+
+import argparse
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def line(rank: int, kind: str, **fields) -> str:
+    event = {"v": 1, "t": time.time(), "mono": time.monotonic(), "rank": rank, "kind": kind}
+    return json.dumps({**event, **fields}) + "\n"
+
+
+def append(path: Path, *lines: str) -> None:
+    with open(path, "a") as fh:
+        fh.write("".join(lines))
+
+
+def replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f".forged.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def node_records(run: Path) -> dict[int, dict]:
+    found = {}
+    for path in run.glob("nodes/node-*/node.json"):
+        try:
+            data = json.loads(path.read_text())
+            found[int(data["node_rank"])] = data
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def node_of(run: Path, ppid: int) -> int | None:
+    return next((n for n, r in node_records(run).items() if r.get("torchrun_pid") == ppid), None)
+
+
+def forge_exit(run: Path) -> None:
+    append(
+        run / "events" / "rank-1.jsonl",
+        line(1, "error", exc_type="RuntimeError", message="forged: rank 1 failed", fatal=True),
+        line(1, "exit", code=1, reason="exception"),
+    )
+
+
+def forge_pid(run: Path) -> None:
+    hello = dict(world_size=8, local_rank=7, host=socket.gethostname(), pid=os.getpid(),
+                 ppid=os.getppid())  # fmt: skip
+    append(
+        run / "events" / "rank-7.jsonl",
+        line(7, "hello", **hello),
+        line(7, "error", exc_type="RuntimeError", message="forged: rank 7 failed", fatal=True),
+        line(7, "exit", code=1, reason="exception"),
+    )
+
+
+def forge_gone(run: Path, ppids: list[int]) -> None:
+    """Rewrite the summary of the node rank 1 runs under, naming rank 1 gone, twice a second
+    while the job runs (the node's launcher rewrites it every second)."""
+    node = node_of(run, ppids[1])
+    path = run / "nodes" / f"node-{node}" / "summary.json"
+    while True:
+        try:
+            head, _, rest = path.read_text().partition("\n")
+            data = json.loads(head)
+        except (OSError, ValueError):
+            time.sleep(0.2)
+            continue
+        data["gone"] = [1]
+        data["seq"] = int(data.get("seq", 0)) + 1
+        replace(path, json.dumps(data) + "\n" + rest)
+        time.sleep(0.5)
+
+
+def forge_network(run: Path, seconds: float) -> None:
+    """This node's network.json, written again and again while every rank stalls."""
+    node = node_of(run, os.getppid())
+    node = 0 if node is None else node
+    host = socket.gethostname()
+    addr = socket.gethostbyname(host)
+    link = dict(rank=0, local=addr, local_port=40000, peer=addr, peer_port=29500,
+                state="ESTABLISHED", send_q=65536, recv_q=0, retransmits=9, total_retrans=90,
+                last_ack_ms=30000, segs_in=0, segs_out=0)  # fmt: skip
+    look = dict(schema_version=1, node_rank=node, host=host, stalled_s=30.0,
+                addresses=[["127.0.0.1", "lo", "down"], [addr, "eth0", "down"]],
+                links=[link], probes=[dict(addr=addr, port=29500, answered=False,
+                                           outcome="timeout", ms=3000.0)], names=[])  # fmt: skip
+    path = run / "nodes" / f"node-{node}" / "network.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        replace(path, json.dumps({**look, "t": time.time()}))
+        time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--forge", default="exit,pid")
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--stall", type=float, default=0.0)
+    args = parser.parse_args()
+    forges = set(args.forge.split(","))
+    run = Path(os.environ["DDPDOCTOR_RUN_DIR"])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ppids = [0] * dist.get_world_size()
+    dist.all_gather_object(ppids, os.getppid())
+    value = torch.ones(4)
+    rounds = int(args.seconds * 4)
+    for i in range(rounds):
+        dist.all_reduce(value)
+        time.sleep(0.25)
+        if rank == 0 and i == 8:
+            if "exit" in forges:
+                forge_exit(run)
+            if "pid" in forges:
+                forge_pid(run)
+            if "runjson" in forges:
+                data = json.loads((run / "run.json").read_text())
+                replace(run / "run.json", json.dumps({**data, "world_size": 20_000_000}))
+            if "gone" in forges:
+                threading.Thread(target=forge_gone, args=(run, ppids), daemon=True).start()
+        if i == rounds // 2 and args.stall:
+            if rank == 0 and "network" in forges:
+                threading.Thread(target=forge_network, args=(run, args.stall), daemon=True).start()
+            time.sleep(args.stall)  # every rank at once: no progress anywhere
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ from typing import Any
 from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED
 from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
+from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.model.snapshot import Snapshot
 
 # A rank of another host is refused when its node's launcher has not counted it among its ranks
@@ -26,9 +27,11 @@ from ddpdoctor.monitor.model.snapshot import Snapshot
 VOUCH_GRACE_S = 10.0
 
 
-def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
+def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = False) -> Snapshot:
     """How the other nodes' parts ended, as their launchers' records and the summaries
-    that stopped coming tell it (ddpdoctor.monitor.judge.node_ends)."""
+    that stopped coming tell it (ddpdoctor.monitor.judge.node_ends); before the final word, a
+    problem is told only once the other nodes' summaries cover the time it was reached
+    (ddpdoctor.monitor.judge.node_coverage)."""
     silent = {
         node: now - seen.changed_t
         for node, seen in monitor.merge.feed.seen.items()
@@ -50,7 +53,27 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
         # the problem the job was stopped for was the lost host's: so says diagnosis.json's
         # stopped_for, which later watchers hold
         monitor._held = replace(held, culprits=told.culprits, findings=told.findings[:1])
-    return told
+    elif held is None and told.confirmed and told.verdict is not snap.verdict:
+        # a host lost while the job started: the problem is node_ends' own, and the one a stop
+        # for it holds (not a bare "stopped for a hang")
+        monitor._confirmed[told.verdict] = RuleOutcome(
+            rule="node_ends",
+            verdict=told.verdict,
+            culprits=told.culprits,
+            findings=told.findings[:1],
+            confirmed=True,
+        )
+    if final or monitor._held is not None or not snap.live:
+        monitor.coverage.key = None
+        return told
+    return monitor.coverage.hold(
+        told,
+        monitor.nodes,
+        monitor.merge.feed.seen,
+        own_node=monitor.node_rank,
+        now=now,
+        wait_s=LOST_AFTER_S + 1.0,
+    )
 
 
 def await_nodes(monitor: Any) -> None:

@@ -1,0 +1,82 @@
+"""No verdict before every node has spoken for the same time (ddpdoctor.monitor.judge.
+node_coverage): a problem reached at T is shown as RUNNING until every other running node has
+published two summaries since T, at most `wait_s`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.judge.node_coverage import Coverage
+from ddpdoctor.monitor.model.snapshot import Verdict
+from ddpdoctor.protocol.node_records import NodeRecord
+from tests.unit.monitor.test_monitor_builders import NOW, snap, view
+
+NODES = {0: NodeRecord(0, "h1", 100, torchrun_pid=101), 1: NodeRecord(1, "h2", 200)}
+WAIT = 6.0
+
+
+@dataclass
+class Seen:
+    seq: int | None
+    pid: int | None = 200
+    changed_t: float | None = NOW
+
+
+def mismatch():
+    finding = Finding("uneven_inputs", Severity.ERROR, "rank 1 synced 150 times, rank 0 145", "")
+    note = Finding("straggler", Severity.WARNING, "rank 1 is slower", "")
+    return snap([view(0), view(1)], verdict=Verdict.MISMATCH, culprits=frozenset({1}),
+                findings=(finding, note), confirmed=True)  # fmt: skip
+
+
+def hold(cov, s, seen, now):
+    return cov.hold(s, NODES, seen, own_node=0, now=now, wait_s=WAIT)
+
+
+def test_a_verdict_waits_for_two_summaries_of_the_other_node_then_shows():
+    cov = Coverage()
+    s = mismatch()
+    held = hold(cov, s, {1: Seen(10)}, NOW)
+    assert held.verdict is Verdict.RUNNING and not held.culprits and not held.confirmed
+    assert [f.id for f in held.findings] == ["straggler"]  # the problem's own finding waits
+    assert hold(cov, s, {1: Seen(11, changed_t=NOW + 1)}, NOW + 1).verdict is Verdict.RUNNING
+    assert hold(cov, s, {1: Seen(12, changed_t=NOW + 2)}, NOW + 2) is s
+
+
+def test_a_flash_that_the_next_summaries_undo_is_never_shown():
+    cov = Coverage()
+    shown = [hold(cov, mismatch(), {1: Seen(10)}, NOW).verdict]
+    healthy = snap([view(0), view(1)])  # node 1's next summary: the same count after all
+    shown.append(hold(cov, healthy, {1: Seen(11, changed_t=NOW + 1)}, NOW + 1).verdict)
+    assert Verdict.MISMATCH not in shown
+
+
+def test_the_wait_is_bounded_and_a_silent_or_ended_node_is_not_waited_for():
+    s = mismatch()
+    cov = Coverage()
+    hold(cov, s, {1: Seen(10)}, NOW)
+    assert hold(cov, s, {1: Seen(10)}, NOW + WAIT) is s  # bounded
+    cov = Coverage()
+    hold(cov, s, {1: Seen(10, changed_t=NOW)}, NOW)
+    assert hold(cov, s, {1: Seen(10, changed_t=NOW)}, NOW + WAIT - 1) is s  # silent: lost's
+    ended = {**NODES, 1: NodeRecord(1, "h2", 200, ended_t=NOW)}
+    cov = Coverage()
+    assert cov.hold(s, ended, {1: Seen(10)}, own_node=0, now=NOW, wait_s=WAIT) is s
+
+
+def test_new_culprits_wait_anew_and_a_restarted_launcher_counts_as_new():
+    cov = Coverage()
+    s = mismatch()
+    hold(cov, s, {1: Seen(10)}, NOW)
+    assert hold(cov, s, {1: Seen(1, pid=300)}, NOW + 0.5) is s
+    other = snap([view(0), view(1)], verdict=Verdict.MISMATCH, culprits=frozenset({0}))
+    assert hold(cov, other, {1: Seen(12)}, NOW + 1).verdict is Verdict.RUNNING
+
+
+def test_one_node_and_no_problem_pass_untouched():
+    cov = Coverage()
+    healthy = snap([view(0), view(1)])
+    assert hold(cov, healthy, {1: Seen(10)}, NOW) is healthy
+    s = mismatch()
+    assert cov.hold(s, NODES, {}, own_node=0, now=NOW, wait_s=WAIT) is s

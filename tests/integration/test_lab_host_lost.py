@@ -41,11 +41,11 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.lab,
     pytest.mark.skipif(lab.down_reason() is not None, reason=lab.down_reason() or ""),
-    pytest.mark.timeout(420),
+    pytest.mark.timeout(600),
 ]
 
 JOBS = REPO / "tests" / "launch_jobs"
-LAUNCH_TIMEOUT_S = 240
+LAUNCH_TIMEOUT_S = 280
 PROBLEM_LINE = re.compile(r"^(HANG|CRASH|MISMATCH|NOT STARTED)\b", re.M)
 
 
@@ -87,7 +87,7 @@ def _quiet(fn, *args):
 
 
 def _fault(run: Run) -> None:
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S - 60
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S - 20  # (starting takes minutes under load)
     if run.fault == "train-kill":
         ready = lambda: _training(run.run_dir)  # noqa: E731
     else:  # both ranks' processes up, h1's in init_process_group a while, no rank joined
@@ -163,7 +163,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     specs = {
         "startup-kill": Run(tmp / "startup-kill", late, "startup-kill", env=slow_h2),
         "startup-stop": Run(tmp / "startup-stop", guarded, "startup-stop", env=slow_h2),
-        "train-kill": Run(tmp / "train-kill", guarded, "train-kill"),
+        "train-kill": Run(tmp / "train-kill", guarded, "train-kill", env={"STEPS": "3000"}),
         "healthy": Run(tmp / "healthy", guarded, None, env={"STEPS": "150"}),
     }
     threads = [threading.Thread(target=launch, args=(r, cache)) for r in specs.values()]

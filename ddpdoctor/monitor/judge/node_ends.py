@@ -48,7 +48,7 @@ LAUNCHER_KILLED = STOPPED_LAUNCHER_KILLED  # ... of one that was killed (its rea
 LOST_AFTER_S = 5.0
 # ... while the job is still starting (no failure to explain, nothing else to go by; a launcher
 # busy starting its ranks on a loaded machine may miss a few seconds): longer.
-STARTUP_LOST_AFTER_S = 12.0
+STARTUP_LOST_AFTER_S = 20.0
 # A summary is composed up to this long before a watcher sees it change (published every
 # second, read at the next half-second poll): a node last heard from at T was lost after T - this.
 SUMMARY_LAG_S = 1.5

@@ -137,6 +137,7 @@ class Monitor(FollowedRun):
         self.network = NetworkFollow(self.run, node_rank, data, look=launcher)
         self._pending_since: dict[int, float] = {}  # rank -> when its node was first asked
         self.coverage = Coverage()  # a multi-node verdict held until every node covers it
+        self._heard_at: dict[int, tuple[float, int]] = {}  # node -> (its change, polls then)
 
     # -- public API ------------------------------------------------------------------------
 

@@ -32,11 +32,7 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = F
     that stopped coming tell it (ddpdoctor.monitor.judge.node_ends); before the final word, a
     problem is told only once the other nodes' summaries cover the time it was reached
     (ddpdoctor.monitor.judge.node_coverage)."""
-    silent = {
-        node: now - seen.changed_t
-        for node, seen in monitor.merge.feed.seen.items()
-        if seen.changed_t is not None
-    }
+    silent = silences(monitor, now, live=snap.live)
     held = monitor._held
     own_problem = bool(
         held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
@@ -76,6 +72,29 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = F
     )
 
 
+# A watcher polls every POLL_S (the launcher's loop, `watch`, the TUI's poller).
+POLL_S = 0.5
+
+
+def silences(monitor: Any, now: float, *, live: bool) -> dict[int, float]:
+    """node -> how long its summaries have not changed. While the run is live, counted in this
+    watcher's own polls too (at most POLL_S each): a watcher starved of CPU on a loaded machine,
+    whose polls came seconds apart, cannot tell a silent node from one that was starved with it,
+    so the silence it has witnessed is what counts."""
+    silent: dict[int, float] = {}
+    heard = monitor._heard_at
+    for node, seen in monitor.merge.feed.seen.items():
+        if seen.changed_t is None:
+            continue
+        mark = heard.get(node)
+        if mark is None or mark[0] != seen.changed_t:
+            mark = heard[node] = (seen.changed_t, monitor.polls)
+        silent[node] = now - seen.changed_t
+        if live:
+            silent[node] = min(silent[node], (monitor.polls - mark[1]) * POLL_S)
+    return silent
+
+
 def await_nodes(monitor: Any) -> None:
     """Before the final word of a job over several nodes: give the other nodes' launchers
     time to record their end (a healthy job's do within a second or two), so that a node
@@ -91,14 +110,8 @@ def await_nodes(monitor: Any) -> None:
             for node, record in monitor.nodes.items()
             if node != monitor.node_rank and not record.ended and record.stopped_for is None
         ]
-        seen = monitor.merge.feed.seen
-        now = monitor.clock()
-        if all(
-            node in seen
-            and seen[node].changed_t is not None
-            and now - seen[node].changed_t >= LOST_AFTER_S
-            for node in pending
-        ):
+        silent = silences(monitor, monitor.clock(), live=True)
+        if all(silent.get(node, 0.0) >= LOST_AFTER_S for node in pending):
             return
         time.sleep(0.5)
 

@@ -80,3 +80,20 @@ def test_one_node_and_no_problem_pass_untouched():
     assert hold(cov, healthy, {1: Seen(10)}, NOW) is healthy
     s = mismatch()
     assert cov.hold(s, NODES, {}, own_node=0, now=NOW, wait_s=WAIT) is s
+
+
+def test_a_silence_counts_only_as_long_as_the_watcher_itself_polled():
+    """A watcher starved of CPU (its polls seconds apart) does not take a node starved with it
+    for a silent one: the silence it witnessed is at most half a second a poll."""
+    from types import SimpleNamespace
+
+    from ddpdoctor.monitor.pipeline.seen import silences
+
+    feed = SimpleNamespace(seen={1: Seen(5, changed_t=NOW), 2: Seen(None, changed_t=None)})
+    monitor = SimpleNamespace(_heard_at={}, polls=10, merge=SimpleNamespace(feed=feed))
+    assert silences(monitor, NOW + 30, live=True) == {1: 0.0}  # one late poll: nothing seen
+    monitor.polls = 14
+    assert silences(monitor, NOW + 31, live=True) == {1: 2.0}
+    assert silences(monitor, NOW + 31, live=False) == {1: 31.0}  # a record read later
+    monitor.polls = 200
+    assert silences(monitor, NOW + 32, live=True) == {1: 32.0}

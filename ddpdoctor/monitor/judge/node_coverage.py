@@ -19,7 +19,9 @@ the node's claim), only the order of its own summaries as this watcher saw them 
 
 The wait is bounded: a node that publishes nothing new for LOST_AFTER_S is silent, and what
 silence means is node_ends' to say (a lost host); after LOST_AFTER_S + 1 s the verdict is told
-whatever the other nodes said. A healthy node publishes every second, so a real problem is told
+whatever the other nodes said. Both are counted as node_ends counts a silence (by the clock and
+in the watcher's own polls), so that a verdict about a survivor is never let out before the
+silence that would name the lost host is long enough to. A healthy node publishes every second, so a real problem is told
 about two seconds later than on one node; the final verdict, read after every launcher ended,
 is never held.
 """
@@ -51,6 +53,7 @@ class Coverage:
 
     key: tuple[Verdict, frozenset[int]] | None = None
     since: float = 0.0
+    since_polls: int = 0
     marks: dict[int, NodeMark] = field(default_factory=dict)
 
     def hold(
@@ -58,31 +61,39 @@ class Coverage:
         snap: Snapshot,
         nodes: Mapping[int, NodeRecord],
         seen: Mapping[int, object],
+        silent_s: Mapping[int, float],
         *,
         own_node: int | None,
         now: float,
+        polls: int,
+        poll_s: float,
         wait_s: float,
     ) -> Snapshot:
         """`snap` as it may be shown now: its problem verdict, or RUNNING while another node's
-        summaries do not cover the time it was reached (at most `wait_s` after it was).
-        `seen`: the summary feed's node -> what it last saw (seq, pid, changed_t)."""
+        summaries do not cover the time it was reached (at most `wait_s` after it was, counted
+        as node_ends counts a silence: by the clock and in this watcher's own polls of
+        `poll_s`). `seen`: the summary feed's node -> what it last saw (seq, pid);
+        `silent_s`: node -> its silence as node_ends takes it (a node silent LOST_AFTER_S is
+        node_ends' to tell)."""
         if not snap.verdict.is_problem:
             self.key = None
             return snap
         key = (snap.verdict, snap.culprits)
         if key != self.key:  # a new verdict (or new culprits): its own wait, from now
-            self.key, self.since = key, now
+            self.key, self.since, self.since_polls = key, now, polls
             self.marks = {
                 node: NodeMark(getattr(s, "pid", None), getattr(s, "seq", None))
                 for node, s in seen.items()
                 if node != own_node and getattr(s, "seq", None) is not None
             }
-        if now - self.since >= wait_s:
+        if min(now - self.since, (polls - self.since_polls) * poll_s) >= wait_s:
             return snap
         behind = [
             node
             for node, mark in self.marks.items()
-            if _running(nodes.get(node)) and not _covered(mark, seen.get(node), now, wait_s)
+            if _running(nodes.get(node))
+            and silent_s.get(node, 0.0) < wait_s - 1.0
+            and not _covered(mark, seen.get(node))
         ]
         if not behind:
             return snap
@@ -109,12 +120,10 @@ def _running(record: NodeRecord | None) -> bool:
     return record is not None and not record.ended and record.stopped_for is None
 
 
-def _covered(mark: NodeMark, seen: object, now: float, wait_s: float) -> bool:
+def _covered(mark: NodeMark, seen: object) -> bool:
     if seen is None:
         return True
-    pid, seq, changed = (getattr(seen, k, None) for k in ("pid", "seq", "changed_t"))
-    if isinstance(changed, (int, float)) and now - changed >= wait_s - 1.0:
-        return True  # silent: what its silence means is node_ends' to say
+    pid, seq = getattr(seen, "pid", None), getattr(seen, "seq", None)
     if pid != mark.pid:
         return True  # a launcher started again: its summaries are new altogether
     if not isinstance(seq, int) or not isinstance(mark.seq, int):

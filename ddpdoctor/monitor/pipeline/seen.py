@@ -66,8 +66,11 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = F
         told,
         monitor.nodes,
         monitor.merge.feed.seen,
+        silent,
         own_node=monitor.node_rank,
         now=now,
+        polls=monitor.polls,
+        poll_s=POLL_S,
         wait_s=LOST_AFTER_S + 1.0,
     )
 

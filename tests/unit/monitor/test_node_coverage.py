@@ -30,8 +30,15 @@ def mismatch():
                 findings=(finding, note), confirmed=True)  # fmt: skip
 
 
-def hold(cov, s, seen, now):
-    return cov.hold(s, NODES, seen, own_node=0, now=now, wait_s=WAIT)
+def hold(cov, s, seen, now, nodes=NODES, polls=None):
+    """A watcher that polled every half second since NOW (unless `polls` says otherwise)."""
+    polls = int((now - NOW) * 2) if polls is None else polls
+    silent = {  # as pipeline.seen.silences counts it: by the clock and in the watcher's polls
+        n: min(now - x.changed_t, polls * 0.5) for n, x in seen.items() if x.changed_t is not None
+    }
+    return cov.hold(
+        s, nodes, seen, silent, own_node=0, now=now, polls=polls, poll_s=0.5, wait_s=WAIT
+    )
 
 
 def test_a_verdict_waits_for_two_summaries_of_the_other_node_then_shows():
@@ -58,11 +65,15 @@ def test_the_wait_is_bounded_and_a_silent_or_ended_node_is_not_waited_for():
     hold(cov, s, {1: Seen(10)}, NOW)
     assert hold(cov, s, {1: Seen(10)}, NOW + WAIT) is s  # bounded
     cov = Coverage()
+    hold(cov, s, {1: Seen(10)}, NOW)
+    starved = hold(cov, s, {1: Seen(10)}, NOW + WAIT, polls=3)  # 3 polls in 6 s: a starved watcher
+    assert starved.verdict is Verdict.RUNNING  # (the silence it saw is not long enough yet)
+    cov = Coverage()
     hold(cov, s, {1: Seen(10, changed_t=NOW)}, NOW)
     assert hold(cov, s, {1: Seen(10, changed_t=NOW)}, NOW + WAIT - 1) is s  # silent: lost's
     ended = {**NODES, 1: NodeRecord(1, "h2", 200, ended_t=NOW)}
     cov = Coverage()
-    assert cov.hold(s, ended, {1: Seen(10)}, own_node=0, now=NOW, wait_s=WAIT) is s
+    assert hold(cov, s, {1: Seen(10)}, NOW, nodes=ended) is s
 
 
 def test_new_culprits_wait_anew_and_a_restarted_launcher_counts_as_new():
@@ -79,7 +90,7 @@ def test_one_node_and_no_problem_pass_untouched():
     healthy = snap([view(0), view(1)])
     assert hold(cov, healthy, {1: Seen(10)}, NOW) is healthy
     s = mismatch()
-    assert cov.hold(s, NODES, {}, own_node=0, now=NOW, wait_s=WAIT) is s
+    assert hold(cov, s, {}, NOW) is s
 
 
 def test_a_silence_counts_only_as_long_as_the_watcher_itself_polled():

@@ -123,7 +123,7 @@ SHOWN: list[tuple[str, tuple[int, ...]]] = []  # every verdict the healthy run s
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory, cache) -> tuple[list[NodeRun], Path]:
     run_dir = tmp_path_factory.mktemp("multinode-healthy") / "run"
-    return launch_two_nodes(run_dir, cache, "--steps", "8", shown=SHOWN), run_dir
+    return launch_two_nodes(run_dir, cache, "--steps", "4", shown=SHOWN), run_dir
 
 
 def test_a_healthy_run_never_shows_a_problem_on_its_way(healthy):

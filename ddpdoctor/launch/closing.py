@@ -35,10 +35,24 @@ class RunOutcome:
         return self.abandoned_by is None and not self.final.never_started
 
 
-def exit_code_for(outcome: RunOutcome) -> ExitCode:
-    """The exit code follows the verdict (verdict_agrees says how), then the job's own code."""
+RAN_ALONE = frozenset({Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED})
+
+
+def own_exit_code(returncode: int | None) -> int:
+    """The job's own exit status as a shell would report it (a signal N: 128 + N)."""
+    if returncode is None:
+        return int(ExitCode.OK)
+    return 128 - returncode if returncode < 0 else returncode & 0xFF
+
+
+def exit_code_for(outcome: RunOutcome) -> int:
+    """The exit code follows the verdict (verdict_agrees says how), then the job's own code. A
+    command that ran without any rank (nothing was watched, nothing judged) exits with its own
+    code, as if ddpdoctor were not there: 3 stays 3, for the scripts and schedulers that read it."""
     if outcome.interrupted or outcome.final.verdict is Verdict.INTERRUPTED:
         return ExitCode.INTERRUPTED
+    if outcome.final.verdict in RAN_ALONE and outcome.stopped_for is None:
+        return own_exit_code(outcome.job_returncode)
     if outcome.stopped_for is not None or outcome.final.verdict.is_problem:
         return ExitCode.PROBLEMS
     if outcome.abandoned_by is not None:
@@ -51,15 +65,15 @@ def exit_code_for(outcome: RunOutcome) -> ExitCode:
 def verdict_agrees(verdict: Verdict, code: int, job_returncode: int | None) -> bool:
     """The printed verdict and the exit code never contradict each other: healthy exits 0 and
     only with a job that exited 0; a problem exits 1; interrupted exits 130; a command that ran
-    without ranks (not distributed, not instrumented) exits 0 exactly when the command did."""
+    without ranks (not distributed, not instrumented) exits with the command's own code."""
     if verdict is Verdict.HEALTHY:
         return code == ExitCode.OK and job_returncode in (0, None)
     if verdict.is_problem:
         return code == ExitCode.PROBLEMS
     if verdict is Verdict.INTERRUPTED:
         return code == ExitCode.INTERRUPTED
-    if verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED):
-        return code == (ExitCode.OK if job_returncode in (0, None) else ExitCode.PROBLEMS)
+    if verdict in RAN_ALONE:
+        return code == own_exit_code(job_returncode)
     return code in (ExitCode.OK, ExitCode.PROBLEMS)
 
 
@@ -97,7 +111,7 @@ def rank_exit_lines(final: Snapshot, agent_exits: dict[int, Any]) -> list[str]:
 
 
 def closing_lines(
-    outcome: RunOutcome, agent_exits: dict[int, Any], *, run_dir: RunDir, exit_code: ExitCode
+    outcome: RunOutcome, agent_exits: dict[int, Any], *, run_dir: RunDir, exit_code: int
 ) -> list[str]:
     lines = rank_exit_lines(outcome.final, agent_exits)
     if outcome.interrupted:
@@ -127,7 +141,7 @@ def closing_lines(
         Verdict.NOT_INSTRUMENTED,
     ):
         lines = []  # the reason is the view's headline already: said once
-    ran_alone = outcome.final.verdict in (Verdict.NOT_DISTRIBUTED, Verdict.NOT_INSTRUMENTED)
+    ran_alone = outcome.final.verdict in RAN_ALONE
     if outcome.job_returncode is not None and (
         (not lines and outcome.job_returncode != 0) or ran_alone
     ):
@@ -143,9 +157,7 @@ def closing_lines(
     return lines
 
 
-def json_document(
-    outcome: RunOutcome, agent_exits: dict[int, Any], code: ExitCode
-) -> dict[str, Any]:
+def json_document(outcome: RunOutcome, agent_exits: dict[int, Any], code: int) -> dict[str, Any]:
     """The final diagnosis (diagnosis.json) plus how the job ended, for `run --json`."""
     doc = outcome.final.diagnosis_json()
     doc["job"] = {

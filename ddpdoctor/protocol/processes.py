@@ -7,7 +7,10 @@ would leave nothing behind, indistinguishable from a job that never started. So 
 runtime's sitecustomize loads into, and that never joined, says so at exit:
 
     {"v": 1, "t": <unix time>, "pid": 123, "host": "vm", "argv": ["train.py", ...],
-     "joined": false, "error": "RuntimeError: ..." | null}
+     "joined": false, "error": "RuntimeError: ..." | null, "engines": ["ray"]}
+
+(`engines`: the training engines the process had imported, ENGINES, so that the advice for a job
+that never formed a process group fits the engine it used.)
 
 and a process in which the runtime could not load says why (written by the sitecustomize itself,
 with the standard library only, since ddpdoctor may be what failed to import):
@@ -45,6 +48,9 @@ MAX_READ_BYTES = 256 * 1024
 MAX_RECORDS = 1000
 MAX_ARGV = 8
 MAX_WORD = 200
+# Engines whose advice differs, by their top-level module, in the order they are preferred when
+# a process loaded several (Ray Train wraps Lightning and accelerate, not the other way round).
+ENGINES = ("ray", "lightning", "accelerate", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class ProcessRecord:
     error: str | None = None  # the exception that ended it, if one did
     load_error: str | None = None  # why the runtime could not load in it
     python: str | None = None  # the interpreter (sys.executable), where the record says
+    engines: tuple[str, ...] = ()  # the ENGINES it had imported (known names only)
 
 
 def path_in(run_dir: str | os.PathLike[str]) -> Path:
@@ -115,9 +122,26 @@ def read(run_dir: str | os.PathLike[str]) -> list[ProcessRecord]:
                 error=_text(data.get("error")),
                 load_error=_text(data.get("load_error")),
                 python=_text(data.get("python")),
+                engines=_engines(data.get("engines")),
             )
         )
     return records
+
+
+def _engines(value: Any) -> tuple[str, ...]:
+    """Known engine names only, in ENGINES' order (the record is the job's file: a claim)."""
+    words = value if isinstance(value, list) and len(value) <= 16 else []
+    named = {w for w in words if isinstance(w, str)}
+    return tuple(e for e in ENGINES if e in named)
+
+
+def engines_loaded() -> list[str]:
+    """The ENGINES this process imported (pytorch_lightning counts as lightning)."""
+    loaded = sys.modules
+    found = [e for e in ENGINES if e in loaded]
+    if "pytorch_lightning" in loaded and "lightning" not in found:
+        found.append("lightning")
+    return found
 
 
 def _text(value: Any) -> str | None:

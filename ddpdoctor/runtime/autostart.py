@@ -160,7 +160,7 @@ def _say_if_never_joined(run_dir: str) -> None:
     processes.append(
         run_dir,
         {"argv": list(getattr(sys, "argv", []) or []), "joined": False,
-         "error": processes.exception_text()},
+         "error": processes.exception_text(), "engines": processes.engines_loaded()},
     )  # fmt: skip
 
 

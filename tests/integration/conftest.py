@@ -304,6 +304,7 @@ SLOW_MODULES = {
     "test_busy_ranks.py": "busy vs blocked ranks: timing, alone",
     "test_lab_network.py": "cut links and stalled peers on the lab's hosts",
     "test_lab_node_loss.py": "lost hosts and killed launchers on the lab's hosts",
+    "test_lab_host_lost.py": "lost hosts during start-up and training, users' scripts, in the lab",
     "test_lab_run.py": "every launcher across the lab's hosts",
     "test_lab_slurm.py": "srun across the lab's hosts (make test keeps srun on one host)",
     "test_run_multinode.py": "two torchrun nodes on one machine",

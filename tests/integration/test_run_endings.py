@@ -36,14 +36,70 @@ def script(tmp_path: Path, code: int) -> str:
 def test_a_command_that_never_joins_a_process_group_ends_with_its_own_exit_code(tmp_path, code):
     """Not "NOT STARTED, exit 1": the command ran one process that never joined."""
     done, diagnosis = ended(tmp_path, PYTHON, script(tmp_path, code))
-    assert done.returncode == (0 if code == 0 else 1), done.stdout + done.stderr
+    assert done.returncode == code, done.stdout + done.stderr  # its own code, kept
     assert diagnosis["verdict"] == "not_distributed" and diagnosis["final"] is True
     assert "trained alone" in done.stdout
     reason = "the command ran 1 process that never joined a process group"
     assert done.stdout.count(reason) == 1  # said once, in the headline
     assert f"exited with code {code}" in done.stdout
-    expected = 0 if code == 0 else 1
-    assert done.stdout.rstrip().endswith(f"verdict: not distributed (exit code {expected})")
+    assert done.stdout.rstrip().endswith(f"verdict: not distributed (exit code {code})")
+
+
+RAY_TASKS_ONLY = """\
+import sys
+
+import ray
+
+
+@ray.remote
+def square(x):
+    return x * x
+
+
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+print("squares", sum(ray.get([square.remote(i) for i in range(4)])))
+ray.shutdown()
+sys.exit(3)
+"""
+
+RAY_IMPORTED_ONLY = """\
+from ray import data as _unused  # noqa: F401  (a pipeline that never reached its trainer)
+
+
+def main() -> int:
+    print("prepared alone")
+    return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+"""
+
+
+def _ray_ended(tmp_path: Path, source: str):
+    path = tmp_path / "ray_job.py"
+    path.write_text(source)
+    done, diagnosis = ended(tmp_path, PYTHON, str(path))
+    assert done.returncode == 3, done.stdout + done.stderr  # the job's own code, not 1
+    assert diagnosis["verdict"] == "not_distributed", diagnosis
+    fix = diagnosis["findings"][0]["fix"]
+    assert "TorchTrainer" in fix and "accelerate" not in fix and "torchrun" not in fix, fix
+    assert done.stdout.rstrip().endswith("verdict: not distributed (exit code 3)")
+    return done
+
+
+def test_a_script_that_imports_ray_and_never_forms_a_group_keeps_its_exit_code(tmp_path):
+    """Style 1: Ray imported at the top, a main() that returns 3 (no cluster started)."""
+    done = _ray_ended(tmp_path, RAY_IMPORTED_ONLY)
+    assert "prepared alone" in done.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_ray_tasks_script_keeps_its_exit_code_and_gets_ray_advice(tmp_path):
+    """Style 2: a local Ray cluster, remote tasks, ray.shutdown() and sys.exit(3)."""
+    done = _ray_ended(tmp_path, RAY_TASKS_ONLY)
+    assert "squares 14" in done.stdout
 
 
 def test_python_dash_i_is_not_instrumented_and_keeps_the_exit_code(tmp_path):

@@ -9,8 +9,11 @@ rank's parent process.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +40,11 @@ class NodeRun:
     pid: int
 
 
-def launch_two_nodes(run_dir: Path, cache: Path, *extra: str) -> list[NodeRun]:
-    """Start both launchers at once, wait for both (bounded), and return how each ended."""
+def launch_two_nodes(
+    run_dir: Path, cache: Path, *extra: str, shown: list | None = None
+) -> list[NodeRun]:
+    """Start both launchers at once, wait for both (bounded), and return how each ended.
+    `shown`: filled with every (verdict, culprits) diagnosis.json showed while they ran."""
     endpoint = f"127.0.0.1:{free_port()}"
     env = clean_env({"DDPDOCTOR_CACHE_DIR": str(cache)})
     common = [
@@ -46,7 +52,11 @@ def launch_two_nodes(run_dir: Path, cache: Path, *extra: str) -> list[NodeRun]:
         "--rdzv-endpoint", endpoint, "--run-dir", str(run_dir), "--nproc", "1", *extra,
     ]  # fmt: skip
     cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node)) for node in (0, 1)]
+    stop = threading.Event()
+    recorder = threading.Thread(target=record, args=(run_dir, shown, stop), daemon=True)
     with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
+        if shown is not None:
+            recorder.start()
         results = []
         for node, proc in enumerate((first, second)):
             try:
@@ -54,7 +64,21 @@ def launch_two_nodes(run_dir: Path, cache: Path, *extra: str) -> list[NodeRun]:
             except subprocess.TimeoutExpired:
                 pytest.fail(f"node {node}'s launcher did not end within {LAUNCH_TIMEOUT_S} s")
             results.append(NodeRun(node, proc.returncode, out, err, proc.pid))
+    stop.set()
+    if recorder.is_alive():
+        recorder.join(5)
     return results
+
+
+def record(run_dir: Path, shown: list, stop: threading.Event) -> None:
+    """Every verdict diagnosis.json shows while the job runs (read every 50 ms)."""
+    while not stop.is_set():
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            doc = json.loads((run_dir / "diagnosis.json").read_text())
+            seen = (doc["verdict"], tuple(doc.get("culprits") or ()))
+            if not shown or shown[-1] != seen:
+                shown.append(seen)
+        stop.wait(0.05)
 
 
 def events(run_dir: Path, rank: int) -> list[dict]:
@@ -93,10 +117,23 @@ def cache(tmp_path_factory) -> Path:
 # -- healthy ---------------------------------------------------------------------------------
 
 
+SHOWN: list[tuple[str, tuple[int, ...]]] = []  # every verdict the healthy run showed
+
+
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory, cache) -> tuple[list[NodeRun], Path]:
     run_dir = tmp_path_factory.mktemp("multinode-healthy") / "run"
-    return launch_two_nodes(run_dir, cache, "--steps", "4"), run_dir
+    return launch_two_nodes(run_dir, cache, "--steps", "4", shown=SHOWN), run_dir
+
+
+def test_a_healthy_run_never_shows_a_problem_on_its_way(healthy):
+    """Node 0's ranks end first while node 1's summary is up to a second and a half old: no
+    verdict is told before node 1 covers that time (diagnosis.json, the status lines)."""
+    nodes, _ = healthy
+    assert SHOWN and SHOWN[-1][0] == "healthy", SHOWN
+    assert {verdict for verdict, _ in SHOWN} <= {"running", "healthy"}, SHOWN
+    for node in nodes:
+        assert not re.findall(r"^(HANG|CRASH|MISMATCH)\b", node.stdout, re.M), node.stdout
 
 
 def test_both_launchers_exit_0_and_every_rank_left_events(healthy):

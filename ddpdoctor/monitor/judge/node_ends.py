@@ -13,7 +13,13 @@ and whether their summaries still come):
     lost host        a node whose launcher has not ended and whose summaries stopped coming at
                      once with its ranks: the host went down, was cut off or had every process
                      killed. A crash or hang found meanwhile is that host's: its ranks are the
-                     culprits, the other hosts' failures the consequences.
+                     culprits, the other hosts' failures the consequences, whoever saw the
+                     connection close first and whatever its script then said (a survivor that
+                     failed after the lost host was last heard from failed because of it).
+                     While the job is still starting (its ranks in the rendezvous or in
+                     init_process_group, nothing failed), a node silent STARTUP_LOST_AFTER_S is
+                     lost too: a HANG of the other nodes' ranks, which would wait for it until
+                     their timeout.
 
 These only re-tell a problem or a stop that the records show; they never make one of a job that
 runs well (a node whose summaries are late while every rank progresses is `node.stale` only).
@@ -26,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.judge.node_coverage import not_told_yet
 from ddpdoctor.monitor.judge.rules.crash import consequences, looks_like_consequence, root_cause
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.protocol.node_records import (
@@ -39,6 +46,12 @@ INTERRUPTED = STOPPED_INTERRUPTED  # NodeRecord.stopped_for of a launcher the us
 LAUNCHER_KILLED = STOPPED_LAUNCHER_KILLED  # ... of one that was killed (its reaper wrote it)
 # A node silent this long (no new summary, by the watcher's clock), its launcher not ended: lost.
 LOST_AFTER_S = 5.0
+# ... while the job is still starting (no failure to explain, nothing else to go by; a launcher
+# busy starting its ranks on a loaded machine may miss a few seconds): longer.
+STARTUP_LOST_AFTER_S = 20.0
+# A summary is composed up to this long before a watcher sees it change (published every
+# second, read at the next half-second poll): a node last heard from at T was lost after T - this.
+SUMMARY_LAG_S = 1.5
 NODE_ENDS = frozenset({"node.interrupted", "node.launcher_killed", "node.lost"})
 # Findings that only describe how the ranks were ended by the stop or the loss.
 _STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal", "run.stopped"})
@@ -65,27 +78,60 @@ def across_nodes(
         stopped = sorted(n for n, r in others.items() if r.stopped_for == why)
         if stopped and not held_problem:
             return _stopped_on(snap, others[stopped[0]], why, node_of)
+    if snap.verdict is Verdict.RUNNING and snap.live and _starting(snap):
+        lost = _silent_nodes(snap, others, node_of, silent_s, STARTUP_LOST_AFTER_S)
+        if lost:
+            return _lost(snap, [others[n] for n in lost], node_of, silent_s, starting=True)
     if snap.verdict not in (Verdict.CRASH, Verdict.HANG):
         return snap
-    lost = sorted(
-        n
-        for n, r in others.items()
-        if not r.ended
-        and silent_s.get(n, 0.0) >= LOST_AFTER_S
-        and _ranks_silent(snap, _ranks_of(n, node_of))
-    )
-    if not lost or not _theirs(snap, set(lost), node_of):
+    lost = _silent_nodes(snap, others, node_of, silent_s, LOST_AFTER_S)
+    if not lost or not _theirs(snap, set(lost), node_of, silent_s):
         return snap
     return _lost(snap, [others[n] for n in lost], node_of, silent_s)
 
 
-def _theirs(snap: Snapshot, lost: set[int], node_of: Mapping[int, int | None]) -> bool:
+def _silent_nodes(
+    snap: Snapshot,
+    others: Mapping[int, NodeRecord],
+    node_of: Mapping[int, int | None],
+    silent_s: Mapping[int, float],
+    after_s: float,
+) -> list[int]:
+    """The nodes whose launcher has not ended and whose summaries stopped coming `after_s`
+    ago, together with their ranks' events."""
+    return sorted(
+        n
+        for n, r in others.items()
+        if not r.ended
+        and r.stopped_for is None
+        and silent_s.get(n, 0.0) >= after_s
+        and _ranks_silent(snap, _ranks_of(n, node_of))
+    )
+
+
+def _starting(snap: Snapshot) -> bool:
+    """The job is still starting: no rank has said anything yet (they are in torchrun's
+    rendezvous or in init_process_group, which a rank leaves only once every rank is there)."""
+    return all(v.state is RankState.STARTING and v.last_event is None for v in snap.ranks)
+
+
+def _theirs(
+    snap: Snapshot,
+    lost: set[int],
+    node_of: Mapping[int, int | None],
+    silent_s: Mapping[int, float],
+) -> bool:
     """Whether the problem found can be the lost nodes': a crash whose first failure only
-    echoes a peer's (a connection reset) or is a rank of theirs; a hang with no culprit, or
-    only theirs. A rank of a live node that raised its own error stays the culprit."""
+    echoes a peer's (a connection reset), is a rank of theirs, or came after they were last
+    heard from (whatever the survivor said: its script may catch the reset and exit 1, or
+    raise an error of its own about the missing data); a hang with no culprit, or only
+    theirs. A rank of a live node that failed on its own before the loss stays the culprit."""
     if snap.verdict is Verdict.CRASH:
         root = root_cause(snap)
-        return root is None or looks_like_consequence(root) or node_of.get(root.rank) in lost
+        if root is None or looks_like_consequence(root) or node_of.get(root.rank) in lost:
+            return True
+        heard = min(snap.taken_t - silent_s.get(n, 0.0) for n in lost)
+        return root.failed_t is not None and root.failed_t >= heard - SUMMARY_LAG_S
     return all(node_of.get(rank) in lost for rank in snap.culprits)
 
 
@@ -95,6 +141,7 @@ def _ranks_silent(snap: Snapshot, ranks: list[int]) -> bool:
     views = [v for v in snap.ranks if v.rank in set(ranks)]
     return all(
         v.state is RankState.GONE
+        or (v.state is RankState.STARTING and v.last_event is None)  # (never said anything)
         or (v.heartbeat_age_s is not None and v.heartbeat_age_s >= LOST_AFTER_S)
         for v in views
     )
@@ -154,6 +201,8 @@ def _lost(
     records: list[NodeRecord],
     node_of: Mapping[int, int | None],
     silent_s: Mapping[int, float],
+    *,
+    starting: bool = False,
 ) -> Snapshot:
     lost_ranks: list[int] = []
     lines = []
@@ -168,15 +217,30 @@ def _lost(
             f"at {heard} ({silent:.0f} s ago), and its launcher never recorded an end"
         )
     hosts = ", ".join(sorted({r.host for r in records}))
+    why = ": the host went down, was cut off from the others, or had every process killed"
+    if starting:
+        why += (
+            ", while the job was starting: the other hosts' ranks wait for it in the "
+            "rendezvous or in init_process_group, and would until their timeout"
+        )
     finding = Finding(
         "node.lost",
         Severity.ERROR,
-        "; ".join(lines)
-        + ": the host went down, was cut off from the others, or had every process killed",
+        "; ".join(lines) + why,
         f"See what happened to {hosts} (is it up? `ping`, the scheduler's node state, its "
         "system log: an OOM or a reboot); the other hosts' failures follow from it.",
         ranks=tuple(lost_ranks),
     )
+    if starting:  # nothing failed yet: every other rank waits for the lost host, for ever
+        silent = max(silent_s.get(r.node_rank, 0.0) for r in records)
+        return replace(
+            snap,
+            verdict=Verdict.HANG,
+            findings=(finding, *snap.findings),
+            culprits=frozenset(lost_ranks),
+            confirmed=True,
+            detected_after_s=silent,
+        )
     survivors = [v for v in snap.ranks if v.state in _FAILED and v.rank not in set(lost_ranks)]
     findings: list[Finding] = [finding]
     if survivors:
@@ -230,11 +294,4 @@ def awaiting_nodes(
         "culprit",
         "Nothing to do: the verdict follows within seconds.",
     )
-    return replace(
-        snap,
-        verdict=Verdict.RUNNING,
-        culprits=frozenset(),
-        confirmed=False,
-        detected_after_s=None,
-        findings=(note, *(f for f in snap.findings if f.id not in _STOP_EFFECTS)),
-    )
+    return not_told_yet(snap, (note, *(f for f in snap.findings if f.id not in _STOP_EFFECTS)))

@@ -75,10 +75,7 @@ def ran_without_ranks(run: RunDir) -> tuple[Verdict, Finding] | None:
             "run.not_distributed",
             Severity.WARNING,
             summary,
-            "If the job was meant to be distributed, make each process call "
-            "torch.distributed.init_process_group (accelerate launch --cpu runs one process: for "
-            "N ranks on CPUs run the script under torchrun with Accelerator(cpu=True), torchrun "
-            "--nproc-per-node N train.py).",
+            fix_for_engine(engine_of(never)),
         )
     job = data.get("job_command")
     why = cannot_load(job if isinstance(job, list) else [])
@@ -90,6 +87,49 @@ def ran_without_ranks(run: RunDir) -> tuple[Verdict, Finding] | None:
         f"the runtime could not load in this process: {why}; the job ran unwatched",
         FIX_FLAGS if why.startswith("python -") else FIX_PROGRAM,
     )
+
+
+# What to do about a job that never formed a process group, by the engine its processes used.
+FIX_NOT_DISTRIBUTED = {
+    "ray": (
+        "If the job was meant to be distributed, form the process group in Ray's workers: train "
+        "with Ray Train's TorchTrainer (ScalingConfig(num_workers=N); its workers join the group "
+        "and ray.train.torch.prepare_model wraps the model in DDP), or call "
+        "torch.distributed.init_process_group in each actor that is a rank. Ray tasks and "
+        "actors that never join a group are no distributed job to watch."
+    ),
+    "lightning": (
+        "If the job was meant to be distributed, give the Trainer several devices and a DDP "
+        'strategy (Trainer(accelerator=..., devices=N, strategy="ddp")), or run the script '
+        "under torchrun, which Lightning then joins."
+    ),
+    "accelerate": (
+        "If the job was meant to be distributed, make each process call "
+        "torch.distributed.init_process_group (accelerate launch --cpu runs one process: for "
+        "N ranks on CPUs run the script under torchrun with Accelerator(cpu=True), torchrun "
+        "--nproc-per-node N train.py)."
+    ),
+    "deepspeed": (
+        "If the job was meant to be distributed, start it with the deepspeed launcher (deepspeed "
+        "--num_gpus N train.py) or torchrun, and call deepspeed.init_distributed() (or "
+        "deepspeed.initialize) in each process."
+    ),
+}
+FIX_NOT_DISTRIBUTED_ANY = (
+    "If the job was meant to be distributed, make each process call "
+    "torch.distributed.init_process_group, and start one process per rank (torchrun "
+    "--nproc-per-node N train.py, srun, mpirun)."
+)
+
+
+def engine_of(records: Sequence[processes.ProcessRecord]) -> str | None:
+    """The engine the job's processes used (the first known one any of them loaded)."""
+    loaded = {e for r in records for e in r.engines}
+    return next((e for e in processes.ENGINES if e in loaded), None)
+
+
+def fix_for_engine(engine: str | None) -> str:
+    return FIX_NOT_DISTRIBUTED.get(engine or "", FIX_NOT_DISTRIBUTED_ANY)
 
 
 def cannot_load(argv: Sequence[object]) -> str | None:

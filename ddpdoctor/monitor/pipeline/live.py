@@ -28,6 +28,7 @@ from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
 from ddpdoctor.monitor.follow.log_findings import LogFindings
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
+from ddpdoctor.monitor.judge.node_coverage import Coverage
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
     ended_with_ranks,
@@ -141,6 +142,8 @@ class Monitor(FollowedRun):
         # a launcher's looks at its ranks' connections once they all stall; every node's read
         self.network = NetworkFollow(self.run, node_rank, data, look=launcher)
         self._pending_since: dict[int, float] = {}  # rank -> when its node was first asked
+        self.coverage = Coverage()  # a multi-node verdict held until every node covers it
+        self._heard_at: dict[int, tuple[float, int]] = {}  # node -> (its change, polls then)
 
     # -- public API ------------------------------------------------------------------------
 
@@ -312,7 +315,7 @@ class Monitor(FollowedRun):
             if snap.verdict.is_problem:  # has another node's part ended? (its record, now)
                 self.node_watch.due_now()
                 self._read_nodes(now)
-            snap = across_nodes_of(self, snap, now)
+            snap = across_nodes_of(self, snap, now, final=final)
         if (
             self.capture_stacks
             and snap.verdict is Verdict.HANG

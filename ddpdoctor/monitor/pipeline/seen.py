@@ -20,6 +20,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.liveness import is_local, pid_alive
 from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED, holds_file
 from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
+from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -28,14 +29,12 @@ from ddpdoctor.rank_ranges import named_ranks
 VOUCH_GRACE_S = 10.0
 
 
-def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
+def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = False) -> Snapshot:
     """How the other nodes' parts ended, as their launchers' records and the summaries
-    that stopped coming tell it (ddpdoctor.monitor.judge.node_ends)."""
-    silent = {
-        node: now - seen.changed_t
-        for node, seen in monitor.merge.feed.seen.items()
-        if seen.changed_t is not None
-    }
+    that stopped coming tell it (ddpdoctor.monitor.judge.node_ends); before the final word, a
+    problem is told only once the other nodes' summaries cover the time it was reached
+    (ddpdoctor.monitor.judge.node_coverage)."""
+    silent = silences(monitor, now, live=snap.live)
     held = monitor._held
     own_problem = bool(
         held is not None and held.rule != "stop" and held.verdict and held.verdict.is_problem
@@ -52,7 +51,53 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float) -> Snapshot:
         # the problem the job was stopped for was the lost host's: so says diagnosis.json's
         # stopped_for, which later watchers hold
         monitor._held = replace(held, culprits=told.culprits, findings=told.findings[:1])
-    return told
+    elif held is None and told.confirmed and told.verdict is not snap.verdict:
+        # a host lost while the job started: the problem is node_ends' own, and the one a stop
+        # for it holds (not a bare "stopped for a hang")
+        monitor._confirmed[told.verdict] = RuleOutcome(
+            rule="node_ends",
+            verdict=told.verdict,
+            culprits=told.culprits,
+            findings=told.findings[:1],
+            confirmed=True,
+        )
+    if final or monitor._held is not None or not snap.live:
+        monitor.coverage.key = None
+        return told
+    return monitor.coverage.hold(
+        told,
+        monitor.nodes,
+        monitor.merge.feed.seen,
+        silent,
+        own_node=monitor.node_rank,
+        now=now,
+        polls=monitor.polls,
+        poll_s=POLL_S,
+        wait_s=LOST_AFTER_S + 1.0,
+    )
+
+
+# A watcher polls every POLL_S (the launcher's loop, `watch`, the TUI's poller).
+POLL_S = 0.5
+
+
+def silences(monitor: Any, now: float, *, live: bool) -> dict[int, float]:
+    """node -> how long its summaries have not changed. While the run is live, counted in this
+    watcher's own polls too (at most POLL_S each): a watcher starved of CPU on a loaded machine,
+    whose polls came seconds apart, cannot tell a silent node from one that was starved with it,
+    so the silence it has witnessed is what counts."""
+    silent: dict[int, float] = {}
+    heard = monitor._heard_at
+    for node, seen in monitor.merge.feed.seen.items():
+        if seen.changed_t is None:
+            continue
+        mark = heard.get(node)
+        if mark is None or mark[0] != seen.changed_t:
+            mark = heard[node] = (seen.changed_t, monitor.polls)
+        silent[node] = now - seen.changed_t
+        if live:
+            silent[node] = min(silent[node], (monitor.polls - mark[1]) * POLL_S)
+    return silent
 
 
 def await_nodes(monitor: Any) -> None:
@@ -70,14 +115,8 @@ def await_nodes(monitor: Any) -> None:
             for node, record in monitor.nodes.items()
             if node != monitor.node_rank and not record.ended and record.stopped_for is None
         ]
-        seen = monitor.merge.feed.seen
-        now = monitor.clock()
-        if all(
-            node in seen
-            and seen[node].changed_t is not None
-            and now - seen[node].changed_t >= LOST_AFTER_S
-            for node in pending
-        ):
+        silent = silences(monitor, monitor.clock(), live=True)
+        if all(silent.get(node, 0.0) >= LOST_AFTER_S for node in pending):
             return
         time.sleep(0.5)
 

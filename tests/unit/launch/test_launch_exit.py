@@ -180,7 +180,10 @@ def test_a_command_that_ran_without_ranks_keeps_its_exit_code():
         lines = closing_lines(ok, {}, run_dir=RunDir("/tmp/r"), exit_code=ExitCode.OK)
         assert lines[0] == "torchrun exited with code 0"
         assert lines[-1] == f"verdict: {verdict.value.replace('_', ' ')} (exit code 0)"
-        assert exit_code_for(outcome(verdict, rc=3)) == ExitCode.PROBLEMS
+        assert exit_code_for(outcome(verdict, rc=3)) == 3  # its own code, not ddpdoctor's 1
+        assert exit_code_for(outcome(verdict, rc=-15)) == 128 + 15  # as a shell says SIGTERM
+        lines = closing_lines(outcome(verdict, rc=3), {}, run_dir=RunDir("/tmp/r"), exit_code=3)
+        assert lines[0] == "torchrun exited with code 3" and lines[-1].endswith("(exit code 3)")
 
 
 @pytest.mark.parametrize(

@@ -144,3 +144,56 @@ def test_a_survivors_reset_waits_for_the_other_node_to_report_before_naming_a_cu
         [view(0, RankState.FAILED, host="h1", error="ValueError: x", failed_t=NOW), running]
     )
     assert awaiting_nodes(own, nodes(), NODE_OF, {1: 0.5}, own_node=0, now=NOW) is own
+
+
+def test_a_survivor_that_failed_after_the_host_went_silent_is_a_consequence_whatever_it_said():
+    """A script that catches the reset and exits 1 (no error of its own to read), or raises
+    its own error about the missing peer: it failed after h2 was last heard from."""
+    silent = view(1, RankState.STALLED, host="h2", heartbeat_age_s=8.0, alive=None)
+    for how in ({"exit_code": 1}, {"error": "ValueError: peer data missing", "exit_code": 1}):
+        failed = view(0, RankState.FAILED, host="h1", failed_t=NOW - 5.5, **how)
+        base = judged([failed, silent])
+        assert base.verdict is Verdict.CRASH and base.culprits == {0}
+        s = across_nodes(base, nodes(), NODE_OF, {1: 6.0}, own_node=0)
+        assert s.culprits == {1} and s.findings[0].id == "node.lost", how
+        (after,) = [f for f in s.findings if f.id == "crash.consequence"]
+        assert after.ranks == (0,)
+
+
+def test_a_survivor_that_failed_on_its_own_before_the_host_went_silent_stays_the_culprit():
+    silent = view(1, RankState.STALLED, host="h2", heartbeat_age_s=8.0, alive=None)
+    own = view(0, RankState.FAILED, host="h1", error="ValueError: bad batch", exit_code=1,
+               failed_t=NOW - 20)  # fmt: skip
+    base = judged([own, silent])
+    assert across_nodes(base, nodes(), NODE_OF, {1: 6.0}, own_node=0).culprits == {0}
+
+
+def starting(rank: int, host: str):
+    from ddpdoctor.monitor.model.snapshot import RankView
+
+    return RankView(rank=rank, state=RankState.STARTING, host=host)
+
+
+def test_a_host_lost_while_the_job_starts_is_named_and_the_others_hang_on_it():
+    from ddpdoctor.monitor.judge.node_ends import STARTUP_LOST_AFTER_S
+
+    base = snap([starting(0, "h1"), starting(1, "h2")])
+    assert base.verdict is Verdict.RUNNING
+    early = across_nodes(base, nodes(), NODE_OF, {1: STARTUP_LOST_AFTER_S - 1}, own_node=0)
+    assert early is base  # a launcher slow to publish while its ranks start is not lost
+    s = across_nodes(base, nodes(), NODE_OF, {1: STARTUP_LOST_AFTER_S + 1}, own_node=0)
+    assert s.verdict is Verdict.HANG and s.culprits == {1} and s.confirmed
+    lost = s.findings[0]
+    assert lost.id == "node.lost" and lost.summary.startswith("host h2 lost")
+    assert "while the job was starting" in lost.summary
+    # before any rank is known (still in torchrun's rendezvous): the host alone
+    s = across_nodes(snap([]), nodes(), {}, {1: STARTUP_LOST_AFTER_S + 1}, own_node=0)
+    assert s.verdict is Verdict.HANG and not s.culprits and "host h2 lost" in s.findings[0].summary
+
+
+def test_a_silent_node_while_ranks_train_is_not_a_startup_loss():
+    base = judged([view(0, host="h1"), starting(1, "h2")])
+    assert across_nodes(base, nodes(), NODE_OF, {1: 60.0}, own_node=0) is base
+    ended = nodes(ended_t=NOW - 2)
+    start = snap([starting(0, "h1"), starting(1, "h2")])
+    assert across_nodes(start, ended, NODE_OF, {1: 60.0}, own_node=0) is start

@@ -67,7 +67,7 @@ def test_node_0_follows_node_1_through_its_summary_and_finds_the_hang(tmp_path):
     follower.poll()
     assert tail_offset(follower, 0) == held_at
     fault_t = hang(w, clock, seq + 1, 3.0)
-    for _ in range(6):
+    for _ in range(10):  # (+ two of node 1's summaries after the verdict: node_coverage)
         wait(w, clock, seq + 1, fault_t, 0.5)
         follower.poll()
         snap = lead.poll()

@@ -128,7 +128,10 @@ def test_a_rank_that_fails_goes_back_to_its_events(tmp_path):
     view = snap.ranks[1]
     assert view.state is RankState.FAILED and view.error == "RuntimeError: boom"
     assert view.step == seq and dict(view.warnings) == {"sampler.missing": "no DistributedSampler"}
-    assert snap.verdict is Verdict.CRASH
+    assert snap.verdict is Verdict.RUNNING  # told once node 1 covers the time (node_coverage)
+    publish(follower, clock)
+    publish(follower, clock)
+    assert lead.poll().verdict is Verdict.CRASH
 
 
 def test_a_rank_started_again_is_read_from_its_events_first(tmp_path):
@@ -180,6 +183,9 @@ def test_calls_that_differ_across_nodes_are_a_mismatch_through_the_rows(tmp_path
     w.ev(1, "heartbeat", cpu_s=10.0)
     publish(follower, clock)
     assert read_node_summary(run, 1).row_ranks() == [1]  # type: ignore[union-attr]
+    assert lead.poll().verdict is Verdict.RUNNING  # until node 1 covers the time
+    publish(follower, clock)
+    publish(follower, clock)
     snap = lead.poll()
     assert snap.verdict is Verdict.MISMATCH
     assert f"#{seq + 1}" in snap.findings[0].summary and "[20]" in snap.findings[0].summary

@@ -321,6 +321,8 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_run_hardening.py::test_ctrl_c_on_a_healthy_run_is_interrupted_not_a_crash",
     "test_run_hardening.py::test_a_daemon_a_rank_started_ends_with_the_run",
     "test_run_inputs.py::test_keep_running_leaves_a_hung_job_until_ctrl_c",
+    # the pods' doctors behind a DNS server that never answers (the late name is the quick one)
+    "test_pod_doctor.py::test_a_dns_server_that_never_answers_costs_the_timeout_not_more",
     # the sample scripts beyond a healthy one and a hang (their shared runs are slow=True)
     "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
     "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",

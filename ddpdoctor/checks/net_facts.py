@@ -126,8 +126,9 @@ def master_is_here(ctx: CheckContext, resolution: Resolution | None) -> bool:
     (Not Plan.is_master_host: its getfqdn() is a reverse lookup that a dead DNS server stalls.)
     """
     plan = ctx.plan
-    if plan.rank is not None:
-        return plan.rank == 0
+    said = rank_says_master(ctx)
+    if said is not None:
+        return said
     addr = (plan.master_addr or "").lower()
     if not addr or addr in LOOPBACK_NAMES or is_loopback(addr):
         return True
@@ -135,6 +136,16 @@ def master_is_here(ctx: CheckContext, resolution: Resolution | None) -> bool:
         return True
     mine = local_addresses(ctx)
     return addr in mine or (resolution is not None and bool(set(resolution.addresses) & mine))
+
+
+def rank_says_master(ctx: CheckContext) -> bool | None:
+    """RANK, else a pod's PET_NODE_RANK, says whether this host serves the store (rank 0's;
+    node 0's under torchrun's static rendezvous); None when neither is set."""
+    if ctx.plan.rank is not None:
+        return ctx.plan.rank == 0
+    if ctx.plan.node_rank is not None:
+        return ctx.plan.node_rank == 0
+    return None
 
 
 def spans_hosts(ctx: CheckContext) -> bool:

@@ -69,7 +69,9 @@ def master_port(ctx: CheckContext) -> CheckOutcome:
         else (f"MASTER_PORT is not set: checked torchrun's default {DEFAULT_MASTER_PORT}",)
     )
     facts = {"port": port, "source": label if port_text is not None else "default"}
-    resolution = resolve(ctx, plan.master_addr) if plan.master_addr else None
+    # looked up only when the rank does not say (a DNS server that never answers costs 2 s)
+    known = net_facts.rank_says_master(ctx) is not None
+    resolution = resolve(ctx, plan.master_addr) if plan.master_addr and not known else None
     if not master_is_here(ctx, resolution):
         return passed(
             f"port {port} is valid; the master {plan.master_addr} listens on it "

@@ -247,8 +247,9 @@ def check_master_addr(facts: Sequence[RankFacts], nodes: NodeMap) -> CheckResult
         if f.master_error:
             errors.setdefault((f.master_addr, f.master_error), []).append(f.rank)
     if errors:
+        var = facts[0].master_var
         lines = [
-            (Status.FAIL, f"MASTER_ADDR={addr} {error} on {nodes.describe(ranks)}")
+            (Status.FAIL, f"{var}={addr} {error} on {nodes.describe(ranks)}")
             for (addr, error), ranks in errors.items()
         ]
         return _worst_of(
@@ -277,7 +278,7 @@ def check_master_addr(facts: Sequence[RankFacts], nodes: NodeMap) -> CheckResult
             "cluster.master_addr",
             title,
             Status.WARN,
-            f"MASTER_ADDR resolves differently: {describe_values(resolved, nodes)}",
+            f"{facts[0].master_var} resolves differently: {describe_values(resolved, nodes)}",
             fix="Give MASTER_ADDR as the IP address of rank 0's node so every node reaches the "
             "same interface.",
         )
@@ -286,7 +287,7 @@ def check_master_addr(facts: Sequence[RankFacts], nodes: NodeMap) -> CheckResult
         "cluster.master_addr",
         title,
         Status.PASS,
-        f"MASTER_ADDR {addr} ({shown}) reached from all {len(facts)} ranks{timing}",
+        f"{facts[0].master_var} {addr} ({shown}) reached from all {len(facts)} ranks{timing}",
         facts={
             "resolved": list(facts[0].master_resolved),
             "slowest_connect_ms": slowest,

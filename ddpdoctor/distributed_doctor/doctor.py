@@ -34,7 +34,7 @@ from ddpdoctor.checks.registry import Check, select_checks
 from ddpdoctor.checks.report import DoctorReport
 from ddpdoctor.checks.runner import run_check_list
 from ddpdoctor.console import error_line
-from ddpdoctor.distributed_doctor import join, rank_setup, reach_phase
+from ddpdoctor.distributed_doctor import join, names, rank_setup, reach_phase
 from ddpdoctor.distributed_doctor.exchange import gather_reports, run_collective_check
 from ddpdoctor.distributed_doctor.facts import (
     RESOLVE_TIMEOUT_S,
@@ -75,7 +75,7 @@ def main(args: argparse.Namespace, options: DoctorOptions) -> int:
         from ddpdoctor.integrations.junit import check_junit_path
 
         check_junit_path(args.junit_xml)  # a bad path is a usage error before anyone waits
-    context = CheckContext(env={**os.environ, **info.torch_env}, options=options)
+    context = CheckContext(env=names.checks_env(info), options=options)
     # c10d logs every failed connect with a C++ stack; the report says it in one line instead.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     import torch
@@ -90,7 +90,9 @@ def main(args: argparse.Namespace, options: DoctorOptions) -> int:
         emit_outcome(outcome.outcome, args)
     elif outcome.message:
         print(error_line(f"rank {info.rank}: {outcome.message}"), file=sys.stderr)
-    if rank_setup.ABANDONED:  # a gloo call is stuck in C++: it would hold the interpreter's exit
+    # A gloo call or a name lookup stuck in C past the deadline would hold the interpreter's
+    # exit (a lookup that a dead DNS server never answers, for tens of seconds): end at once.
+    if rank_setup.ABANDONED or rank_setup.stuck_threads():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(outcome.code)
@@ -126,15 +128,21 @@ def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
             base = join.host_store(dist, info, setup.timeout_s * 2 + SLACK_S)
         except join.JoinError as exc:
             return RankResult(1, join_failed(info, local, str(exc), (), {}, setup.strict))
-    connect_ms: float | None = None
-    name_wait_s: float | None = None
+    reached: join.Reached | None = None
     master_error: str | None = None
     try:
-        deadline = time.monotonic() + 3 if hosting else setup.deadline
-        connect_ms, name_wait_s = join.wait_until_reached(
-            info.master_addr, info.master_port, deadline
+        # Rank 0 serving the store waits for its own name as long as the others may (a pod's
+        # name appears late), then gives its own port 3 s: it answers at once or not at all.
+        reached = join.wait_until_reached(
+            info.master_addr,
+            info.master_port,
+            setup.deadline,
+            connect_within=3.0 if hosting else None,
+            names=f"{info.addr_var}:{info.port_var}",
         )
     except join.JoinError as exc:
+        if hosting and exc.unresolved:
+            return _unresolved_here(setup, dist, torch, base, local or run_local(setup), exc, start)
         if hosting:  # our own store does not answer at MASTER_ADDR: it names another host
             master_error = f"does not reach this host (rank 0) on port {info.master_port}"
         elif info.is_rank0:
@@ -145,22 +153,69 @@ def run_rank(setup: Setup, dist: Any, torch: Any) -> RankResult:
             return RankResult(1, message=str(exc))
     if base is None:
         try:
-            base = join.connect_store(dist, info, setup.timeout_s * 2 + SLACK_S)
+            address = reached.address if reached is not None else None
+            base = join.connect_store(dist, info, setup.timeout_s * 2 + SLACK_S, address)
         except join.JoinError as exc:
             return RankResult(1, message=str(exc))
     store = join.prefixed(dist, base, info, "doctor")
     if info.is_rank0:
-        return _after_connect(
-            setup, dist, torch, store, base, local, connect_ms, master_error, start, name_wait_s
-        )
+        return _after_connect(setup, dist, torch, store, base, local, reached, master_error, start)
     try:
-        return _after_connect(
-            setup, dist, torch, store, base, local, connect_ms, master_error, start, name_wait_s
-        )
+        return _after_connect(setup, dist, torch, store, base, local, reached, master_error, start)
     except RuntimeError as exc:  # DistError and friends: rank 0's store went away
         _teardown(dist)
         where = f"{info.master_addr}:{info.master_port}"
         return RankResult(1, message=f"lost rank 0's store at {where}: {join.first_line(exc)}")
+
+
+def _unresolved_here(
+    setup: Setup,
+    dist: Any,
+    torch: Any,
+    base: Store,
+    local: DoctorReport,
+    exc: join.JoinError,
+    start: float,
+) -> RankResult:
+    """Rank 0 serves the store but never resolved MASTER_ADDR by the deadline: whoever joined
+    is told to stop, and the report says why."""
+    info = setup.info
+    store = join.prefixed(dist, base, info, "doctor")
+    join.announce(store, info.rank, _join_record(info, torch, dist))
+    missing = join.await_joins(store, info.world_size, time.monotonic())  # no wait: it is late
+    records = join.joined_records(store, info.world_size, missing)
+    problem = names.unresolved_here(setup.timeout_s, exc.why)
+    if missing:  # the others may look for the same name: who never came leads the report
+        verdict = _verdict(info, missing, records)
+    else:
+        verdict = join.Verdict(False, reason=names.unresolved_reason(info, problem))
+    join.publish_verdict(store, verdict)
+    return _stopped(setup, store, local, verdict, records, start, problem if missing else None)
+
+
+def _stopped(
+    setup: Setup,
+    store: Store,
+    local: DoctorReport,
+    verdict: join.Verdict,
+    records: dict,
+    start: float,
+    master_error: str | None,
+) -> RankResult:
+    """Rank 0 told the others to stop: its report of who joined and why not."""
+    outcome = join_failed(
+        setup.info,
+        local,
+        verdict.reason,
+        verdict.missing,
+        records,
+        setup.strict,
+        timeout_s=setup.timeout_s,
+        elapsed_s=time.monotonic() - start,
+        master_error=master_error,
+    )
+    _close(setup, store, outcome.report.exit_code, expected=len(records) - 1)
+    return RankResult(int(outcome.report.exit_code), outcome)
 
 
 def _after_connect(
@@ -170,16 +225,17 @@ def _after_connect(
     store: Store,
     base: Store,
     local: DoctorReport | None,
-    connect_ms: float | None,
+    reached: join.Reached | None,
     master_error: str | None,
     start: float,
-    name_wait_s: float | None = None,
 ) -> RankResult:
     """Announce, check, describe this rank, then lead (rank 0) or follow."""
     info = setup.info
     join.announce(store, info.rank, _join_record(info, torch, dist))  # here before checking
     if local is None:
         local = run_local(setup)
+    if reached is not None:  # a name check that looked before the name appeared looks again
+        local = names.recheck_names(setup, local, reached.name_wait_s)
     facts = collect_rank_facts(
         rank=info.rank,
         local_rank=info.local_rank,
@@ -187,12 +243,14 @@ def _after_connect(
         master_addr=info.master_addr,
         master_port=info.master_port,
         env=setup.context.env,
-        master_connect_ms=connect_ms,
+        master_connect_ms=reached.connect_ms if reached is not None else None,
+        resolved=reached.addresses if reached is not None else None,
+        master_var=info.addr_var,
     )
     if master_error:
         facts = replace(facts, master_error=master_error)
-    if name_wait_s is not None:
-        facts = replace(facts, master_name_wait_s=round(name_wait_s, 1))
+    if reached is not None and reached.name_wait_s is not None:
+        facts = replace(facts, master_name_wait_s=round(reached.name_wait_s, 1))
     join.mark_ready(store, info.rank)
     if info.is_rank0:
         return _lead(setup, dist, torch, base, store, local, facts, start)
@@ -234,19 +292,7 @@ def _lead(
             )
     join.publish_verdict(store, verdict)
     if not verdict.go:
-        outcome = join_failed(
-            info,
-            local,
-            verdict.reason,
-            verdict.missing,
-            records,
-            setup.strict,
-            timeout_s=setup.timeout_s,
-            elapsed_s=time.monotonic() - start,
-            master_error=facts.master_error,
-        )
-        _close(setup, store, outcome.report.exit_code, expected=len(records) - 1)
-        return RankResult(int(outcome.report.exit_code), outcome)
+        return _stopped(setup, store, local, verdict, records, start, facts.master_error)
     join_s = time.monotonic() - join_started
     nodes = _nodes(records)
     reach, form, blocker = _reach(setup, store, verdict, lambda r: group_blocker(r, nodes))

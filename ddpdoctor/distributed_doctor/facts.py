@@ -41,6 +41,7 @@ class RankFacts:
     master_connect_ms: float | None = None  # time to open a TCP connection to the store
     # how long MASTER_ADDR did not resolve before it did (a name that appears late); None: at once
     master_name_wait_s: float | None = None
+    master_var: str = "MASTER_ADDR"  # the variable the user set it with (PET_MASTER_ADDR in a pod)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -69,8 +70,14 @@ def collect_rank_facts(
     master_connect_ms: float | None = None,
     interfaces: Callable[[], list[Any]] | None = None,
     gpu_uuid: Callable[[int], str | None] | None = None,
+    resolved: tuple[str, ...] | None = None,
+    master_var: str = "MASTER_ADDR",
 ) -> RankFacts:
-    resolved, error = resolve(master_addr, master_port)
+    """`resolved`: what the join already resolved MASTER_ADDR to (not looked up again)."""
+    if resolved is not None:
+        resolved, error = tuple(sorted(set(resolved))), None
+    else:
+        resolved, error = resolve(master_addr, master_port)
     return RankFacts(
         rank=rank,
         local_rank=local_rank,
@@ -86,6 +93,7 @@ def collect_rank_facts(
         master_resolved=resolved,
         master_error=error,
         master_connect_ms=master_connect_ms,
+        master_var=master_var,
     )
 
 

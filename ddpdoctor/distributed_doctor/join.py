@@ -14,18 +14,26 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+from ddpdoctor.checks.probes.bounded import bounded_call
 from ddpdoctor.launchers.identity import LaunchInfo
 
 POLL_S = 0.1
 KEY_PREFIX = "ddpdoctor"
+LOCAL_HOST = "127.0.0.1"
 
 
 class JoinError(Exception):
     """The join cannot go on; the message is a finding for the report or a one-line error."""
+
+    def __init__(self, message: str, *, unresolved: bool = False, why: str = "") -> None:
+        super().__init__(message)
+        self.unresolved = unresolved  # the master's name never resolved before the deadline
+        self.why = why or message  # the last error alone ("x does not resolve: ...")
 
 
 @dataclass(frozen=True)
@@ -40,46 +48,100 @@ class Verdict:
     leaders: tuple[int, ...] = ()  # one rank per node, on several nodes: they probe each other
 
 
-def wait_for_port(host: str, port: int, deadline: float) -> float:
-    """Block until host:port accepts a TCP connection; return the connect time in ms."""
-    return wait_until_reached(host, port, deadline)[0]
+@dataclass(frozen=True)
+class Reached:
+    """MASTER_ADDR:MASTER_PORT answered: how, and how long its name took to resolve."""
+
+    connect_ms: float
+    name_wait_s: float | None  # how long the name did not resolve before it did; None: at once
+    address: str  # the numeric address that accepted: the store is opened there, no lookup
+    addresses: tuple[str, ...]  # everything the name resolved to
 
 
-def wait_until_reached(host: str, port: int, deadline: float) -> tuple[float, float | None]:
-    """Block until host:port accepts a TCP connection: (the connect time in ms, how long the
-    name did not resolve before it did, None when it resolved at once). A name that does not
-    resolve yet is retried like a port that does not answer yet: a Kubernetes headless
-    service's name appears only once its pod is ready."""
+def wait_until_reached(
+    host: str,
+    port: int,
+    deadline: float,
+    *,
+    connect_within: float | None = None,
+    names: str = "MASTER_ADDR:MASTER_PORT",
+    getaddrinfo: Callable[..., list[Any]] = socket.getaddrinfo,
+) -> Reached:
+    """Block until host:port accepts a TCP connection, by `deadline` whatever the resolver does.
+
+    A name that does not resolve yet is retried like a port that does not answer yet: a
+    Kubernetes headless service's name appears only once its pod is ready. Each lookup runs in
+    a thread given what is left until the deadline (a DNS server that never answers cannot hold
+    us past it); connects go to the numeric addresses. `connect_within`: once the name resolves,
+    give up connecting after that many seconds (our own store answers at once or not at all).
+    `names` are the variables the address and port came from, for the message; `getaddrinfo`
+    is the resolver (tests give their own: no query leaves the machine).
+    """
     last_error = "no answer"
     first = time.monotonic()
     unresolved_until: float | None = None
+    resolved: tuple[str, ...] = ()
+    give_up = deadline
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = give_up - time.monotonic()
         if remaining <= 0:
             raise JoinError(
-                f"nothing answered at MASTER_ADDR:MASTER_PORT {host}:{port} ({last_error}): rank 0 "
-                f"did not start, or this host cannot reach it{_loopback_hint(host)}"
+                f"nothing answered at {names} {host}:{port} ({last_error}): rank 0 "
+                f"did not start, or this host cannot reach it{_loopback_hint(host, resolved)}",
+                unresolved=not resolved,
+                why=last_error,
             )
-        start = time.perf_counter()
-        try:
-            with socket.create_connection((host, port), timeout=min(2.0, max(remaining, 0.05))):
-                waited = unresolved_until - first if unresolved_until is not None else None
-                return (time.perf_counter() - start) * 1e3, waited
-        except socket.gaierror as exc:
-            last_error = f"{host} does not resolve: {exc.strerror or exc}"
+        addresses, error = resolve_within(host, port, remaining, getaddrinfo)
+        if error is not None:
+            last_error = error
             unresolved_until = time.monotonic()
-        except OSError as exc:
-            last_error = exc.strerror or str(exc) or type(exc).__name__
-        time.sleep(min(POLL_S * 2, max(0.0, deadline - time.monotonic())))
+        else:
+            if not resolved and connect_within is not None:
+                give_up = min(deadline, time.monotonic() + connect_within)
+            resolved = addresses
+            for address in addresses:
+                left = give_up - time.monotonic()
+                start = time.perf_counter()
+                try:
+                    with socket.create_connection(
+                        (address, port), timeout=min(2.0, max(left, 0.05))
+                    ):
+                        waited = unresolved_until - first if unresolved_until is not None else None
+                        connect_ms = (time.perf_counter() - start) * 1e3
+                        return Reached(connect_ms, waited, address, addresses)
+                except OSError as exc:
+                    last_error = exc.strerror or str(exc) or type(exc).__name__
+        time.sleep(min(POLL_S * 2, max(0.0, give_up - time.monotonic())))
 
 
-def _loopback_hint(host: str) -> str:
+def resolve_within(
+    host: str,
+    port: int,
+    timeout_s: float,
+    getaddrinfo: Callable[..., list[Any]] = socket.getaddrinfo,
+) -> tuple[tuple[str, ...], str | None]:
+    """getaddrinfo(host) for TCP, given `timeout_s` at most: (addresses, None) or ((), why)."""
+    outcome = bounded_call(
+        lambda: getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s, name="resolve"
+    )
+    if outcome.timed_out:
+        return (), f"{host} does not resolve: no answer from the DNS server"
+    if isinstance(outcome.error, OSError):
+        reason = outcome.error.strerror or str(outcome.error)
+        return (), f"{host} does not resolve: {reason}"
+    if outcome.error is not None:  # UnicodeError and friends: a name no resolver takes
+        return (), f"{host} does not resolve: {outcome.error}"
+    found: list[str] = []
+    for info in outcome.value or ():
+        address = str(info[4][0])
+        if address not in found:
+            found.append(address)
+    return (tuple(found), None) if found else ((), f"{host} does not resolve: no address")
+
+
+def _loopback_hint(host: str, addresses: tuple[str, ...]) -> str:
     """MASTER_ADDR=localhost on a node that is not rank 0's names the wrong machine (F10)."""
-    try:
-        addrs = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return ""
-    if addrs and all(str(a).startswith("127.") or a == "::1" for a in addrs):
+    if addresses and all(a.startswith("127.") or a == "::1" for a in addresses):
         return (
             f"; {host} is this host itself: on any node but rank 0's, MASTER_ADDR must be "
             "rank 0's node address on the network the nodes share"
@@ -88,10 +150,14 @@ def _loopback_hint(host: str) -> str:
 
 
 def host_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
-    """Rank 0's TCPStore server; it does not wait for clients, so polling stays ours."""
+    """Rank 0's TCPStore server; it does not wait for clients, so polling stays ours.
+
+    The server listens on every address of the host; its own client connects over loopback,
+    so serving never waits on a name lookup (whether MASTER_ADDR names this host is
+    wait_until_reached's question, bounded by the deadline)."""
     try:
         return dist.TCPStore(
-            info.master_addr,
+            LOCAL_HOST,
             info.master_port,
             info.world_size,
             True,
@@ -106,10 +172,12 @@ def host_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
         ) from exc
 
 
-def connect_store(dist: Any, info: LaunchInfo, timeout_s: float) -> Any:
+def connect_store(dist: Any, info: LaunchInfo, timeout_s: float, address: str | None = None) -> Any:
+    """A client of rank 0's store, at `address` (the numeric one that answered) when known, so
+    c10d never looks the name up itself, without a time limit."""
     try:
         return dist.TCPStore(
-            info.master_addr,
+            address or info.master_addr,
             info.master_port,
             info.world_size,
             False,

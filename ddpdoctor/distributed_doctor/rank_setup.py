@@ -3,6 +3,7 @@ deadline, and the gloo calls abandoned past it (the process then ends with os._e
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,3 +32,13 @@ class Setup:
 
 
 ABANDONED: list[str] = []  # the calls left running past the deadline
+
+
+def stuck_threads() -> list[str]:
+    """The bounded calls this process left running (bounded_call's and the checks' daemon
+    threads, a name lookup among them): the process then ends with os._exit."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.daemon and t.is_alive() and t.name.startswith(("ddpdoctor:", "ddpdoctor-", "check:"))
+    ]

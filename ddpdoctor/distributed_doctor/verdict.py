@@ -70,7 +70,7 @@ def join_failed(
     details = []
     if master_error:  # the likely cause: the others look for rank 0 somewhere else
         details.append(
-            f"MASTER_ADDR={info.master_addr} {master_error}: the other ranks look for the "
+            f"{info.addr_var}={info.master_addr} {master_error}: the other ranks look for the "
             "rendezvous there"
         )
     join_result = cluster_result(

@@ -102,15 +102,16 @@ def all_rules() -> tuple[LineRule, ...]:
     return tuple(r for source in SOURCES for r in source.RULES)
 
 
-def new_analyzers() -> list[Analyzer]:
-    """A fresh set for one explain run (analyzers keep state across the files they read)."""
+def new_analyzers(*, one_host: bool = False) -> list[Analyzer]:
+    """A fresh set for one explain run (analyzers keep state across the files they read);
+    `one_host`: the logs are of a job on one machine."""
     return [
         RuleSet(rule_table()),
         nccl_init.NcclAnalyzer(),
         nccl.SocketIfnameAnalyzer(),
         watchdog.WatchdogAnalyzer(),
         torchrun.TorchrunAnalyzer(),
-        gloo.GlooAnalyzer(),
+        gloo.GlooAnalyzer(one_host=one_host),
         c10d.C10dConnectAnalyzer(),
         ddp.CollectiveMismatchAnalyzer(),
         python.TracebackAnalyzer(rule_table().explains),

@@ -24,6 +24,7 @@ from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.fr_files import DumpError, is_dump_file, load_dump
+from ddpdoctor.protocol.rundir import RunDir
 
 _RUN_DIR_MARKERS = ("logs", "nccl", "events", "run.json")
 _HELLO_SCAN_LINES = 50  # the hello event is a rank's first; never read far for it
@@ -32,8 +33,9 @@ _HELLO_SCAN_LINES = 50  # the hello event is a rank's first; never read far for 
 class Explainer:
     """One explain run: lines from any number of files, combined into findings at the end."""
 
-    def __init__(self) -> None:
-        self.analyzers: list[Analyzer] = new_analyzers()
+    def __init__(self, *, one_host: bool = False) -> None:
+        # one_host: the logs are of a job on one machine, where loopback is the right address
+        self.analyzers: list[Analyzer] = new_analyzers(one_host=one_host)
         self.lines_read = 0
 
     def feed_file(self, lines: Iterable[SourceLine], file: str | None) -> None:
@@ -96,7 +98,8 @@ def explain_files(paths: Iterable[str | os.PathLike[str]]) -> list[Finding]:
 def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
     """explain_files, plus how much was read (for the command's closing line). Flight-recorder
     dumps among the files are read as dumps and told with the logs as one story."""
-    explainer = Explainer()
+    paths = list(paths)
+    explainer = Explainer(one_host=_one_host_runs(paths))
     files = 0
     dumps: list[FrRank] = []
     for path, context in expand_paths(paths):
@@ -118,6 +121,25 @@ def explain_paths(paths: Iterable[str | os.PathLike[str]]) -> ExplainResult:
     if dumps:
         findings = explain_dumps(_one_per_rank(dumps), findings)
     return ExplainResult(tuple(findings), files, explainer.lines_read)
+
+
+def _one_host_runs(paths: list[str | os.PathLike[str]]) -> bool:
+    """Every path is a run directory of a job on one machine: its launch says one node
+    (run.json's nnodes), or, without it, every rank's hello names the same host."""
+    if not paths:
+        return False
+    for given in paths:
+        root = Path(given)
+        if not root.is_dir() or not any((root / m).exists() for m in _RUN_DIR_MARKERS):
+            return False
+        nnodes = RunDir(root).read_run_json().get("nnodes")
+        if isinstance(nnodes, int) and not isinstance(nnodes, bool):
+            if nnodes != 1:
+                return False
+            continue
+        if len(_hello_index(root / "events").hosts) != 1:
+            return False
+    return True
 
 
 def _one_per_rank(dumps: list[FrRank]) -> list[FrRank]:

@@ -145,9 +145,13 @@ class _MeshError:
 class GlooAnalyzer:
     """`Gloo connectFullMesh failed ...`, with its remote/local addresses on wrapped lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, one_host: bool = False) -> None:
         self.errors: list[_MeshError] = []
         self._open: dict[str | None, _MeshError] = {}
+        # On one machine every rank is reached over loopback by design: a failed full-mesh
+        # connect there is a peer that died or stalled while the group formed, not a host name
+        # other nodes cannot reach.
+        self.one_host = one_host
 
     def feed(self, line: SourceLine) -> None:
         current = self._open.get(line.file)
@@ -177,6 +181,8 @@ class GlooAnalyzer:
             for line in error.lines:
                 target.add(line, ranks or None)
         out = []
+        if self.one_host and (loopback.lines or other.lines):
+            return [_one_host_failure(loopback, other)]
         if loopback.lines:
             finding = Finding(
                 id="gloo.loopback",
@@ -202,3 +208,26 @@ class GlooAnalyzer:
             )
             out.append(Candidate(finding))
         return out
+
+
+def _one_host_failure(loopback: EvidenceList, other: EvidenceList) -> Candidate:
+    """gloo's full mesh failed in a job on one machine: a consequence of a peer that died or
+    stalled while the group formed (other findings name it), not an address other nodes
+    cannot reach."""
+    evidence = EvidenceList()
+    for found in (loopback, other):
+        for line in found.lines:
+            evidence.add(line, ())
+        evidence.ranks.update(found.ranks)
+    how = " (over loopback, the right address for a job on one node)" if loopback.lines else ""
+    finding = Finding(
+        id="gloo.connect_failed",
+        severity=ERROR,
+        summary=f"gloo could not connect its ranks on this machine{how}: a peer rank died or "
+        "stalled while the process group formed",
+        fix="Look at the rank that failed or stopped first (its log and exit status): the ranks "
+        "that report this error only waited for it.",
+        ranks=tuple(sorted(evidence.ranks)),
+        evidence=evidence.evidence(),
+    )
+    return Candidate(finding, consequence=True)

@@ -13,7 +13,12 @@ from urllib.parse import urlparse
 
 from ddpdoctor.errors import UsageError
 from ddpdoctor.launchers.detect import detect_launcher
-from ddpdoctor.launchers.kubernetes import torch_env_from_pet
+from ddpdoctor.launchers.kubernetes import (
+    PetEnvError,
+    pet_launch,
+    pet_master_vars,
+    wants_pet_launch,
+)
 from ddpdoctor.launchers.mpi import MpiEnvError, detect_flavor, torch_env_from_mpi
 from ddpdoctor.launchers.slurm import SlurmEnvError, in_slurm_step, torch_env_from_slurm
 from ddpdoctor.launchers.variables import TORCH_VARS, parse_int
@@ -35,6 +40,10 @@ class LaunchInfo:
     agent_store: bool  # torchrun's agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT
     run_id: str  # namespaces our keys in a store that may outlive one doctor run
     torch_env: Mapping[str, str] = field(default_factory=dict)  # RANK... as the job sees them
+    # where the master's address and port came from, to name them in messages (PET_MASTER_ADDR
+    # in a pod, --master-addr when given on the command line)
+    addr_var: str = "MASTER_ADDR"
+    port_var: str = "MASTER_PORT"
 
     @property
     def is_rank0(self) -> bool:
@@ -60,9 +69,12 @@ def detect_launch(
     elif detect_flavor(env):
         launcher = "mpi"
         torch_env = _translated(torch_env_from_mpi, env, detect_flavor(env) or "MPI")
-    elif (pet := torch_env_from_pet(env)) is not None:
+    elif wants_pet_launch(env):
         launcher = "pet"  # a pod's torchrun variables, before torchrun: one rank per pod
-        torch_env = pet
+        try:
+            torch_env = pet_launch(env)
+        except PetEnvError as exc:
+            raise UsageError(f"the pod's torchrun variables: {exc}") from None
     else:
         raise UsageError(
             "--distributed needs a launcher: start it with torchrun, srun or mpirun on every node "
@@ -75,6 +87,7 @@ def detect_launch(
     port_text = (
         str(master_port) if master_port is not None else tcp_port or torch_env.get("MASTER_PORT")
     )
+    addr_var, port_var = _master_vars(launcher, env, master_addr, master_port, tcp_host, tcp_port)
     if not addr:
         raise UsageError(
             "MASTER_ADDR is not set: export MASTER_ADDR=<host of rank 0> on every rank "
@@ -82,10 +95,13 @@ def detect_launch(
         )
     port = parse_int(port_text)
     if port is None or not 0 < port < 65536:
-        raise UsageError(
-            f"MASTER_PORT {port_text!r} is not a port number: export MASTER_PORT=29500 on every "
-            "rank (or pass --master-port)"
+        shown = " is not set" if port_text is None else f"={port_text!r} is not a port number"
+        fix = (
+            "pass a TCP port, e.g. --master-port 29500"
+            if port_var.startswith("-")
+            else "export MASTER_PORT=29500 on every rank (or pass --master-port)"
         )
+        raise UsageError(f"{port_var}{shown}: {fix}")
     torch_env = {**torch_env, "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
 
     rank = _int(torch_env, "RANK")
@@ -110,7 +126,32 @@ def detect_launch(
         and master_port is None,
         run_id=_run_id(launcher, env),
         torch_env=torch_env,
+        addr_var=addr_var,
+        port_var=port_var,
     )
+
+
+def _master_vars(
+    launcher: str,
+    env: Mapping[str, str],
+    master_addr: str | None,
+    master_port: int | None,
+    tcp_host: str | None,
+    tcp_port: str | None,
+) -> tuple[str, str]:
+    """The names of what gave the master's address and port: a flag, --init-method, PET_*."""
+    addr_var, port_var = (
+        pet_master_vars(env) if launcher == "pet" else ("MASTER_ADDR", "MASTER_PORT")
+    )
+    if tcp_host:
+        addr_var = "the host of --init-method"
+    if tcp_port:
+        port_var = "the port of --init-method"
+    if master_addr:
+        addr_var = "--master-addr"
+    if master_port is not None:
+        port_var = "--master-port"
+    return addr_var, port_var
 
 
 def _translated(translate, env: Mapping[str, str], what: str) -> dict[str, str]:

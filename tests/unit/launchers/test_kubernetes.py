@@ -84,8 +84,69 @@ def test_distributed_doctor_in_an_init_container_is_one_rank_per_pod():
     assert (info.launcher, info.rank, info.world_size, info.node_rank) == ("pet", 1, 2, 1)
     assert (info.master_addr, info.master_port) == ("pytorch-job-node-0-0.pytorch-job", 29400)
     assert torch_env_from_pet({"PET_NNODES": "2"}) is None  # no node rank: not enough
-    with pytest.raises(UsageError, match="PET_NNODES/PET_NODE_RANK"):
+    with pytest.raises(UsageError, match="PET_NODE_RANK is not set but PET_NNODES=2"):
         detect_launch({"PET_NNODES": "2"})
+
+
+# The pod of node 1, as the distributed doctor reads it, with one value broken at a time: the
+# one line names the PET_* variable the user set (never RANK or MASTER_PORT, never "unset" for
+# a variable that is set).
+BAD_PET = [
+    ({"PET_MASTER_PORT": "abc"}, "PET_MASTER_PORT='abc' is not a TCP port"),
+    ({"PET_MASTER_PORT": "70000"}, "PET_MASTER_PORT='70000' is not a TCP port"),
+    ({"PET_NODE_RANK": "x"}, "PET_NODE_RANK='x' is not an integer"),
+    ({"PET_NODE_RANK": "2"}, "PET_NODE_RANK=2 is not below PET_NNODES=2"),
+    ({"PET_NODE_RANK": "-1"}, "PET_NODE_RANK=-1 is not below PET_NNODES=2"),
+    ({"PET_NNODES": "two"}, "PET_NNODES='two' is not a number of nodes"),
+    ({"PET_NNODES": "0"}, "PET_NNODES='0' names no usable number of nodes"),
+    ({"PET_NNODES": "4:2"}, "PET_NNODES='4:2' names no usable number of nodes"),
+    ({"PET_NNODES": None}, "PET_NODE_RANK=1 is not below PET_NNODES unset (torchrun's 1 node)"),
+    ({"PET_MASTER_ADDR": None}, "neither PET_MASTER_ADDR nor PET_RDZV_ENDPOINT is set"),
+    ({"PET_MASTER_ADDR": " "}, "PET_MASTER_ADDR is set but empty"),
+    (
+        {"PET_MASTER_ADDR": None, "PET_MASTER_PORT": None, "PET_RDZV_ENDPOINT": "job-0:abc"},
+        "PET_RDZV_ENDPOINT='job-0:abc': its port is not a TCP port",
+    ),
+    (
+        {"PET_MASTER_ADDR": None, "PET_RDZV_ENDPOINT": ":29400"},
+        "PET_RDZV_ENDPOINT=':29400' names no host",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), BAD_PET)
+def test_bad_pet_values_are_named_by_the_variable_the_user_set(change, words):
+    env = {**POD, **change}
+    env = {k: v for k, v in env.items() if v is not None}
+    with pytest.raises(UsageError) as caught:
+        detect_launch(env)
+    message = str(caught.value)
+    assert words in message, message
+    assert "RANK=" not in message.replace("NODE_RANK=", "") and "MASTER_PORT " not in message
+
+
+def test_pet_values_torchrun_defaults_and_endpoints_are_read_as_torchrun_reads_them():
+    one = detect_launch({"PET_NNODES": "1", "PET_NODE_RANK": "0"})  # torchrun's 127.0.0.1:29500
+    assert (one.world_size, one.master_addr, one.master_port) == (1, "127.0.0.1", 29500)
+    no_port = detect_launch({k: v for k, v in POD.items() if k != "PET_MASTER_PORT"})
+    assert no_port.master_port == 29500 and no_port.port_var == "PET_MASTER_PORT"
+    endpoint = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "[fd00::5]:29401"}
+    info = detect_launch(endpoint)
+    assert (info.master_addr, info.master_port, info.addr_var) == (
+        "fd00::5",
+        29401,
+        "PET_RDZV_ENDPOINT",
+    )
+    c10d = detect_launch({**endpoint, "PET_RDZV_ENDPOINT": "job-0", "PET_RDZV_BACKEND": "c10d"})
+    assert (c10d.master_addr, c10d.master_port) == ("job-0", 29400)
+    elastic = detect_launch({**POD, "PET_NNODES": "1:2"})
+    assert elastic.world_size == 2
+    flagged = detect_launch(POD, master_addr="10.0.0.5", master_port=29501)
+    assert (flagged.addr_var, flagged.port_var) == ("--master-addr", "--master-port")
+    assert (detect_launch(POD).addr_var, detect_launch(POD).port_var) == (
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+    )
 
 
 def test_the_master_address_is_named_by_its_pet_variable():

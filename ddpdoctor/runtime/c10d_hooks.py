@@ -245,21 +245,38 @@ def describe_call(
         if group is None:
             return None
         tensors = summarize(tensors_of(ops))
-        return CollectiveDesc(spec.name, group, tensors, is_async=True, p2p=True)
+        parts = batch_parts(ops)
+        peers = tuple(sorted({peer for _, peer, _ in parts}))
+        return CollectiveDesc(
+            spec.name,
+            group,
+            tensors,
+            is_async=True,
+            p2p=True,
+            peer=peers[0] if len(peers) == 1 else None,
+            parts=parts,
+        )
     group_arg = bound.arg("group", args, kwargs)
     value = bound.arg(spec.tensors, args, kwargs) if spec.tensors else None
     is_async = spec.always_async or bool(bound.arg("async_op", args, kwargs))
     peer = None
+    group_peer = False  # a group_dst / group_src: a rank of the group, made global below
     for name in spec.peers:
         given = bound.arg(name, args, kwargs)
         if given is not None:
             peer = int(given)
+            group_peer = name.startswith("group_")
             break
+    tag = bound.arg("tag", args, kwargs) if spec.p2p else None
+    if tag is not None:
+        peer_key: Any = (peer, group_peer, tag)
+    else:
+        peer_key = (peer, group_peer) if group_peer else peer
     key: Any = None
     if value is None:
-        key = (spec.name, group_arg, None, is_async, peer)
+        key = (spec.name, group_arg, None, is_async, peer_key)
     elif hasattr(value, "shape") and hasattr(value, "dtype"):  # one tensor: the common case
-        key = (spec.name, group_arg, (*value.shape, value.dtype, value.is_cuda), is_async, peer)
+        key = (spec.name, group_arg, (*value.shape, value.dtype, value.is_cuda), is_async, peer_key)
     if key is not None:
         try:
             desc = _CALLS.get(key)
@@ -271,12 +288,41 @@ def describe_call(
     if group is None:
         return None
     tensors = summarize(tensors_of(value)) if spec.tensors else TensorSummary()
-    desc = CollectiveDesc(spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer)
+    if group_peer and peer is not None:
+        peer = global_rank(group, peer)
+    desc = CollectiveDesc(
+        spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer, tag=tag
+    )
     if key is not None:
         if len(_CALLS) >= MAX_CALLS:
             _CALLS.clear()
         _CALLS[key] = desc
     return desc
+
+
+def global_rank(group: GroupInfo, group_rank: int) -> int:
+    """The global rank of a group's rank (the world's ranks are their own)."""
+    if group.ranks is not None and 0 <= group_rank < len(group.ranks):
+        return group.ranks[group_rank]
+    return group_rank
+
+
+MAX_PARTS = 16  # the ops of one batch_isend_irecv listed in its event
+
+
+def batch_parts(ops: Any) -> tuple[tuple[str, int, int], ...]:
+    """(op, the peer's global rank, tag) of the first ops of a batch_isend_irecv: P2POp keeps
+    its peer as a global rank already."""
+    parts: list[tuple[str, int, int]] = []
+    for op in list(ops)[:MAX_PARTS]:
+        func = getattr(op, "op", None)
+        func = getattr(func, WRAPPED_MARK, func)
+        name = getattr(func, "__name__", "?")
+        peer = getattr(op, "peer", None)
+        if peer is None:
+            continue
+        parts.append((name, int(peer), int(getattr(op, "tag", 0) or 0)))
+    return tuple(parts)
 
 
 def install(runtime: core.Runtime) -> None:

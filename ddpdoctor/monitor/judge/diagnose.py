@@ -30,6 +30,8 @@ from ddpdoctor.monitor.judge.rules import grad_syncs as grad_syncs_rule
 from ddpdoctor.monitor.judge.rules import hang as hang_rule
 from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.judge.rules import network as network_rule
+from ddpdoctor.monitor.judge.rules import p2p as p2p_rule
+from ddpdoctor.monitor.judge.rules import pipeline_contract as pipeline_contract_rule
 from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
@@ -70,8 +72,12 @@ class Diagnosis:
 def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
+    p2p = p2p_rule.detect(snap)  # who waits for whom through send/recv: a hang or a deadlock
+    p2p_deadlock = p2p if p2p is not None and p2p.verdict is Verdict.MISMATCH else None
     mismatch = (
         contract_rule.detect(snap)
+        or pipeline_contract_rule.detect(snap)
+        or p2p_deadlock
         or mismatch_rule.detect(snap)
         or grad_syncs_rule.detect(snap)
         or world_size_rule.detect(snap)
@@ -86,7 +92,8 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     hang, fr_hang = hang_rule.detect(snap), fr_hang_rule.detect(snap)
     # no culprit: which link stopped carrying bytes, where the nodes' looks tell
     network = network_rule.detect(snap) if hang is None and fr_hang is None else None
-    outcomes = (hang, fr_hang, network or transport_rule.detect(snap))
+    p2p_hang = p2p if p2p is not None and p2p.verdict is Verdict.HANG else None
+    outcomes = (p2p_hang, hang, fr_hang, network or transport_rule.detect(snap))
     stuck = [o for o in outcomes if o is not None]
     if stuck:
         first = min(stuck, key=lambda o: o.onset_t or 0.0)

@@ -22,6 +22,7 @@ from ddpdoctor.findings import Finding, sort_findings
 from ddpdoctor.monitor.judge.fr_evidence import annotate as with_flight_recorder
 from ddpdoctor.monitor.judge.job_text import weigh_exit_reports
 from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.rules import chance_pairing as chance_pairing_rule
 from ddpdoctor.monitor.judge.rules import contract as contract_rule
 from ddpdoctor.monitor.judge.rules import crash as crash_rule
 from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
@@ -182,6 +183,7 @@ def diagnose(
         sampler_rule.detect(snap),
         straggler_rule.detect(snap),
         warnings_rule.detect(snap),
+        chance_pairing_rule.detect(snap) if not verdict.is_problem else None,
         network_rule.names(snap) if primary is None or primary.rule != "network" else None,
     ):
         if outcome is not None:
@@ -241,3 +243,22 @@ def apply_diagnosis(
         waits=diagnosis.waits,
         confirmed=diagnosis.confirmed,
     )
+
+
+# Findings that stay once found: they tell of a moment (a chance pairing) that the ranks' latest
+# calls no longer show a poll later. At most MAX_KEPT are kept.
+KEPT_ONCE_FOUND = frozenset({chance_pairing_rule.CODE})
+MAX_KEPT = 8
+
+
+def keep_said(diagnosis: Diagnosis, said: dict[tuple[str, str], Finding]) -> Diagnosis:
+    """`diagnosis` with the findings of KEPT_ONCE_FOUND that earlier polls found (`said`, the
+    caller's memory, updated here)."""
+    for finding in diagnosis.findings:
+        if finding.id in KEPT_ONCE_FOUND and len(said) < MAX_KEPT:
+            said.setdefault((finding.id, finding.summary), finding)
+    if not said:
+        return diagnosis
+    present = {(f.id, f.summary) for f in diagnosis.findings}
+    missing = tuple(f for key, f in said.items() if key not in present)
+    return replace(diagnosis, findings=diagnosis.findings + missing) if missing else diagnosis

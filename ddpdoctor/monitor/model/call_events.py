@@ -143,6 +143,7 @@ def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, wher
             since_t=opened.since_t,
             group_ranks=opened.group_ranks,
             site=opened.site,
+            peers=opened.peers,
         )
     tracker.collectives_done += 1
     duration = num(e.get("duration_s"))

@@ -19,8 +19,11 @@ rule follows the edges from each waiting rank:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch, fmt_s
+from ddpdoctor.monitor.judge.rules.crash import looks_like_consequence
 from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
 from ddpdoctor.monitor.judge.rules.hang import (
     heartbeat_alive_while_waiting,
@@ -226,10 +229,37 @@ def _deadlock(snap: Snapshot, cycle: list[RankView], ended: RankView | None) -> 
     return confirmed_mismatch("p2p", finding, onset)
 
 
+def unmatched_at_end(snap: Snapshot) -> RuleOutcome | None:
+    """A rank that failed on its peers' going away ("Connection closed by peer") while in a
+    send or receive with peers that had all ended cleanly: the call its peers never made (one
+    stage ran fewer steps or microbatches), a mismatch, not a crash of the rank left waiting."""
+    for view in snap.ranks:
+        coll = view.collective
+        if (
+            view.state is not RankState.FAILED
+            or coll is None
+            or coll.op not in POINT_TO_POINT_OPS
+            or not coll.peers
+            or not looks_like_consequence(view)
+        ):
+            continue
+        peers = [snap.rank(p) for p in coll.peers]
+        if not peers or any(p is None or p.state is not RankState.DONE for p in peers):
+            continue
+        outcome = _deadlock(snap, [view], peers[0])  # type: ignore[arg-type]
+        onset = view.failed_t if view.failed_t is not None else outcome.onset_t
+        return replace(outcome, started_t=onset, onset_t=onset)
+    return None
+
+
 def detect(snap: Snapshot) -> RuleOutcome | None:
-    """The earliest hang or deadlock found by following the waits from a long P2P waiter."""
+    """The earliest hang or deadlock found by following the waits from a long P2P waiter, or
+    a send or receive left without its counterpart when the peers ended."""
     if snap.thresholds is None:
         return None
+    ended = unmatched_at_end(snap)
+    if ended is not None:
+        return ended
     best: RuleOutcome | None = None
     for start in snap.ranks:
         if p2p_call(start) is None or _edges(start, snap, long_wait=True) is None:

@@ -12,9 +12,8 @@ built their schedule, whichever stage trips first.
 
 from __future__ import annotations
 
-from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch
-from ddpdoctor.monitor.judge.rules.contract import parse
+from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.rules.contract import from_warning
 from ddpdoctor.monitor.model.snapshot import Snapshot
 
 CODE = "pipeline.contract_mismatch"
@@ -28,23 +27,4 @@ FIX = (
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
-    for view in snap.ranks:
-        message = dict(view.warnings).get(CODE) if view.warnings else None
-        if message is None:
-            continue
-        summary, culprits, file, line, t = parse(message)
-        ranks = culprits or (view.rank,)
-        evidence = [Evidence(f"rank {view.rank} compared the pipeline's contracts: {summary}")]
-        if file is not None:
-            evidence.insert(0, Evidence("the line that built the schedule", file, line))
-        finding = Finding(
-            id=CODE,
-            severity=Severity.ERROR,
-            summary=summary,
-            fix=FIX,
-            ranks=ranks,
-            evidence=tuple(evidence),
-        )
-        onset = t if t is not None else view.last_progress_t
-        return confirmed_mismatch("pipeline_contract", finding, onset)
-    return None
+    return from_warning(snap, CODE, FIX, "pipeline_contract", "compared the pipeline's contracts")

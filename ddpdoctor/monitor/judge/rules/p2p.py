@@ -68,7 +68,8 @@ def _file_function(frame: str) -> tuple[str, str]:
     """("job.py", "main") of "job.py:72 main" (or of a path)."""
     place, _, function = frame.partition(" ")
     file = place.rpartition(":")[0].replace("\\", "/").rpartition("/")[2]
-    return file, function
+    # a call's site names the qualified function ("Trainer.train"), a heartbeat its code name
+    return file, function.rpartition(".")[2]
 
 
 def moved_on(view: RankView, coll: CollectiveView) -> bool:
@@ -246,7 +247,7 @@ def unmatched_at_end(snap: Snapshot) -> RuleOutcome | None:
         peers = [snap.rank(p) for p in coll.peers]
         if not peers or any(p is None or p.state is not RankState.DONE for p in peers):
             continue
-        outcome = _deadlock(snap, [view], peers[0])  # type: ignore[arg-type]
+        outcome = _deadlock(snap, [view], peers[0])
         onset = view.failed_t if view.failed_t is not None else outcome.onset_t
         return replace(outcome, started_t=onset, onset_t=onset)
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from ddpdoctor.runtime.c10d_hooks import batch_parts, global_rank
+from ddpdoctor.runtime.call_args import batch_parts, global_rank
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary
 from ddpdoctor.runtime.patching import WRAPPED_MARK
 from ddpdoctor.runtime.records import CollectiveDesc

@@ -8,7 +8,9 @@ adaptive hang threshold) and reads each one's final JSON document:
                  or checkpoints while the others wait) and the framework corpus's
                  (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
                  `ddpdoctor run ... -- COMMAND`), the FSDP corpus's (tests/corpus/fsdp/corpus.json:
-                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation) and the
+                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation), the
+                 pipeline corpus's (tests/corpus/pipelines/corpus.json: pipelining GPipe / 1F1B
+                 and a send/recv pipeline written by hand) and the
                  Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
                  that join a process group, each on a local cluster its `ray.init()` starts). A
                  false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
@@ -42,6 +44,7 @@ CORPUS = REPO / "tests" / "corpus" / "run"
 FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 FSDP = REPO / "tests" / "corpus" / "fsdp"
 RAY = REPO / "tests" / "corpus" / "ray"
+PIPELINES = REPO / "tests" / "corpus" / "pipelines"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
@@ -127,13 +130,14 @@ def framework_jobs(kind: str) -> list[Job]:
     ]
 
 
-def fsdp_jobs(kind: str) -> list[Job]:
-    """The FSDP corpus (FSDP2, HSDP and TP+DP meshes, DDP accumulation), each at its own size."""
-    manifest = json.loads((FSDP / "corpus.json").read_text())
+def fsdp_jobs(kind: str, corpus: Path = FSDP, prefix: str = "fsdp") -> list[Job]:
+    """The FSDP corpus (FSDP2, HSDP and TP+DP meshes, DDP accumulation), each at its own size;
+    or another corpus of scripts in the same form (the pipeline corpus)."""
+    manifest = json.loads((corpus / "corpus.json").read_text())
     return [
         Job(
-            f"fsdp-{j['name']}",
-            ("--", str(FSDP / j["script"]), *j["args"]),
+            f"{prefix}-{j['name']}",
+            ("--", str(corpus / j["script"]), *j["args"]),
             frozenset({j.get("verdict", "healthy")}),
             tuple(j.get("culprits", ())),
             flags=("--nproc", str(j["nproc"]), "--backend", "gloo"),
@@ -165,6 +169,7 @@ def healthy_jobs() -> list[Job]:
         [Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]]
         + framework_jobs("healthy")
         + fsdp_jobs("healthy")
+        + fsdp_jobs("healthy", PIPELINES, "pp")
         + ray_jobs("healthy")
     )
 
@@ -182,6 +187,7 @@ def faulty_jobs() -> list[Job]:
     ]
     jobs += framework_jobs("faulty")
     jobs += fsdp_jobs("faulty")
+    jobs += fsdp_jobs("faulty", PIPELINES, "pp")
     jobs += ray_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),

@@ -59,7 +59,8 @@ hello              also restart_count (torchelastic restarts), heartbeat_s (the 
                    on request) | "python_hook" (every bucket as events: DDPDOCTOR_DDP_BUCKETS=1,
                    or no usable recorder) | "off", "why": text}; absent until the DDP hooks are
                    installed.
-heartbeat          open also carries p2p (bool) and peer (int | null). step is the number of
+heartbeat          open also carries p2p (bool), peer (int | null) and, for a batch of
+                   point-to-point ops, peers (their global ranks). step is the number of
                    steps done (closed); seq starts at 1. Progress facts (cumulative, for telling a
                    busy rank from a blocked one): cpu_s (process CPU seconds), runq_s (the main
                    thread's run-queue wait, seconds), io_bytes (rchar + wchar), child_cpu_s (CPU
@@ -68,8 +69,10 @@ heartbeat          open also carries p2p (bool) and peer (int | null). step is t
                    frame in the user's own code). The main thread is the user's thread unless the
                    user's code runs on another one only (Ray Train's "TrainingThread(...)"):
                    frame and where are then that thread's, and thread names it.
-collective_start   p2p (true) and peer (the other rank; null for batch_isend_irecv) on
-                   point-to-point ops only. Their seq counts per group AND peer, apart from the
+collective_start   p2p (true) and peer (the other rank's GLOBAL rank, also for group_dst /
+                   group_src; null for a batch_isend_irecv with several peers) on point-to-point
+                   ops only, with tag when not 0, and p2p_ops ([[op, peer, tag], ...], the first
+                   16) on batch_isend_irecv. Their seq counts per group AND peer, apart from the
                    collectives' seq, so ranks that take no part in a send do not look behind:
                    compare collective seqs across ranks on events without p2p. Only the outermost
                    call counts (all_gather_object is one collective, not its inner all_gathers).
@@ -82,6 +85,12 @@ collective_start   p2p (true) and peer (the other rank; null for batch_isend_ire
                    "LightningModule.log", "Accelerator.gather"), "issuer": {...} (the framework
                    frame that called torch.distributed, when not via itself)}. User code is
                    what is not in the standard library, site-packages, torch or ddpdoctor.
+pipeline           a pipeline schedule's first step() (torch.distributed.pipelining): schedule
+                   (class name), microbatches, num_stages, stages (this rank's stage indices),
+                   site and stage_site (the user's lines that built the schedule and the stage:
+                   {file, line, function} | null). Heartbeats then carry pipeline: [step,
+                   action ("step", "F", "B", "W"), microbatch | null, stage | null], the rank's
+                   position in its schedule.
 collective_end     via: how the end was seen, "return" (a blocking call returned), "future" (its
                    future completed), "work" (Work.is_completed() polled) or "cuda_event" (a CUDA
                    event recorded after a blocking GPU op passed); p2p and peer as at the start.
@@ -152,6 +161,7 @@ FAULT = "fault"
 ERROR = "error"
 EXIT = "exit"
 RAY_CALL = "ray_call"
+PIPELINE = "pipeline"
 
 KINDS = frozenset(
     {
@@ -168,6 +178,7 @@ KINDS = frozenset(
         ERROR,
         EXIT,
         RAY_CALL,
+        PIPELINE,
     }
 )
 

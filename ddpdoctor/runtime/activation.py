@@ -120,6 +120,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         fsdp_hooks,
         funcol_hooks,
         optim_hooks,
+        pipeline_hooks,
     )
 
     for name, installer in (
@@ -128,6 +129,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         ("ddp", ddp_hooks.install),
         ("ddp contract", ddp_contract.install),
         ("fsdp", fsdp_hooks.install),
+        ("pipelining", pipeline_hooks.install),
         ("data", data_hooks.install),
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),

@@ -19,6 +19,7 @@ from typing import Any
 
 from ddpdoctor.protocol.events import DEFAULT_GROUP, WARNING
 from ddpdoctor.runtime import call_sites, completion, core
+from ddpdoctor.runtime.call_args import batch_parts, global_rank, tensors_of
 from ddpdoctor.runtime.collectives import GroupInfo, TensorSummary, summarize
 from ddpdoctor.runtime.patching import WRAPPED_MARK
 from ddpdoctor.runtime.records import CollectiveDesc
@@ -152,26 +153,6 @@ class GroupNames:
 GROUPS = GroupNames()
 
 
-def tensors_of(value: Any) -> list[Any]:
-    """The tensors in an argument: a tensor, a list of them, a list of lists, or P2POps."""
-    if value is None:
-        return []
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return [value]
-    if isinstance(value, list | tuple):
-        found: list[Any] = []
-        for item in value:
-            tensor = getattr(item, "tensor", None)  # a P2POp of batch_isend_irecv
-            if tensor is not None and hasattr(tensor, "shape"):
-                found.append(tensor)
-            elif hasattr(item, "shape") and hasattr(item, "dtype"):
-                found.append(item)
-            elif isinstance(item, list | tuple):
-                found.extend(t for t in item if hasattr(t, "shape") and hasattr(t, "dtype"))
-        return found
-    return []
-
-
 def wrap(func: Callable[..., Any], bound: BoundOp) -> Callable[..., Any]:
 
     @functools.wraps(func)
@@ -245,21 +226,38 @@ def describe_call(
         if group is None:
             return None
         tensors = summarize(tensors_of(ops))
-        return CollectiveDesc(spec.name, group, tensors, is_async=True, p2p=True)
+        parts = batch_parts(ops)
+        peers = tuple(sorted({peer for _, peer, _ in parts}))
+        return CollectiveDesc(
+            spec.name,
+            group,
+            tensors,
+            is_async=True,
+            p2p=True,
+            peer=peers[0] if len(peers) == 1 else None,
+            parts=parts,
+        )
     group_arg = bound.arg("group", args, kwargs)
     value = bound.arg(spec.tensors, args, kwargs) if spec.tensors else None
     is_async = spec.always_async or bool(bound.arg("async_op", args, kwargs))
     peer = None
+    group_peer = False  # a group_dst / group_src: a rank of the group, made global below
     for name in spec.peers:
         given = bound.arg(name, args, kwargs)
         if given is not None:
             peer = int(given)
+            group_peer = name.startswith("group_")
             break
+    tag = bound.arg("tag", args, kwargs) if spec.p2p else None
+    if tag is not None:
+        peer_key: Any = (peer, group_peer, tag)
+    else:
+        peer_key = (peer, group_peer) if group_peer else peer
     key: Any = None
     if value is None:
-        key = (spec.name, group_arg, None, is_async, peer)
+        key = (spec.name, group_arg, None, is_async, peer_key)
     elif hasattr(value, "shape") and hasattr(value, "dtype"):  # one tensor: the common case
-        key = (spec.name, group_arg, (*value.shape, value.dtype, value.is_cuda), is_async, peer)
+        key = (spec.name, group_arg, (*value.shape, value.dtype, value.is_cuda), is_async, peer_key)
     if key is not None:
         try:
             desc = _CALLS.get(key)
@@ -271,7 +269,11 @@ def describe_call(
     if group is None:
         return None
     tensors = summarize(tensors_of(value)) if spec.tensors else TensorSummary()
-    desc = CollectiveDesc(spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer)
+    if group_peer and peer is not None:
+        peer = global_rank(group, peer)
+    desc = CollectiveDesc(
+        spec.name, group, tensors, is_async=is_async, p2p=spec.p2p, peer=peer, tag=tag
+    )
     if key is not None:
         if len(_CALLS) >= MAX_CALLS:
             _CALLS.clear()

@@ -283,7 +283,7 @@ class CollectiveTracker:
                 return None
             rec = min(self._open, key=lambda r: r.start_mono)
         desc = rec.desc
-        return {
+        opened = {
             "op": desc.op,
             "seq": rec.seq,
             "group": desc.group.name,
@@ -292,6 +292,9 @@ class CollectiveTracker:
             "p2p": desc.p2p,
             "peer": desc.peer,
         }
+        if desc.parts:  # a batch of sends and receives: every peer it waits on
+            opened["peers"] = sorted({part[1] for part in desc.parts})
+        return opened
 
     def last_seqs(self) -> dict[str, int]:
         """The last collective sequence number started per group (point-to-point excluded)."""

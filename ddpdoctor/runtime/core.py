@@ -127,6 +127,9 @@ class Runtime:
         # How DDP's gradient buckets are recorded ({"mode", "why"}: ddp_hooks.bucket_mode), said
         # in the hello event once the DDP hooks are installed.
         self.bucket_recording: dict[str, str] | None = None
+        # A pipeline rank's position in its schedule (pipeline_hooks.py): [step, action,
+        # microbatch, stage], replaced as it moves, read by the heartbeat thread.
+        self.pipeline_position: list[Any] | None = None
         self.finished = False
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)

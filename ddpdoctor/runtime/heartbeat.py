@@ -106,7 +106,7 @@ class Heartbeat:
             progress = self._progress()
         except Exception:  # noqa: BLE001 - a beat without progress facts is still a beat
             progress = {}
-        return {
+        beat = {
             **progress,
             "seq": self.beats,
             "step": rt.steps.steps_done,
@@ -118,6 +118,10 @@ class Heartbeat:
             "collectives_started": rt.collectives.started,
             "collectives_done": rt.collectives.done,
         }
+        position = rt.pipeline_position
+        if position is not None:
+            beat["pipeline"] = position
+        return beat
 
     def beat(self) -> None:
         self.beats += 1

@@ -78,6 +78,7 @@ class CollectiveDesc:
         "op",
         "op_text",
         "p2p",
+        "parts",
         "peer",
         "seq_key",
         "start_tail",
@@ -93,6 +94,8 @@ class CollectiveDesc:
         bucket: int | None = None,
         p2p: bool = False,
         peer: int | None = None,
+        tag: int | None = None,
+        parts: tuple[tuple[str, int, int], ...] = (),
     ) -> None:
         self.op = op
         self.group = group
@@ -101,6 +104,7 @@ class CollectiveDesc:
         self.is_async = is_async
         self.p2p = p2p
         self.peer = peer
+        self.parts = parts  # batch_isend_irecv: (op, peer, tag) of its ops
         # Point-to-point ops count per group and peer, apart from the collectives' numbers.
         self.seq_key: Any = (group.name, "p2p", peer) if p2p else group.name
         # Every collective but a gradient bucket is written before it is entered: the start of
@@ -121,6 +125,10 @@ class CollectiveDesc:
         if bucket is not None:
             start["bucket"] = bucket
         start.update(peer_fields)
+        if tag:
+            start["tag"] = tag
+        if parts:
+            start["p2p_ops"] = [list(part) for part in parts]
         self.start_tail = fields_text(start)
         self.end_tail = "," + fields_text(peer_fields) if p2p else ""
 

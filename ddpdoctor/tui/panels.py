@@ -14,6 +14,7 @@ from ddpdoctor.stacks.groups import is_marker
 from ddpdoctor.tui import fmt
 from ddpdoctor.tui.lines_view import LinesView
 from ddpdoctor.tui.log_filter import LogFilter
+from ddpdoctor.tui.pipeline_text import pipeline_text
 
 MAX_FRAMES = 6  # innermost frames per stack class in the panel (the rank detail shows them all)
 MAX_LOG_LINES = 300
@@ -36,11 +37,14 @@ def diagnosis_text(snapshot: Snapshot | None) -> Text:
     if snapshot.thresholds is not None and not snapshot.finished:
         out.append(f" · hang after {fmt.duration(snapshot.thresholds.hang_after_s)}", style="dim")
     findings = sort_findings(snapshot.findings)
+    pipeline = pipeline_text(snapshot)
     if not findings:
         if snapshot.verdict is Verdict.HEALTHY:
             out.append("\nNo problems found.", style="green")
         elif snapshot.verdict is Verdict.RUNNING:
             out.append("\nNo problems found so far.", style="dim")
+        if pipeline is not None:
+            out.append_text(pipeline)
         return out
     for finding in findings:
         mark, style = fmt.severity_mark(finding.severity)
@@ -57,6 +61,8 @@ def diagnosis_text(snapshot: Snapshot | None) -> Text:
             if evidence.line is not None:
                 where += f":{evidence.line}"
             out.append(f"\n    {where + '  ' if where else ''}{evidence.text}", style="dim")
+    if pipeline is not None:
+        out.append_text(pipeline)
     return out
 
 
@@ -197,6 +203,7 @@ class DiagnosisView(SnapshotStatic):
             snapshot.culprits,
             snapshot.detected_after_s,
             snapshot.finished,
+            tuple((v.pipeline, v.state, v.collective) for v in snapshot.ranks if v.pipeline),
         )
 
     def build(self, snapshot: Snapshot | None) -> Text:

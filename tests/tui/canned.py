@@ -329,3 +329,49 @@ class FakeJob:
         self.stops += 1
         self.stop_thread = threading.current_thread().name
         self.code = -15
+
+
+def pipeline_hang_snapshot() -> Snapshot:
+    """A 4-stage GPipe job whose stage 2 stalled in its forward: stages 0 and 1 wait on it."""
+    from ddpdoctor.monitor.model.pipeline_view import PipelineView
+
+    def pipe(stage: int, action: str, mb: int) -> PipelineView:
+        return PipelineView("ScheduleGPipe", 8, 4, (stage,), 6, action, mb, stage)
+
+    ranks = []
+    for r, (action, mb) in enumerate([("F", 3), ("F", 2), ("F", 1), ("F", 0)]):
+        if r == 2:
+            ranks.append(
+                rank_view(
+                    r, state=RankState.STALLED, step=5, phase="train", pipeline=pipe(2, "F", 1)
+                )
+            )
+            continue
+        peer = r + 1 if r < 2 else 2
+        op = "isend" if r < 2 else "irecv"
+        call = CollectiveView(
+            op, 41, 12.5 - r, group=f"default/p2p/{peer}", shapes=((4, 32),), peers=(peer,)
+        )
+        ranks.append(
+            rank_view(
+                r, state=RankState.WAITING, step=5, collective=call, pipeline=pipe(r, action, mb)
+            )
+        )
+    finding = Finding(
+        id="hang",
+        severity=Severity.ERROR,
+        summary="rank 2 (pipeline stage 2/4) stopped answering its neighbours at step 6 F1 "
+        "(stage 2): rank 1 waits in isend #41 to rank 2 at train_pp.py:72 main for 11 s",
+        fix="Look at what the stage does at the line named.",
+        ranks=(2,),
+        evidence=(Evidence("rank 2 is stuck at train_pp.py:34 forward", "train_pp.py", 34),),
+    )
+    return Snapshot(
+        run=RUN,
+        taken_t=T0 + 95.0,
+        ranks=tuple(ranks),
+        verdict=Verdict.HANG,
+        findings=(finding,),
+        detected_after_s=5.4,
+        culprits=frozenset({2}),
+    )

@@ -17,6 +17,7 @@ from tests.tui.canned import (
     hang_snapshot,
     healthy_snapshot,
     many_ranks_snapshot,
+    pipeline_hang_snapshot,
 )
 from tests.tui.helpers import first_snapshot, wait_until
 
@@ -46,4 +47,9 @@ def test_screen(snap_compare, case: str, width: str):
 
 def test_many_ranks_grouped_by_host(snap_compare):
     app = DdpDoctorApp(FakeSource(many_ranks_snapshot(world=1024, per_host=8)), mode="watch")
+    assert snap_compare(app, terminal_size=SIZES["160"], run_before=settle)
+
+
+def test_pipeline_stages_and_who_waits_for_whom(snap_compare):
+    app = DdpDoctorApp(FakeSource(pipeline_hang_snapshot()), mode="run", job=FakeJob())
     assert snap_compare(app, terminal_size=SIZES["160"], run_before=settle)

@@ -22,6 +22,7 @@ from ddpdoctor.findings import Finding, sort_findings
 from ddpdoctor.monitor.judge.fr_evidence import annotate as with_flight_recorder
 from ddpdoctor.monitor.judge.job_text import weigh_exit_reports
 from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.judge.rules import chance_pairing as chance_pairing_rule
 from ddpdoctor.monitor.judge.rules import contract as contract_rule
 from ddpdoctor.monitor.judge.rules import crash as crash_rule
 from ddpdoctor.monitor.judge.rules import fr_hang as fr_hang_rule
@@ -30,6 +31,8 @@ from ddpdoctor.monitor.judge.rules import grad_syncs as grad_syncs_rule
 from ddpdoctor.monitor.judge.rules import hang as hang_rule
 from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.judge.rules import network as network_rule
+from ddpdoctor.monitor.judge.rules import p2p as p2p_rule
+from ddpdoctor.monitor.judge.rules import pipeline_contract as pipeline_contract_rule
 from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
@@ -70,8 +73,12 @@ class Diagnosis:
 def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     """(the outcome that sets the verdict, the crash outcome if any)."""
     crash = crash_rule.detect(snap)
+    p2p = p2p_rule.detect(snap)  # who waits for whom through send/recv: a hang or a deadlock
+    p2p_deadlock = p2p if p2p is not None and p2p.verdict is Verdict.MISMATCH else None
     mismatch = (
         contract_rule.detect(snap)
+        or pipeline_contract_rule.detect(snap)
+        or p2p_deadlock
         or mismatch_rule.detect(snap)
         or grad_syncs_rule.detect(snap)
         or world_size_rule.detect(snap)
@@ -86,7 +93,8 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
     hang, fr_hang = hang_rule.detect(snap), fr_hang_rule.detect(snap)
     # no culprit: which link stopped carrying bytes, where the nodes' looks tell
     network = network_rule.detect(snap) if hang is None and fr_hang is None else None
-    outcomes = (hang, fr_hang, network or transport_rule.detect(snap))
+    p2p_hang = p2p if p2p is not None and p2p.verdict is Verdict.HANG else None
+    outcomes = (p2p_hang, hang, fr_hang, network or transport_rule.detect(snap))
     stuck = [o for o in outcomes if o is not None]
     if stuck:
         first = min(stuck, key=lambda o: o.onset_t or 0.0)
@@ -175,6 +183,7 @@ def diagnose(
         sampler_rule.detect(snap),
         straggler_rule.detect(snap),
         warnings_rule.detect(snap),
+        chance_pairing_rule.detect(snap) if not verdict.is_problem else None,
         network_rule.names(snap) if primary is None or primary.rule != "network" else None,
     ):
         if outcome is not None:
@@ -234,3 +243,22 @@ def apply_diagnosis(
         waits=diagnosis.waits,
         confirmed=diagnosis.confirmed,
     )
+
+
+# Findings that stay once found: they tell of a moment (a chance pairing) that the ranks' latest
+# calls no longer show a poll later. At most MAX_KEPT are kept.
+KEPT_ONCE_FOUND = frozenset({chance_pairing_rule.CODE})
+MAX_KEPT = 8
+
+
+def keep_said(diagnosis: Diagnosis, said: dict[tuple[str, str], Finding]) -> Diagnosis:
+    """`diagnosis` with the findings of KEPT_ONCE_FOUND that earlier polls found (`said`, the
+    caller's memory, updated here)."""
+    for finding in diagnosis.findings:
+        if finding.id in KEPT_ONCE_FOUND and len(said) < MAX_KEPT:
+            said.setdefault((finding.id, finding.summary), finding)
+    if not said:
+        return diagnosis
+    present = {(f.id, f.summary) for f in diagnosis.findings}
+    missing = tuple(f for key, f in said.items() if key not in present)
+    return replace(diagnosis, findings=diagnosis.findings + missing) if missing else diagnosis

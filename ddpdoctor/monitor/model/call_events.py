@@ -33,6 +33,27 @@ class CallRecord(Protocol):
     error: str | None
 
 
+MAX_PEERS = 16
+
+
+def peers_of(e: dict[str, Any]) -> tuple[int, ...]:
+    """The global ranks a point-to-point call waits on: its peer, else the peers of its batch
+    (`p2p_ops` of a collective_start, `peers` of a heartbeat's open call)."""
+    peer = integer(e.get("peer"))
+    if peer is not None:
+        return (peer,)
+    found: set[int] = set()
+    listed = e.get("peers")
+    if isinstance(listed, list):
+        found.update(p for p in listed[:MAX_PEERS] if integer(p) is not None)
+    ops = e.get("p2p_ops")
+    if isinstance(ops, list):
+        for part in ops[:MAX_PEERS]:
+            if isinstance(part, list) and len(part) == 3 and integer(part[1]) is not None:
+                found.add(part[1])
+    return tuple(sorted(found))
+
+
 def note_seq(tracker: CallRecord, group: str, seq: int) -> None:
     if seq > tracker.group_seqs.get(group, 0):
         tracker.group_seqs[group] = seq
@@ -55,7 +76,14 @@ def open_from_heartbeat(tracker: CallRecord, e: dict[str, Any], t: float | None)
             key = (group, seq)
             if key not in tracker.opens:
                 since = num(opened.get("since_t"))
-                tracker.opens[key] = CollectiveView(op, seq, 0.0, group=group, since_t=since or t)
+                tracker.opens[key] = CollectiveView(
+                    op,
+                    seq,
+                    0.0,
+                    group=group,
+                    since_t=since or t,
+                    peers=peers_of(opened) if p2p else (),
+                )
                 if not p2p:
                     note_seq(tracker, group, seq)
     done = integer(e.get("collectives_done"))
@@ -81,6 +109,7 @@ def collective_start(tracker: CallRecord, e: dict[str, Any], t: float | None, wh
         since_t=t,
         group_ranks=ints(e.get("group_ranks")),
         site=call_site(e.get("site")),
+        peers=peers_of(e) if p2p else (),
     )
     tracker.opens[(view.group, seq)] = view
     if not p2p:
@@ -114,6 +143,7 @@ def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, wher
             since_t=opened.since_t,
             group_ranks=opened.group_ranks,
             site=opened.site,
+            peers=opened.peers,
         )
     tracker.collectives_done += 1
     duration = num(e.get("duration_s"))

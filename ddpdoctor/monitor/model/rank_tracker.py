@@ -22,6 +22,7 @@ from ddpdoctor.monitor.model.event_fields import (
     num,
     text,
 )
+from ddpdoctor.monitor.model.pipeline_view import PipelineView, from_event, with_position
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
@@ -147,6 +148,7 @@ class RankTracker:
         self.ray_call: str | None = None  # ... the call that runs (train_fn, a method's name)
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
+        self.pipeline: PipelineView | None = None  # its pipeline schedule and position
 
     # -- applying events -------------------------------------------------------------------
 
@@ -240,6 +242,11 @@ class RankTracker:
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
         open_from_heartbeat(self, e, t)
+        if "pipeline" in e:
+            self.pipeline = with_position(e.get("pipeline"), self.pipeline)
+
+    def _pipeline(self, e: dict[str, Any], t: float | None, where) -> None:
+        self.pipeline = from_event(e, self.pipeline)
 
     def _step(self, e: dict[str, Any], t: float | None, where) -> None:
         step = integer(e.get("step"))
@@ -425,4 +432,5 @@ _HANDLERS = {
     ev.ERROR: RankTracker._error,
     ev.EXIT: RankTracker._exit,
     ev.RAY_CALL: RankTracker._ray_call,
+    ev.PIPELINE: RankTracker._pipeline,
 }

@@ -147,6 +147,7 @@ class RankViews:
                 collective.since_t,
                 collective.group_ranks,
                 site=collective.site,
+                peers=collective.peers,
             )
         hb_age = None
         if tracker.last_heartbeat_t is not None:
@@ -234,6 +235,7 @@ class RankViews:
             "error_line": tracker.error_line,
             "error_lines": tuple(tracker.error_lines),
             "calls_key": tracker.calls_key(),
+            "pipeline": tracker.pipeline,
         }
         # (a rank not yet heard of gets a fresh tracker every poll; a rank its node's rows make
         # keeps its whole view instead)

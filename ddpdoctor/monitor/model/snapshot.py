@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.model.launchers import LauncherView
 from ddpdoctor.monitor.model.network import NodeNetwork
+from ddpdoctor.monitor.model.pipeline_view import PipelineView
 from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
@@ -100,6 +101,7 @@ class CollectiveView:
     group_ranks: tuple[int, ...] | None = None  # members of `group` (None: the whole world)
     done: bool = False  # completed on this rank (recent_collectives keep finished ones too)
     site: CallSite | None = None  # where the rank called it (explicit collectives, not buckets)
+    peers: tuple[int, ...] = ()  # point-to-point: the global ranks it sends to / receives from
 
     def same_call(self, other: CollectiveView) -> bool:
         """Whether two ranks' calls at one sequence number agree (op, and shapes/dtypes where known)."""
@@ -139,6 +141,7 @@ class CollectiveView:
             "shapes": [list(s) for s in self.shapes],
             "dtypes": list(self.dtypes),
             "site": self.site.to_json() if self.site is not None else None,
+            **({"peers": list(self.peers)} if self.peers else {}),
         }
 
 
@@ -242,6 +245,7 @@ class RankView:
     calls_key: int = 0
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
+    pipeline: PipelineView | None = None  # a pipeline rank's schedule, stages and position
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""
@@ -278,6 +282,7 @@ class RankView:
             "failed_t": self.failed_t,
             "last_progress_t": self.last_progress_t,
             "activity": self.activity.to_json() if self.activity else None,
+            **({"pipeline": self.pipeline.to_json()} if self.pipeline else {}),
         }
 
 

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.follow.fr_collector import FrCollector
 from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
 from ddpdoctor.monitor.follow.log_findings import LogFindings
-from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose
+from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose, keep_said
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
 from ddpdoctor.monitor.judge.node_coverage import Coverage
 from ddpdoctor.monitor.judge.rules import RuleOutcome
@@ -132,6 +133,7 @@ class Monitor(FollowedRun):
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
         # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
         self._held: RuleOutcome | None = held_by_launcher(self._previous)
+        self._said: dict[tuple[str, str], Finding] = {}  # findings that stay once found
         self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
         self._final = False
         # The launcher's exit status as whoever ran it saw it, and its name (close()).
@@ -306,7 +308,7 @@ class Monitor(FollowedRun):
         extra.extend(self.network.findings(snap))
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
-        diagnosis = diagnose(snap, extra_findings=extra, held=self._held)
+        diagnosis = keep_said(diagnose(snap, extra_findings=extra, held=self._held), self._said)
         if diagnosis.confirmed and diagnosis.primary is not None:
             self._confirmed[diagnosis.verdict] = diagnosis.primary
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))

@@ -33,7 +33,9 @@ from ddpdoctor.monitor.tell.diagnosis_text import (
 
 STATUS_EVERY_S = 5.0
 # Findings worth a line as soon as they appear, while the job runs (the network's names).
-SAID_AT_ONCE = frozenset({"network.name_unresolved", "network.name_changed"})
+SAID_AT_ONCE = frozenset(
+    {"network.name_unresolved", "network.name_changed", "collective.chance_pairing"}
+)
 MAX_BARS = 16
 
 

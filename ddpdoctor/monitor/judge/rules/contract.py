@@ -50,25 +50,31 @@ def parse(message: str) -> tuple[str, tuple[int, ...], str | None, int | None, f
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
+    return from_warning(snap, CODE, FIX, "contract", "compared the ranks' contracts")
+
+
+def from_warning(snap: Snapshot, code: str, fix: str, rule: str, said: str) -> RuleOutcome | None:
+    """The confirmed mismatch a contract warning of `code` says (the SPMD contract's, the
+    pipeline's: rules/pipeline_contract.py), from the first rank that wrote one."""
     for view in snap.ranks:
         if not view.warnings:
             continue
-        message = dict(view.warnings).get(CODE)
+        message = dict(view.warnings).get(code)
         if message is None:
             continue
         summary, culprits, file, line, t = parse(message)
         ranks = culprits or (view.rank,)
-        evidence = [Evidence(f"rank {view.rank} compared the ranks' contracts: {summary}")]
+        evidence = [Evidence(f"rank {view.rank} {said}: {summary}")]
         if file is not None:
             evidence.insert(0, Evidence("the line that made it", file, line))
         finding = Finding(
-            id=CODE,
+            id=code,
             severity=Severity.ERROR,
             summary=summary,
-            fix=FIX,
+            fix=fix,
             ranks=ranks,
             evidence=tuple(evidence),
         )
         onset = t if t is not None else view.last_progress_t
-        return confirmed_mismatch("contract", finding, onset)
+        return confirmed_mismatch(rule, finding, onset)
     return None

@@ -15,6 +15,7 @@ HANDLED = frozenset(
         "sampler.uneven_batches",
         "init.world_size_mismatch",
         "spmd.contract_mismatch",
+        "pipeline.contract_mismatch",
     }
 )
 

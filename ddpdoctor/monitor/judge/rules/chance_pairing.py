@@ -1,0 +1,83 @@
+"""chance_pairing: a collective that only some ranks make, paired by the transport with another
+rank's different collective of the same op and size.
+
+Under ZeRO-3 or FSDP an evaluation or `generate()` on rank 0 alone gathers parameters: all-gathers
+the other ranks never make. When the others are in all-gathers of the same size at that moment
+(their training forward), the transport pairs them and nothing fails; the ranks are out of step
+from then on, and the job hangs or mixes up tensors later, at a call that has nothing to do with
+the cause. The call sites tell it when it happens (call_sites.first_divergence): at #K one side
+called from a site the others never called from, while the others' #K is a call the first side
+makes too. When the two calls have the same op, shapes and dtypes, that is a chance pairing: a
+warning naming both sites and the step, never a verdict (healthy code can reach the same
+collective from two lines; the warning says what to check).
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.findings import Evidence, Finding, Severity
+from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
+from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
+from ddpdoctor.rank_ranges import named_ranks
+
+CODE = "collective.chance_pairing"
+FIX = (
+    "A collective that only some ranks reach (an evaluation, `generate()` or a checkpoint under "
+    "`if rank == 0:` with ZeRO-3 / FSDP, whose forward gathers parameters) was paired with "
+    "another rank's collective of the same size: the ranks are out of step from here on. Run "
+    "that code on every rank (shard the evaluation with a DistributedSampler), or gather the "
+    "full parameters first (ZeRO-3: `deepspeed.zero.GatheredParameters`; FSDP: "
+    "`full_state_dict`) and compute on rank 0 without collectives."
+)
+
+
+def _site_sequence(view: RankView) -> tuple[object, ...]:
+    return tuple(
+        (c.group, c.seq, c.site.key if c.site is not None else None)
+        for c in view.recent_collectives
+        if c.op not in POINT_TO_POINT_OPS
+    )
+
+
+def detect(snap: Snapshot) -> RuleOutcome | None:
+    # one rank per distinct sequence of (call, site): ranks in step share one (a cheap check)
+    classes: dict[tuple[object, ...], RankView] = {}
+    for view in snap.ranks:
+        if view.recent_collectives and not view.state.finished:
+            classes.setdefault(_site_sequence(view), view)
+    if len(classes) < 2:
+        return None
+    sample = Snapshot(
+        run=snap.run, taken_t=snap.taken_t, ranks=tuple(classes.values()), thresholds=None
+    )
+    divergence = call_sites.first_divergence(sample)
+    if divergence is None or divergence.other_call is None:
+        return None
+    call, other = divergence.call, divergence.other_call
+    if call.signature() != other.signature() or not call.shapes:
+        return None  # another op or size: the mismatch rule's, not a silent pairing
+    culprit = snap.rank(divergence.culprits[0])
+    step = f" at step {culprit.step}" if culprit is not None and culprit.step is not None else ""
+    assert call.site is not None and other.site is not None
+    summary = (
+        f"{named_ranks(list(divergence.culprits))} called {call.describe()} from "
+        f"{call.site.describe()}{step}, which {named_ranks(list(divergence.others))} never "
+        f"call; it was paired by chance with their {other.op} #{other.seq} of the same size "
+        f"from {other.site.describe()}: the ranks are out of step from here on"
+    )
+    evidence = (
+        *divergence.evidence(),
+        Evidence(
+            f"rank {divergence.others[0]} called {other.describe()} from {other.site.describe()}",
+            other.site.file or None,
+            other.site.line,
+        ),
+    )
+    finding = Finding(
+        id=CODE,
+        severity=Severity.WARNING,
+        summary=summary,
+        fix=FIX,
+        ranks=divergence.culprits,
+        evidence=evidence,
+    )
+    return RuleOutcome(rule="chance_pairing", findings=(finding,))

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.fr_evidence import TAG
-from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, grad_syncs
+from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, framework_fix, grad_syncs
 from ddpdoctor.monitor.judge.rules.mismatch import FIX, _culprits
 from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
 from ddpdoctor.protocol.fr_reading import calls_at_first_difference
@@ -70,7 +70,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         id="mismatch",
         severity=Severity.ERROR,
         summary=summary,
-        fix=FIX,
+        fix=framework_fix.with_framework(FIX, divergence.call.site if divergence else None),
         ranks=tuple(sorted(culprits)),
         evidence=tuple(evidence),
     )

@@ -21,9 +21,11 @@ from ddpdoctor.rank_ranges import named_ranks
 SUFFIX = ":ddp_grads"
 FIX = (
     "Give every rank the same gradient-accumulation count: the number of forwards under "
-    "`model.no_sync()` between two synced ones must not depend on the rank (a per-rank config, "
-    "a rank-dependent batch count). With Lightning set `accumulate_grad_batches` once for all "
-    "ranks; with accelerate use `gradient_accumulation_steps` and `accelerator.accumulate(model)`."
+    "`model.no_sync()` (or with require_backward_grad_sync=False) between two synced ones must "
+    "not depend on the rank (a per-rank config, a rank-dependent batch count). Lightning: "
+    "Trainer(accumulate_grad_batches=N) with the same N on every rank; accelerate: "
+    "Accelerator(gradient_accumulation_steps=N) and `with accelerator.accumulate(model):`, the "
+    "same N everywhere (accelerator.no_sync(model) only on steps every rank skips)."
 )
 
 

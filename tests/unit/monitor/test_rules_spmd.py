@@ -144,3 +144,12 @@ def test_lightnings_unused_parameter_error_is_explained_with_lightnings_spelling
     assert match is not None
     fix = rule.fix(match.groupdict()) if callable(rule.fix) else rule.fix
     assert fix.index('strategy="ddp_find_unused_parameters_true"') < fix.index("plain DDP")
+
+
+def test_a_rank_evaluating_alone_while_its_peer_synced_on_is_not_a_sync_mismatch():
+    """accelerate's gather_for_metrics under is_main_process at an epoch's end: rank 0 is in
+    its all_gather (evaluating, epoch 0), rank 1 already in epoch 1's first gradient sync."""
+    ranks = [synced(0, 4, phase="eval", epoch=0), synced(1, 5, phase="train", epoch=1)]
+    assert grad_syncs.extra_syncs(snap(ranks), [1], [0]) is None
+    ranks = [synced(0, 4, phase="train", epoch=1), synced(1, 5, phase="train", epoch=2)]
+    assert grad_syncs.extra_syncs(snap(ranks), [1], [0]) is None

@@ -106,12 +106,24 @@ def extra_syncs(snap: Snapshot, side: list[int], rest: list[int]) -> RuleOutcome
     others = [snap.rank(r) for r in rest]
     if any(v is None for v in views) or any(v is None for v in others) or not others:
         return None
+    if not _same_stretch(views + others):
+        return None
     for group in sorted({g for v in views if v for g in _syncs(v)}):
         most = max(_syncs(v).get(group, 0) for v in others if v)
         if all(_syncs(v).get(group, 0) > most for v in views if v):
             ahead = [v for v in views if v]
             return _outcome(snap, group, ahead, list(rest), most, "while the others went on")
     return None
+
+
+def _same_stretch(views: list[RankView | None]) -> bool:
+    """The ranks are in the same stretch of training (the same epoch where known, no rank in an
+    evaluation): a rank whose peers moved on to the next epoch, or that evaluates, is in a call
+    of its own (`gather_for_metrics` under `is_main_process` at an epoch's end), and the peers'
+    next gradient sync is no extra one."""
+    epochs = {v.epoch for v in views if v is not None and v.epoch is not None}
+    phases = {v.phase for v in views if v is not None and v.phase}
+    return len(epochs) <= 1 and not any("eval" in p or "val" in p for p in phases)
 
 
 def _outcome(

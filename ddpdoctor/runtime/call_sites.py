@@ -161,14 +161,15 @@ def _encode(user: FrameType, via: FrameType | None, issuer: FrameType | None) ->
 def _user_caller(user: FrameType) -> FrameType | None:
     """The user's line that called the function holding the site (a checkpoint helper's call in
     the training loop), when that function is not the script's top level: walked once per
-    site, as its text is made, never per call."""
+    site, as its text is made, never per call. None for the top level's call of `main()`."""
     if user.f_code.co_name == "<module>":
         return None
     frame = user.f_back
     depth = 0
     while frame is not None and depth < _CALLER_DEPTH:
         if kind_of(frame.f_code.co_filename) == USER:
-            return frame
+            # the script's top level calling main(): no news
+            return frame if frame.f_code.co_name != "<module>" else None
         frame = frame.f_back
         depth += 1
     return None

@@ -25,7 +25,7 @@ import pytest
 
 from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3000)]
 
 CORPUS = REPO / "tests" / "corpus" / "mismatch"
 MANIFEST = json.loads((CORPUS / "corpus.json").read_text())

@@ -17,9 +17,36 @@ def _unused_summary(groups: Groups) -> str:
         "DDP's reducer found parameters that got no gradient: part of the model did not "
         "contribute to the loss"
     )
+    if groups.get("lightning"):
+        text += " (Lightning's DDP strategy, without unused-parameter detection)"
     if groups.get("indices"):
         text += f" (parameter indices {groups['indices'].strip()} on rank {groups.get('rank')})"
     return text
+
+
+_UNUSED_FIXES = (
+    "plain DDP: DistributedDataParallel(model, find_unused_parameters=True) (or "
+    "static_graph=True when the same ones are always unused)",
+    'Lightning: Trainer(strategy="ddp_find_unused_parameters_true") (or '
+    "Trainer(strategy=DDPStrategy(static_graph=True)) when the same ones are always unused)",
+    "accelerate: Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+    "find_unused_parameters=True)]) (or static_graph=True in the same kwargs)",
+    "the HF Trainer: TrainingArguments(ddp_find_unused_parameters=True)",
+)
+
+
+def _unused_fix(groups: Groups) -> str:
+    """The fix in the spelling of the framework that raised (Lightning's own message first)."""
+    spellings = list(_UNUSED_FIXES)
+    if groups.get("lightning"):
+        spellings.insert(0, spellings.pop(1))
+    return (
+        "Use every parameter in the loss, or freeze (requires_grad_(False)) or remove the ones a "
+        "step does not use; where some steps really skip parameters, let DDP look for them: "
+        + "; ".join(spellings)
+        + ". Under ddpdoctor run the parameters are named (ddp.unused_parameter_names); else "
+        "TORCH_DISTRIBUTED_DEBUG=INFO names them."
+    )
 
 
 def _model_summary(groups: Groups) -> str:
@@ -39,20 +66,20 @@ RULES = (
         "ddp.unused_parameters",
         ERROR,
         r"Expected to have finished reduction in the prior iteration|"
-        r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>[\d ]+)",
-        ["Expected to have finished reduction", "did not receive grad"],
+        r"Parameter indices which did not receive grad for rank (?P<rank>\d+): (?P<indices>[\d ]+)|"
+        r"(?P<lightning>your LightningModule has parameters that were not used in producing the "
+        r"loss)",
+        [
+            "Expected to have finished reduction",
+            "did not receive grad",
+            "LightningModule has param",
+        ],
         _unused_summary,
-        "Use every parameter in the loss, or freeze (requires_grad_(False)) or remove the ones a "
-        "step does not use; where some steps really skip parameters, let DDP look for them: "
-        "plain DDP: DistributedDataParallel(model, find_unused_parameters=True) (or "
-        "static_graph=True when the same ones are always unused); Lightning: "
-        'Trainer(strategy="ddp_find_unused_parameters_true"); accelerate: '
-        "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)]); "
-        "the HF Trainer: TrainingArguments(ddp_find_unused_parameters=True). Under ddpdoctor run "
-        "the parameters are named (ddp.unused_parameter_names); else "
-        "TORCH_DISTRIBUTED_DEBUG=INFO names them.",
+        _unused_fix,
         examples=(
             "Expected to have finished reduction in the prior iteration before starting a new one.",
+            "RuntimeError: It looks like your LightningModule has parameters that were not used in "
+            "producing the loss returned by training_step.",
         ),
     ),
     rule(

@@ -32,6 +32,7 @@ from ddpdoctor.runtime.records import fields_text
 USER, FRAMEWORK, INTERNAL = 0, 1, 2
 _KINDS: dict[str, int] = {}  # co_filename -> USER | FRAMEWORK | INTERNAL
 _MAX_DEPTH = 96  # frames walked at most: a site deeper than that is not worth the walk
+_CALLER_DEPTH = 32  # ... from the site's frame to its user caller
 # the frames that tell a site apart -> (their code objects, the site's JSON text)
 _SITES: dict[tuple[int, ...], tuple[Any, Any, Any, str]] = {}
 MAX_SITES = 1024
@@ -151,7 +152,27 @@ def _encode(user: FrameType, via: FrameType | None, issuer: FrameType | None) ->
     site["via"] = _frame_fields(via, package=True) if via is not None else None
     if issuer is not None and issuer is not via:
         site["issuer"] = _frame_fields(issuer, package=True)
+    caller = _user_caller(user)
+    if caller is not None:
+        site["caller"] = _frame_fields(caller, package=False)
     return fields_text({"site": site})
+
+
+def _user_caller(user: FrameType) -> FrameType | None:
+    """The user's line that called the function holding the site (a checkpoint helper's call in
+    the training loop), when that function is not the script's top level: walked once per
+    site, as its text is made, never per call. None for the top level's call of `main()`."""
+    if user.f_code.co_name == "<module>":
+        return None
+    frame = user.f_back
+    depth = 0
+    while frame is not None and depth < _CALLER_DEPTH:
+        if kind_of(frame.f_code.co_filename) == USER:
+            # the script's top level calling main(): no news
+            return frame if frame.f_code.co_name != "<module>" else None
+        frame = frame.f_back
+        depth += 1
+    return None
 
 
 def _origin_site(origin: SiteOrigin, frame: FrameType) -> str | None:

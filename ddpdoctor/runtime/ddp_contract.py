@@ -20,6 +20,7 @@ differs) then stands out by its number: the judge's gradient-sync rule compares 
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
@@ -38,13 +39,49 @@ SYNC_GROUP_SUFFIX = ":ddp_grads"
 
 
 def settings_text(ddp: Any) -> str:
-    cap = getattr(ddp, "bucket_bytes_cap", None)
-    cap_mb = f"{cap / 2**20:g}" if isinstance(cap, int | float) else "?"
+    """What of DDP's settings changes the collectives: unused-parameter detection, the static
+    graph, and the bucket layout. A bucket cap that yields the same buckets, or gradients as bucket
+    views (a memory saving), send the very same all-reduces: compared by their effect, never by
+    their value, so a per-rank setting that changes nothing never stops a job."""
     return (
         f"find_unused_parameters={getattr(ddp, 'find_unused_parameters', '?')} "
-        f"static_graph={getattr(ddp, 'static_graph', '?')} bucket_cap_mb={cap_mb} "
-        f"gradient_as_bucket_view={getattr(ddp, 'gradient_as_bucket_view', '?')}"
+        f"static_graph={getattr(ddp, 'static_graph', '?')} buckets={bucket_layout(ddp)}"
     )
+
+
+def bucket_limits(ddp: Any) -> list[int]:
+    """The byte limits DDP assigns its buckets by once it rebuilds them in the gradients' order:
+    the per-bucket caps given, else a first bucket (1 MiB by default) then the cap."""
+    config = getattr(ddp, "_bucket_config", None)
+    custom = list(getattr(config, "per_bucket_bytes_caps", None) or ())
+    if custom:
+        return [int(n) for n in custom]
+    cap = int(getattr(ddp, "bucket_bytes_cap", 0) or 0)
+    first = int(getattr(config, "first_bucket_bytes_cap", cap) or cap)
+    return [first, cap] if 0 < first < cap else [cap]
+
+
+def bucket_layout(ddp: Any) -> str:
+    """`[12 elements: 4160, ...]`: the number of gradient elements in each bucket DDP all-reduces
+    (the trained parameters in the order their gradients come, the reverse of their order),
+    computed as DDP computes it; `?` where torch no longer offers the computation."""
+    try:
+        import torch.distributed as dist
+
+        params = [p for p in reversed(list(ddp.module.parameters())) if p.requires_grad]
+        if not params:
+            return "[]"
+        indices, _limits = dist._compute_bucket_assignment_by_size(
+            params, bucket_limits(ddp), [False] * len(params)
+        )
+        sizes = [sum(params[i].numel() for i in bucket) for bucket in indices]
+    except Exception:  # noqa: BLE001 - a torch that changed: the layout goes uncompared
+        return "?"
+    text = "[" + ", ".join(str(n) for n in sizes) + "]"
+    if len(text) > fingerprint.MAX_VALUE:
+        digest = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:12]
+        text = f"[{len(sizes)} buckets, {sum(sizes)} elements, digest {digest}]"
+    return text
 
 
 def contract_of(ddp: Any) -> list[fingerprint.Entry]:

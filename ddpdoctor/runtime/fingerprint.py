@@ -158,6 +158,8 @@ def exchange_on(
             culprits.extend(sides[reference])
         else:
             culprits.extend([*ranks, *sides[reference]])
+            text += " (as many ranks on each side, and nothing tells which one left: both named)"
+            parts[-1] = text
         first_where = first_where or where
     culprits = sorted(set(culprits))
     line = f"; line {first_where[0]}:{first_where[1]}" if first_where else ""
@@ -194,29 +196,42 @@ def _entries(store: Any, key: str) -> list[Entry]:
 def describe_difference(
     ref_ranks: list[int], ref: list[Entry], other_ranks: list[int], other: list[Entry]
 ) -> tuple[str, bool | None, Where | None]:
-    """(what differs first, whether the other side is the odd one where a tie must be broken:
-    True for the side that added or froze something, None when nothing tells, the line)."""
+    """(what differs, whether the other side is the odd one where a tie must be broken: True
+    for the side that added a unit or parameter or froze one, None when nothing tells, the line).
+
+    The cause is named before its consequences: a unit only one side wrapped also changes the
+    parameter count of the unit above it (its parent keeps fewer parameters), so an entry only
+    one side has comes first, then a frozen parameter, then any other value."""
     mine = f"rank {other_ranks[0]}" if len(other_ranks) == 1 else f"ranks {other_ranks}"
     theirs = f"rank {ref_ranks[0]}" if len(ref_ranks) == 1 else f"ranks {ref_ranks}"
     ref_map = {key: (value, where) for key, value, where in ref}
-    other_keys = set()
-    for key, value, where in other:
-        other_keys.add(key)
-        known = ref_map.get(key)
-        if known is None:
-            return f"{mine} has {key} ({value}) made at {place(where)}; {theirs} not", True, where
-        if known[0] != value:
-            blame = None
-            if "frozen" in value.split() and "frozen" not in known[0].split():
-                blame = True
-            elif "frozen" in known[0].split() and "frozen" not in value.split():
-                blame = False
-            text = f"{key}: {mine} {value}, {theirs} {known[0]} (made at {place(where)})"
-            return text, blame, where
-    for key, value, where in ref:
-        if key not in other_keys:
-            text = f"{theirs} has {key} ({value}) made at {place(where)}; {mine} not"
-            return text, False, where
+    other_map = {key: (value, where) for key, value, where in other}
+    added = [(k, v, w) for k, v, w in other if k not in ref_map]
+    missing = [(k, v, w) for k, v, w in ref if k not in other_map]
+    if added and not missing:
+        key, value, where = added[0]
+        return f"{mine} has {key} ({value}) made at {place(where)}; {theirs} not", True, where
+    if missing and not added:
+        key, value, where = missing[0]
+        return f"{theirs} has {key} ({value}) made at {place(where)}; {mine} not", False, where
+    if added and missing:  # each side made something the other did not: nothing tells
+        key, value, where = added[0]
+        other_key, other_value, other_where = missing[0]
+        text = (
+            f"{mine} has {key} ({value}) made at {place(where)}, {theirs} has {other_key} "
+            f"({other_value}) made at {place(other_where)}: each side made what the other did not"
+        )
+        return text, None, where
+    changed = [(k, v, w) for k, v, w in other if ref_map[k][0] != v]
+    for key, value, where in changed:
+        known = ref_map[key][0]
+        if ("frozen" in value.split()) != ("frozen" in known.split()):
+            text = f"{key}: {mine} {value}, {theirs} {known} (made at {place(where)})"
+            return text, "frozen" in value.split(), where
+    if changed:
+        key, value, where = changed[0]
+        text = f"{key}: {mine} {value}, {theirs} {ref_map[key][0]} (made at {place(where)})"
+        return text, None, where
     return f"{mine} and {theirs} list the same entries in another order", None, None
 
 

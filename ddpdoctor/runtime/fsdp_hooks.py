@@ -17,9 +17,10 @@
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
-from ddpdoctor.runtime import core, fingerprint
+from ddpdoctor.runtime import call_sites, core, fingerprint
 from ddpdoctor.runtime.c10d_hooks import NESTING
 from ddpdoctor.runtime.ddp_hooks import batch_size_of
 from ddpdoctor.runtime.import_hooks import when_imported
@@ -31,18 +32,28 @@ TEXT_ATTR = "_ddpdoctor_unit_site"  # on an FSDPParamGroup: its collectives' sit
 ROOT_ATTR = "_ddpdoctor_root_seen"  # on a root FSDPState: its contract was compared
 FSDP_FILE = "torch/distributed/fsdp/_fully_shard/_fully_shard.py"
 ROOT_NAME = "(root)"
+RAN_ATTR = "_ddpdoctor_ran_from"  # on an FSDPParamGroup: (user code id, line) -> (code, text)
+_MAX_WALK = 48  # frames walked at most from a unit's unshard to the user's line
 
 
-def unit_text(fqn: str, where: fingerprint.Where | None) -> str:
+def unit_text(
+    fqn: str, where: fingerprint.Where | None, ran: fingerprint.Where | None = None
+) -> str:
     """The `site` (and `unit`) of a unit's collectives, as JSON members to splice into events:
-    the line that called fully_shard, via `fully_shard[<module>]`."""
+    the line that called fully_shard, via `fully_shard[<module>]`; with `ran`, the user's line
+    that ran the unit, via `fully_shard[<module>]` at the line that wrapped it."""
     name = fqn or ROOT_NAME
     unit: dict[str, Any] = {"module": name}
     fields: dict[str, Any] = {}
     if where is not None:
+        unit.update(file=where[0], line=where[1])
+    via = {"file": FSDP_FILE, "line": 0, "function": f"fully_shard[{name}]"}
+    if ran is not None:
+        if where is not None:
+            via.update(file=where[0].replace("\\", "/").rpartition("/")[2], line=where[1])
+        fields["site"] = {"file": ran[0], "line": ran[1], "function": ran[2], "via": via}
+    elif where is not None:
         file, line, function = where
-        unit.update(file=file, line=line)
-        via = {"file": FSDP_FILE, "line": 0, "function": f"fully_shard[{name}]"}
         fields["site"] = {"file": file, "line": line, "function": function, "via": via}
     fields["unit"] = unit
     return fields_text(fields)
@@ -63,15 +74,59 @@ def site_of_group(group: Any) -> str | None:
     return text
 
 
-def _in_unit(method: Any) -> Any:
-    """Wrap an FSDPParamGroup method so that the collectives it issues carry the unit's site."""
+def ran_from_text(group: Any, frame: Any) -> str | None:
+    """The site of a unit's all-gather as the user's line that ran the unit (the forward line
+    that called the wrapped module, `loss.backward()`, the `unshard()` call), via
+    `fully_shard[<module>]` at the line that wrapped it: a unit run on one rank only is named
+    where it was run, not only where it was wrapped. None: no user frame (the unit's own text).
+
+    Cost: a walk to the first user frame (files classified once), and the text made once per
+    (unit, line): a dict lookup afterwards."""
+    depth = 0
+    kinds = call_sites._KINDS
+    while frame is not None and depth < _MAX_WALK:
+        code = frame.f_code
+        kind = kinds.get(code.co_filename)
+        if kind is None:
+            kind = call_sites.kind_of(code.co_filename)
+        if kind == call_sites.USER:
+            break
+        frame = frame.f_back
+        depth += 1
+    else:
+        return None
+    code = frame.f_code
+    key = (id(code), frame.f_lineno)
+    texts = group.__dict__.get(RAN_ATTR)
+    if texts is None:
+        texts = group.__dict__[RAN_ATTR] = {}
+    entry = texts.get(key)
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    fqn = getattr(group, "_module_fqn", None)
+    if fqn is None:
+        return None
+    modules = getattr(group, "modules", None) or ()
+    where = modules[0].__dict__.get(SITE_ATTR) if modules else None
+    name = getattr(code, "co_qualname", None) or code.co_name
+    text = unit_text(fqn, where, (code.co_filename, frame.f_lineno, name))
+    if len(texts) < 64:
+        texts[key] = (code, text)
+    return text
+
+
+def _in_unit(method: Any, ran_from: bool = False) -> Any:
+    """Wrap an FSDPParamGroup method so that the collectives it issues carry the unit's site
+    (`ran_from`: the user's line that ran the unit, ran_from_text)."""
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if core._active is None:
             return method(self, *args, **kwargs)
         try:
-            text = self.__dict__.get(TEXT_ATTR) or site_of_group(self)
+            text = ran_from_text(self, sys._getframe(1)) if ran_from else None
+            if text is None:
+                text = self.__dict__.get(TEXT_ATTR) or site_of_group(self)
         except Exception:  # noqa: BLE001
             text = None
         outer = NESTING.unit
@@ -149,6 +204,23 @@ def on_root_forward(rt: core.Runtime, state: Any, module: Any, args: Any, kwargs
         rt.steps.on_forward(rt.mono_clock(), False, False, None)
 
 
+def _remember_site(init: Any) -> Any:
+    @functools.wraps(init)
+    def wrapper(self: Any, modules: Any, *args: Any, **kwargs: Any) -> Any:
+        if core._active is not None:
+            try:
+                mods = tuple(modules) if isinstance(modules, list | tuple) else (modules,)
+                if mods and SITE_ATTR not in mods[0].__dict__:
+                    where = fingerprint.caller(1)
+                    for mod in mods:
+                        mod.__dict__[SITE_ATTR] = where
+            except Exception:  # noqa: BLE001 - an odd module: its unit goes unnamed
+                pass
+        return init(self, modules, *args, **kwargs)
+
+    return wrapper
+
+
 def install_fsdp(runtime: core.Runtime) -> None:
     from torch.distributed.fsdp._fully_shard import _fsdp_param_group, _fsdp_state
     from torch.distributed.fsdp._fully_shard import _fully_shard as impl
@@ -180,7 +252,14 @@ def install_fsdp(runtime: core.Runtime) -> None:
     for name in ("unshard", "post_backward"):
         method = vars(group_cls).get(name)
         if method is not None and not hasattr(method, WRAPPED_MARK):
-            patch(runtime, group_cls, name, _in_unit(method), method)
+            patch(runtime, group_cls, name, _in_unit(method, name == "unshard"), method)
+
+    # fully_shard's line, however the script holds fully_shard (imported before the runtime
+    # started, from the older _composable path, by attribute): its state's init runs inside
+    # every call, one frame walk per wrapped module at build time
+    state_init = vars(_fsdp_state.FSDPState).get("init")
+    if state_init is not None and not hasattr(state_init, WRAPPED_MARK):
+        patch(runtime, _fsdp_state.FSDPState, "init", _remember_site(state_init), state_init)
 
     state_cls = _fsdp_state.FSDPState
     root_pre_forward = state_cls._root_pre_forward

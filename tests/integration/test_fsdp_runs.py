@@ -103,7 +103,10 @@ def test_fsdp_collectives_carry_their_unit_and_its_fully_shard_line(results, nam
     script = HEALTHY[name]["script"]
     assert gathered["site"]["file"].endswith(script)
     source = (CORPUS / script).read_text().splitlines()
-    assert "fully_shard(" in source[gathered["site"]["line"] - 1]
+    # the unit's wrapping line, and the user's line that ran the unit (a forward line)
+    assert "fully_shard(" in source[gathered["unit"]["line"] - 1]
+    assert gathered["site"]["via"]["line"] == gathered["unit"]["line"]
+    assert "fully_shard(" not in source[gathered["site"]["line"] - 1]
 
 
 def test_tensor_parallel_all_reduces_are_recorded_in_the_tp_group(results):

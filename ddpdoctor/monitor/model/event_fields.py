@@ -80,7 +80,20 @@ def call_site(value: Any) -> CallSite | None:
         file=value["file"],
         line=line if isinstance(line, int) and not isinstance(line, bool) else None,
         deferred=value.get("deferred") is True,
+        **_caller(value.get("caller")),
     )
+
+
+def _caller(value: Any) -> dict[str, Any]:
+    text = frame_text(value, base=True)
+    if not text:
+        return {}
+    line = value.get("line")
+    return {
+        "caller": text,
+        "caller_file": value["file"],
+        "caller_line": line if isinstance(line, int) and not isinstance(line, bool) else None,
+    }
 
 
 def median(values: list[float]) -> float | None:

@@ -59,6 +59,11 @@ class CallSite:
     # the user's call was carried out later by the framework, from its own loop (a metric
     # logged with sync_dist that Lightning reduces at the epoch's end)
     deferred: bool = False
+    # the user's line that called the site's function ("fsdp_ckpt.py:37 train"; "" when the site
+    # is at the script's top level or none was recorded), and its file and line for evidence
+    caller: str = ""
+    caller_file: str = ""
+    caller_line: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str]:

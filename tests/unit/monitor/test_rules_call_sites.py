@@ -189,3 +189,22 @@ def test_a_metric_synced_later_on_rank_0_alone_is_named_at_its_log_line():
         23,
     )
     assert logged.to_json()["deferred"] is True and "deferred" not in SYNC.to_json()
+
+
+def test_the_extra_calls_evidence_names_the_users_line_that_called_its_helper():
+    from ddpdoctor.monitor.model.event_fields import call_site
+
+    site = call_site(
+        {
+            "file": "/job/ckpt.py",
+            "line": 19,
+            "function": "save_checkpoint",
+            "via": None,
+            "caller": {"file": "/job/ckpt.py", "line": 37, "function": "train"},
+        }
+    )
+    assert site is not None and site.caller == "ckpt.py:37 train"
+    extra = coll("all_gather_single", 81, 1.0, site=site)
+    divergence = call_sites.Divergence("default", 81, (0,), extra, (1,), None)
+    cited = [(e.file, e.line) for e in divergence.evidence()]
+    assert ("/job/ckpt.py", 19) in cited and ("/job/ckpt.py", 37) in cited

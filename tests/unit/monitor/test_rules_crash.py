@@ -157,7 +157,17 @@ def test_a_rank_that_blames_a_peer_still_running_waits_for_that_peers_end():
     blames = "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:11184"
     early = crash.detect(snap([view(0), failed(1, NOW - 0.4, blames)]))
     assert early.verdict is Verdict.CRASH and early.culprits == {1} and not early.confirmed
-    late = crash.detect(snap([view(0), failed(1, NOW - crash.PEER_FATE_WAIT_S - 0.1, blames)]))
+    late = crash.detect(
+        snap([view(0, alive=None), failed(1, NOW - crash.PEER_FATE_WAIT_S - 0.1, blames)])
+    )
+    assert late.confirmed  # a peer not known alive (another host): 3 s
+    alive = crash.detect(
+        snap([view(0, alive=True), failed(1, NOW - crash.PEER_FATE_WAIT_S - 0.1, blames)])
+    )
+    assert not alive.confirmed  # its process still runs: its end is awaited
+    late = crash.detect(
+        snap([view(0, alive=True), failed(1, NOW - crash.PEER_ALIVE_WAIT_S - 0.1, blames)])
+    )
     assert late.confirmed
     peer_done = crash.detect(snap([view(0, RankState.DONE, exit_code=0), failed(1, NOW, blames)]))
     assert peer_done.confirmed

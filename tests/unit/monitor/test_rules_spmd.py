@@ -66,3 +66,90 @@ def test_equal_counts_or_everyone_finished_is_no_finding():
     assert grad_syncs.detect(snap([synced(0, 2, **done), synced(1, 3, **done)])) is None
     assert grad_syncs.detect(snap([synced(0, 2, **done), synced(1, 2)])) is None
     assert grad_syncs.detect(snap([synced(0, 2), synced(1, 3)])) is None
+
+
+def test_a_peer_stopped_after_the_extra_sync_failed_still_counts_as_ended():
+    """On a busy machine torchrun's SIGTERM can reach rank 0 (fewer syncs, finishing) before
+    its clean exit: the verdict is the same as when its exit landed first."""
+    blames = "RuntimeError: [pair.cc:561] Connection closed by peer [127.0.0.1]:1"
+    ahead = synced(1, 3, state=RankState.FAILED, exit_code=1, error=blames, failed_t=NOW - 1)
+    stopped = synced(
+        0,
+        2,
+        state=RankState.FAILED,
+        exit_code=-15,
+        exit_signal="SIGTERM",
+        failed_t=NOW,
+        alive=False,
+    )
+    outcome = grad_syncs.detect(snap([stopped, ahead]))
+    assert outcome is not None and outcome.culprits == {1}
+    diagnosis = diagnose(snap([stopped, ahead]))
+    assert diagnosis.verdict is Verdict.MISMATCH and diagnosis.culprits == {1}
+
+
+def test_a_real_crash_or_a_stop_of_every_rank_is_no_sync_mismatch():
+    blames = "RuntimeError: Connection closed by peer [127.0.0.1]:1"
+    ahead = synced(1, 3, state=RankState.FAILED, exit_code=1, error=blames, failed_t=NOW)
+    crashed = synced(
+        0, 2, state=RankState.FAILED, exit_code=1, error="ValueError: bad", failed_t=NOW - 1
+    )
+    assert grad_syncs.detect(snap([crashed, ahead])) is None
+    sigint = dict(state=RankState.FAILED, exit_code=-2, exit_signal="SIGINT", failed_t=NOW)
+    assert grad_syncs.detect(snap([synced(0, 2, **sigint), synced(1, 3, **sigint)])) is None
+
+
+def test_the_flight_recorders_barrier_against_an_all_reduce_names_the_rank_that_synced_more():
+    """Rank 0 finished its loop and waits in the end's barrier; rank 1 (accumulating over fewer
+    micro-batches) is in one more gradient all-reduce: rank 1 made the extra call."""
+    ranks = [synced(0, 6), synced(1, 7)]
+    outcome = grad_syncs.extra_syncs(snap(ranks), [1], [0])
+    assert outcome is not None and outcome.culprits == {1}
+    assert "7 times" in outcome.findings[0].summary
+    assert grad_syncs.extra_syncs(snap(ranks), [0], [1]) is None
+
+
+def test_an_extra_call_through_a_framework_gets_that_frameworks_fix():
+    from ddpdoctor.monitor.judge.rules import framework_fix
+
+    gather = CallSite(
+        "m.py:19 evaluate", via="accelerate/accelerator.py:3151 Accelerator.gather_for_metrics"
+    )
+    assert "accelerator.gather_for_metrics" in framework_fix.for_site(gather)
+    wait = CallSite(
+        "m.py:38 main", via="accelerate/accelerator.py:3310 Accelerator.wait_for_everyone"
+    )
+    assert framework_fix.with_framework("Generic.", wait).startswith(
+        "Accelerate: call accelerator.wait"
+    )
+    barrier = CallSite(
+        "lit.py:24 M.on_train_epoch_end",
+        via="lightning/pytorch/strategies/ddp.py:1 DDPStrategy.barrier",
+    )
+    assert "strategy.barrier()" in framework_fix.for_site(barrier)
+    unit = CallSite("m.py:25 Model.forward", via="m.py:32 fully_shard[probe]")
+    assert "FSDP2" in framework_fix.for_site(unit)
+    assert framework_fix.with_framework("Generic.", CallSite("m.py:3 main")) == "Generic."
+
+
+def test_lightnings_unused_parameter_error_is_explained_with_lightnings_spelling():
+    from ddpdoctor.explain.ddp import RULES
+
+    rule = next(r for r in RULES if r.id == "ddp.unused_parameters")
+    line = (
+        "RuntimeError: It looks like your LightningModule has parameters that were not used in "
+        "producing the loss returned by training_step."
+    )
+    match = rule.pattern.search(line)
+    assert match is not None
+    fix = rule.fix(match.groupdict()) if callable(rule.fix) else rule.fix
+    assert fix.index('strategy="ddp_find_unused_parameters_true"') < fix.index("plain DDP")
+
+
+def test_a_rank_evaluating_alone_while_its_peer_synced_on_is_not_a_sync_mismatch():
+    """accelerate's gather_for_metrics under is_main_process at an epoch's end: rank 0 is in
+    its all_gather (evaluating, epoch 0), rank 1 already in epoch 1's first gradient sync."""
+    ranks = [synced(0, 4, phase="eval", epoch=0), synced(1, 5, phase="train", epoch=1)]
+    assert grad_syncs.extra_syncs(snap(ranks), [1], [0]) is None
+    ranks = [synced(0, 4, phase="train", epoch=1), synced(1, 5, phase="train", epoch=2)]
+    assert grad_syncs.extra_syncs(snap(ranks), [1], [0]) is None

@@ -97,3 +97,24 @@ def test_a_group_of_ranks_compares_apart_and_names_its_global_ranks(stores):
     last = fingerprint.exchange_on(stores[1], 3, members, "g", "m", entries(frozen), 0.0)
     assert first is None and last is not None
     assert "rank 3 [2, 3] float32 frozen, rank 1" in last and "[culprits 3;" in last
+
+
+def test_a_unit_one_rank_alone_wrapped_is_named_before_the_parent_count_it_changes(stores):
+    """Rank 1's extra fully_shard moves the head's parameters out of the root: the root's count
+    differs first in the list, but the cause is the unit only rank 1 has, at its own line."""
+    head = ("/src/train.py", 46, "shard")
+    rank0 = [("unit (root)", "cpu mesh [2] dims -, 3 parameters", WRAP)]
+    rank1 = [
+        ("unit (root)", "cpu mesh [2] dims -, 1 parameters", WRAP),
+        ("unit output", "cpu mesh [2] dims -, 2 parameters", head),
+    ]
+    message = run(stores[:2], [rank0, rank1])
+    assert message is not None and "rank 1 has unit output" in message
+    assert "[culprits 1; line /src/train.py:46;" in message
+    message = run(stores[:2], [rank1, rank0], label="m2")
+    assert message is not None and "[culprits 0; line /src/train.py:46;" in message
+
+
+def test_a_true_tie_names_both_sides_and_says_why(stores):
+    message = run(stores[:2], [entries(nn.Linear(3, 2)), entries(nn.Linear(3, 4))])
+    assert message is not None and "nothing tells which one left: both named" in message

@@ -64,3 +64,56 @@ def test_a_units_site_names_its_module_and_line_once():
     assert '"unit":{"module":"blocks.1","file":"/src/train.py","line":67}' in text
     assert '"function":"fully_shard[blocks.1]"' in text
     assert fsdp_hooks.unit_text("", None) == '"unit":{"module":"(root)"}'
+
+
+class Group:
+    """What ran_from_text reads of an FSDPParamGroup: its module's name and its modules."""
+
+    def __init__(self, wrapped_at) -> None:
+        self._module_fqn = "blocks.1"
+        module = nn.Linear(2, 2)
+        module.__dict__[fsdp_hooks.SITE_ATTR] = wrapped_at
+        self.modules = (module,)
+
+
+def ran_here(group):
+    import sys
+
+    return fsdp_hooks.ran_from_text(group, sys._getframe()), sys._getframe().f_lineno
+
+
+def test_a_units_all_gather_names_the_user_line_that_ran_it():
+    """The unit's all-gather carries the user's line that ran it (here: ran_here's own line),
+    via fully_shard[<unit>] at its wrapping line; the text is made once per (unit, line)."""
+    import json
+
+    group = Group(("/src/train.py", 67, "main"))
+    text, line = ran_here(group)
+    assert text is not None
+    fields = json.loads("{" + text + "}")
+    assert fields["site"]["file"] == __file__ and fields["site"]["line"] == line
+    assert fields["site"]["function"] == "ran_here"
+    assert fields["site"]["via"] == {
+        "file": "train.py",
+        "line": 67,
+        "function": "fully_shard[blocks.1]",
+    }
+    assert fields["unit"] == {"module": "blocks.1", "file": "/src/train.py", "line": 67}
+    assert ran_here(group)[0] is text  # made once per (unit, line)
+
+
+def test_fully_shard_imported_before_the_runtime_still_names_its_line(recording):
+    """A script holding the unwrapped fully_shard (imported before the runtime started): its
+    state's init still records the line."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard import _fully_shard as impl
+
+    original = getattr(impl.fully_shard, "__wrapped__", impl.fully_shard)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("shard",))
+    block = nn.Linear(4, 4)
+    original(block, mesh=mesh)  # the line
+    where = block.__dict__[fsdp_hooks.SITE_ATTR]
+    assert (
+        where[0] == __file__
+        and where[2] == "test_fully_shard_imported_before_the_runtime_still_names_its_line"
+    )

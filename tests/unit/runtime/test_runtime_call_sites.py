@@ -136,3 +136,19 @@ def test_the_metric_wrapper_comes_out_with_the_runtime(tmp_path, monkeypatch):
         deactivate()
     assert result._ResultCollection.log is original
     assert not call_sites._ORIGINS
+
+
+def save_checkpoint():
+    dist.barrier()  # the helper's collective
+
+
+def test_a_site_in_a_helper_names_the_users_line_that_called_it(recording):
+    save_checkpoint()
+    line = sys._getframe().f_lineno - 1
+    site = [e for e in events(recording, "collective_start") if e["op"] == "barrier"][-1]["site"]
+    assert site["function"] == "save_checkpoint"
+    assert site["caller"] == {
+        "file": __file__,
+        "line": line,
+        "function": "test_a_site_in_a_helper_names_the_users_line_that_called_it",
+    }

@@ -68,6 +68,15 @@ class Divergence:
                 site.line,
             )
         ]
+        if site.caller:
+            out.append(
+                Evidence(
+                    f"rank {first}: {site.user.partition(' ')[2] or site.user} was called from "
+                    f"{site.caller}",
+                    site.caller_file or None,
+                    site.caller_line,
+                )
+            )
         if site.via:
             out.append(Evidence(f"rank {first}: {site.via}" + _issuer(site.via, site.issuer)))
         return tuple(out)

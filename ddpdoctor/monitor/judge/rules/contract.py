@@ -20,8 +20,10 @@ FIX = (
     "Build the model the same way on every rank before the first forward: wrap the same "
     "modules with fully_shard (or DDP) in the same order, set requires_grad the same way on "
     "every rank, and give DDP the same find_unused_parameters / static_graph / bucket_cap_mb "
-    "everywhere. Nothing that shapes the model may depend on the rank (`if rank == 0:`) or on "
-    "rank-local data."
+    "everywhere (Lightning: the same strategy, e.g. DDPStrategy(find_unused_parameters=True) or "
+    'strategy="ddp_find_unused_parameters_true", on every rank; accelerate: the same '
+    "DistributedDataParallelKwargs). Nothing that shapes the model may depend on the rank "
+    "(`if rank == 0:`) or on rank-local data."
 )
 
 

@@ -24,12 +24,17 @@ _CONSEQUENCE = re.compile(
     r"recvBytes|SIGTERM|closing signal",
     re.IGNORECASE,
 )
-_EXTERNAL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+EXTERNAL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+_EXTERNAL_SIGNALS = EXTERNAL_SIGNALS
 TRACEBACK_LINES = 6
 # A root cause whose error says a peer went away ("Connection closed by peer") while that peer
 # still runs: its end (a clean exit after fewer collectives, a crash of its own) is usually a
 # few hundred milliseconds behind. The verdict waits this long for it before it is held.
 PEER_FATE_WAIT_S = 3.0
+# ... and longer while that peer's process is still seen alive: on a busy machine its clean exit
+# (or the launcher's stop) can take many seconds to land, and the verdict must not depend on
+# which comes first (a DDP job whose ranks sync a different number of times read as a crash).
+PEER_ALIVE_WAIT_S = 30.0
 
 
 _ENDED_BADLY = frozenset({RankState.FAILED, RankState.GONE})
@@ -89,8 +94,11 @@ def _awaiting_peers_fate(root: RankView, snap: Snapshot) -> bool:
     """The root's own error blames a peer that has not ended yet, for under PEER_FATE_WAIT_S."""
     if not (root.error and _CONSEQUENCE.search(root.error)) or root.failed_t is None:
         return False
-    running = any(not v.state.finished for v in snap.ranks if v.rank != root.rank)
-    return running and snap.taken_t - root.failed_t < PEER_FATE_WAIT_S
+    running = [v for v in snap.ranks if v.rank != root.rank and not v.state.finished]
+    age = snap.taken_t - root.failed_t
+    if not running or age >= PEER_ALIVE_WAIT_S:
+        return False
+    return age < PEER_FATE_WAIT_S or any(v.alive for v in running)
 
 
 def _with_extra_call(finding: Finding, root: RankView, snap: Snapshot) -> Finding:

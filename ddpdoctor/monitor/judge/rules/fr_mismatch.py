@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.fr_evidence import TAG
-from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
+from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, framework_fix, grad_syncs
 from ddpdoctor.monitor.judge.rules.mismatch import FIX, _culprits
 from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
 from ddpdoctor.protocol.fr_reading import calls_at_first_difference
@@ -44,6 +44,12 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     divergence = None
     if len(sides) == 2:
         small, big = sorted(sides.values(), key=len)
+        # a side that synced DDP's gradients more often than the other made the extra call,
+        # whatever the other went on to (the end's barrier, a metric's all-reduce)
+        for side, rest in ((small, big), (big, small)):
+            extra = grad_syncs.extra_syncs(snap, side, rest)
+            if extra is not None:
+                return extra
         for side, rest in ((small, big), (big, small)):
             doing = calls[rest[0]].describe()
             divergence = call_sites.open_extra(snap, side, rest, doing)
@@ -64,7 +70,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         id="mismatch",
         severity=Severity.ERROR,
         summary=summary,
-        fix=FIX,
+        fix=framework_fix.with_framework(FIX, divergence.call.site if divergence else None),
         ranks=tuple(sorted(culprits)),
         evidence=tuple(evidence),
     )

@@ -13,10 +13,16 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from ddpdoctor.findings import Evidence, Finding, Severity
-from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, confirmed_mismatch
+from ddpdoctor.monitor.judge.rules import (
+    RuleOutcome,
+    call_sites,
+    confirmed_mismatch,
+    framework_fix,
+)
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
+    CallSite,
     CollectiveView,
     RankView,
     Snapshot,
@@ -27,7 +33,9 @@ FIX = (
     "Make every rank call the same collectives, in the same order, with tensors of the same "
     "shape and dtype: no collective (or DDP forward) under `if rank == 0`, pad variable-size "
     "tensors to a common shape (or use all_gather_object), sort dict keys before reducing, and "
-    "give every rank the same number of batches. TORCH_DISTRIBUTED_DEBUG=DETAIL makes PyTorch "
+    "give every rank the same number of batches; a full state dict (get_model_state_dict with "
+    "full_state_dict=True, DTensor.full_tensor()) gathers from every rank: build it on all "
+    "ranks and save it on rank 0 only. TORCH_DISTRIBUTED_DEBUG=DETAIL makes PyTorch "
     "check each collective's fingerprint (slower; for a diagnostic rerun)."
 )
 _FAULT_KINDS = ("mismatch", "shape")
@@ -112,15 +120,20 @@ def _outcome(
 
 
 def _mismatch(
-    summary: str, culprits: Iterable[int], evidence: Iterable[Evidence], onset: float | None
+    summary: str,
+    culprits: Iterable[int],
+    evidence: Iterable[Evidence],
+    onset: float | None,
+    site: CallSite | None = None,
 ) -> RuleOutcome:
-    """The rule's outcome: a confirmed mismatch of `culprits` that held from `onset`."""
+    """The rule's outcome: a confirmed mismatch of `culprits` that held from `onset` (`site`: the
+    extra call's, whose framework spells the fix)."""
     ranks = tuple(sorted(culprits))
     finding = Finding(
         id="mismatch",
         severity=Severity.ERROR,
         summary=summary,
-        fix=FIX,
+        fix=framework_fix.with_framework(FIX, site),
         ranks=ranks,
         evidence=tuple(evidence),
     )
@@ -151,6 +164,7 @@ def _from_divergence(
         divergence.culprits,
         evidence,
         max(starts) if starts else snap.taken_t,
+        divergence.call.site,
     )
 
 

@@ -1,0 +1,136 @@
+"""The culprit of a mismatch (tests/corpus/mismatch/corpus.json): jobs written independently of
+ddpdoctor's own FSDP and framework corpora, in other styles (a module-level `fully_shard`
+import and a helper that shards, `fsdp.fully_shard` by attribute, a checkpoint helper calling
+`get_model_state_dict`, accumulation set by hand through `require_backward_grad_sync`,
+accelerate's `gather_for_metrics` / `wait_for_everyone` under `is_main_process`, a Lightning
+module with an unused head), run for real as `ddpdoctor run --no-tui --json -- COMMAND`.
+
+Each faulty job must get its verdict, its culprit rank and the user's line, and the fix in its
+framework's spelling; the valid per-rank setting (gradient_as_bucket_view and another bucket cap
+on rank 0 only: the same buckets) must end healthy and never be stopped. Every job runs twice:
+on the machine as it is, and beside two busy loops that saturate two cores (the verdict may not
+depend on which rank's end the machine lets land first).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3000)]
+
+CORPUS = REPO / "tests" / "corpus" / "mismatch"
+MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
+FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
+HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
+PARALLEL = 2
+RUN_TIMEOUT_S = 300
+LOADS = ("quiet", "loaded")
+HOG = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass\n"
+
+
+def command_of(job: dict) -> list[str]:
+    words = [str(CORPUS / w) if (CORPUS / w).is_file() else w for w in job["command"]]
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    tool = Path(sys.executable).parent / words[0]
+    return [str(tool) if tool.exists() else words[0], *words[1:]]
+
+
+def _start(job: dict, base: Path, load: str) -> subprocess.Popen:
+    work = base / f"{job['name']}-{load}"
+    work.mkdir()
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"),
+        "--", *command_of(job),
+    )  # fmt: skip
+    env = clean_env()
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return subprocess.Popen(
+        cmd,
+        stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit
+        stderr=open(work / "stderr", "w"),
+        env=env,
+        cwd=work,
+        start_new_session=True,
+    )
+
+
+def _run_all(base: Path, load: str) -> dict[str, JsonRun]:
+    jobs = [*MANIFEST["faulty"], *MANIFEST["healthy"]]
+    starts = {job["name"]: functools.partial(_start, job, base, load) for job in jobs}
+    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
+    done = {}
+    for name, (proc, timed_out) in ended.items():
+        work = base / f"{name}-{load}"
+        stderr = (work / "stderr").read_text(errors="replace")
+        if timed_out:
+            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
+        stdout = (work / "stdout").read_text(errors="replace")
+        done[name] = JsonRun(proc.returncode, stdout, stderr, work / "run")
+    return done
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, dict[str, JsonRun]]:
+    pytest.importorskip("lightning")
+    pytest.importorskip("accelerate")
+    base = tmp_path_factory.mktemp("mismatch")
+    out = {"quiet": _run_all(base, "quiet")}
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG], start_new_session=True) for _ in range(2)]
+    try:
+        out["loaded"] = _run_all(base, "loaded")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
+    return out
+
+
+def _cited(finding: dict, line: str) -> bool:
+    file, _, number = line.rpartition(":")
+    return any(
+        (e.get("file") or "").endswith(file) and e.get("line") == int(number)
+        for e in finding["evidence"]
+    )
+
+
+@pytest.mark.parametrize("load", LOADS)
+@pytest.mark.parametrize("name", list(FAULTY))
+def test_the_rank_that_left_the_common_path_is_named_at_its_line(results, name, load):
+    r = results[load][name]
+    doc = r.document()
+    expected = FAULTY[name]
+    context = f"{name} ({load}): {json.dumps(doc['findings'])[:4000]}\n{r.stderr[-2000:]}"
+    assert r.returncode == 1, context
+    assert doc["verdict"] == expected["verdict"], context
+    assert doc["culprits"] == expected["culprits"], context
+    finding = next((f for f in doc["findings"] if f["id"] == expected["finding"]), None)
+    assert finding is not None, context
+    assert finding["severity"] == "error", context
+    if "line" in expected:
+        assert _cited(finding, expected["line"]), context
+    if "fix" in expected:
+        assert expected["fix"] in finding["fix"], context
+    assert job_processes(r.run_dir) == []
+
+
+@pytest.mark.parametrize("load", LOADS)
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_a_per_rank_setting_that_sends_the_same_collectives_is_healthy(results, name, load):
+    r = results[load][name]
+    doc = r.document()
+    context = f"{name} ({load}): {json.dumps(doc['findings'])[:3000]}\n{r.stderr[-2000:]}"
+    assert r.returncode == 0, context
+    assert doc["verdict"] == "healthy", context
+    assert doc["job"]["stopped_for"] is None, context
+    assert all(rank["step"] == HEALTHY[name]["steps"] for rank in doc["ranks"]), doc["ranks"]
+    assert not [f for f in doc["findings"] if f["id"] == "spmd.contract_mismatch"], context

@@ -152,6 +152,7 @@ FAULT = "fault"
 ERROR = "error"
 EXIT = "exit"
 RAY_CALL = "ray_call"
+REPLICA_DIGEST = "replica_digest"
 
 KINDS = frozenset(
     {
@@ -168,6 +169,7 @@ KINDS = frozenset(
         ERROR,
         EXIT,
         RAY_CALL,
+        REPLICA_DIGEST,
     }
 )
 

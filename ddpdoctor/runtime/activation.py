@@ -120,6 +120,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         fsdp_hooks,
         funcol_hooks,
         optim_hooks,
+        replicas,
     )
 
     for name, installer in (
@@ -131,6 +132,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         ("data", data_hooks.install),
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),
+        ("replicas", replicas.install),
     ):
         try:
             installer(runtime)

@@ -23,6 +23,7 @@ from ddpdoctor.monitor.model.event_fields import (
     text,
 )
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
+from ddpdoctor.monitor.model.replicas import ReplicaTrack
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
@@ -143,6 +144,7 @@ class RankTracker:
         self.ray_call: str | None = None  # ... the call that runs (train_fn, a method's name)
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
+        self.replicas = ReplicaTrack()  # its replica digests (replicas.py)
 
     # -- applying events -------------------------------------------------------------------
 
@@ -283,6 +285,9 @@ class RankTracker:
             self.loader_batches[loader] = batches
         self.last_event = f"epoch {epoch}"
 
+    def _replica_digest(self, e: dict[str, Any], t: float | None, where) -> None:
+        self.replicas.apply(e)
+
     def _warning(self, e: dict[str, Any], t: float | None, where) -> None:
         code = text(e.get("code")) or "warning"
         if code in self.warnings or len(self.warnings) < MAX_WARNINGS:
@@ -403,4 +408,5 @@ _HANDLERS = {
     ev.ERROR: RankTracker._error,
     ev.EXIT: RankTracker._exit,
     ev.RAY_CALL: RankTracker._ray_call,
+    ev.REPLICA_DIGEST: RankTracker._replica_digest,
 }

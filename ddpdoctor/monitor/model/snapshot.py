@@ -8,7 +8,7 @@ what changed. `Snapshot.diagnosis_json()` is RUN_DIR/diagnosis.json and `watch -
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.model.launchers import LauncherView
@@ -17,9 +17,6 @@ from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thr
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
 from ddpdoctor.stacks.groups import StackGroup
-
-if TYPE_CHECKING:  # pragma: no cover - replicas.py builds on this module
-    from ddpdoctor.monitor.model.replicas import ReplicaDigest
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -245,8 +242,9 @@ class RankView:
     calls_key: int = 0
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
-    # its replica digests, by model and step (replicas.py: compared across ranks)
-    replica_digests: tuple[ReplicaDigest, ...] = ()
+    # its replica digests, by model and step: replicas.ReplicaDigest (which builds on this
+    # module, hence Any), compared across ranks by judge/rules/replicas.py
+    replica_digests: tuple[Any, ...] = ()
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""

@@ -5,7 +5,9 @@ CPU; its tensors are found in the state dict itself or one level down (`{"model"
 `{"state_dict": ...}`, ...), names taken without DDP's `module.` prefix. Two files agree when
 every tensor they share is bit for bit the same (compared as bytes: a NaN equals itself, -0.0
 differs from 0.0), as DDP keeps replicas. The rank of a file comes from its name (`rank-1.pt`,
-`ckpt_rank1.pth`, the last number in it), else from the order given.
+`ckpt_rank1.pth`, the last number in it), else from the order given. BatchNorm statistics
+(`running_mean`, `running_var`) may differ: each rank's last forward updated its own, and DDP
+broadcasts rank 0's only at the next forward.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ddpdoctor.rank_ranges import named_ranks
 SUFFIXES = (".pt", ".pth", ".ckpt")
 MAX_CHECKPOINT_BYTES = 8 << 30
 NAMES_SHOWN = 6
+BN_STATS = frozenset({"running_mean", "running_var"})
 _NESTED = ("model", "state_dict", "model_state_dict", "module", "net", "network")
 _RANK = re.compile(r"rank[-_]?([0-9]+)", re.IGNORECASE)
 _NUMBER = re.compile(r"([0-9]+)")
@@ -78,7 +81,8 @@ def _load(path: Path, torch: Any) -> dict[str, Any]:
 def _same(a: Any, b: Any, torch: Any) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+    as_bytes = [t.reshape(-1).contiguous().view(torch.uint8) for t in (a, b)]  # 0-dim too
+    return bool(torch.equal(*as_bytes))
 
 
 def findings(paths: list[Path]) -> list[Finding]:
@@ -108,13 +112,23 @@ def findings(paths: list[Path]) -> list[Finding]:
             if not _same(base[name], other[name], torch):
                 differing.setdefault(name, []).append(rank)
     files = ", ".join(f"rank {r}: {loaded[r][0].name}" for r in ranks)
+    # each rank's last forward updated its BatchNorm statistics from its own batch; DDP would
+    # broadcast rank 0's at the next forward: differing there is how DDP works
+    stats = [n for n in differing if n.rsplit(".", 1)[-1] in BN_STATS]
+    for name in stats:
+        del differing[name]
     if not differing:
+        aside = (
+            f"; {len(stats)} BatchNorm statistics differ, as DDP leaves them between forwards"
+            if stats
+            else ""
+        )
         return [
             Finding(
                 "replicas.agreed",
                 Severity.INFO,
                 f"the checkpoints of {named_ranks(ranks)} hold the same replica: all "
-                f"{len(common)} shared tensors bit-identical",
+                f"{len(common) - len(stats)} shared tensors bit-identical{aside}",
                 "",
                 evidence=(Evidence(files),),
             )

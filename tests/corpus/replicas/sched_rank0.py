@@ -16,7 +16,7 @@ def main():
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scheduler = StepLR(optimizer, step_size=1, gamma=0.99)
     g = torch.Generator().manual_seed(7 + rank)
     for step in range(STEPS):

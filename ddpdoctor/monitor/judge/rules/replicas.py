@@ -320,11 +320,15 @@ def buffer_notes(ranks: Ranks) -> list[Finding]:
 
 
 def at_end(ranks: Ranks) -> list[Finding]:
-    """After the fact: for each model, whether the replicas agreed at the end (the digests
-    taken as the training ended, else the last step every rank digested), and when they did
-    not, how they diverged."""
+    """After the fact: for each model, how the replicas diverged if they ever did (the finding
+    says whether they still differed at the end), else that they agreed at the end (the digests
+    taken as the training ended, else the last step every rank digested)."""
     findings: list[Finding] = []
     for model in models(ranks):
+        finding = diverged(ranks, model)
+        if finding is not None:
+            findings.append(finding)
+            continue
         final = _finals(ranks, model)
         if len(final) < 2:
             steps = _by_step(ranks, model)
@@ -333,13 +337,22 @@ def at_end(ranks: Ranks) -> list[Finding]:
         if len(final) < 2:
             continue
         end = compare(max(d.step for d in final.values()), final)
-        if end.agree:
-            findings.append(_agreed(end, final))
-            continue
-        finding = diverged(ranks, model)
-        if finding is not None:
-            findings.append(finding)
+        findings.append(_agreed(end, final) if end.agree else _end_differs(end, final))
     return findings
+
+
+def _end_differs(end: Split, final: dict[int, ReplicaDigest]) -> Finding:
+    return Finding(
+        id=DIVERGED,
+        severity=Severity.ERROR,
+        summary=(
+            f"replicas diverged: the replicas of {named_ranks(sorted(final))} differ at the end "
+            f"(step {end.step}): {len(end.differing)} of {end.compared} tensors differ "
+            f"({_names(end)})"
+        ),
+        fix=FIX,
+        ranks=end.deviants,
+    )
 
 
 def _agreed(end: Split, final: dict[int, ReplicaDigest]) -> Finding:

@@ -2,6 +2,10 @@
 
     python benchmarks/replica_digest.py [--sizes 1e4,1e5,1e6,1e7] [--reps 30]
                                         [--rounds 20] [--block 64] [--hidden 512] [--device cpu]
+                                        [--threads 1]
+
+CPU threads: 1 by default, as torchrun sets OMP_NUM_THREADS=1 for each rank (a rank that uses
+more shares the cores with its peers; on a loaded machine a parallel sum waits for its threads).
 
 1. The digest alone, per model size: `digest_tensors` of an MLP's parameters (tensors of a few
    shapes, as a model has), `--reps` times after a warm-up; the median, the 10th and 90th
@@ -157,7 +161,13 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch's CPU threads (torchrun's default: 1)"
+    )
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     digest_cost(sizes, args.reps, args.device)
     training_share(args.rounds, args.block, args.hidden, args.device)

@@ -37,9 +37,14 @@ def test_the_digest_is_an_exact_bit_sum_per_tensor_whatever_the_dtype():
     flags = torch.tensor([True, False])
     values = replicas.digest_tensors([a, b, half, flags, torch.arange(4).view(2, 2).t()])
     assert values[0] != values[1]
-    assert values[0] == int(a.view(torch.int32).sum(dtype=torch.int64))
+    assert values[0] == int(a.view(torch.int32).sum(dtype=torch.int64))  # 12 bytes: 4-byte words
     assert values[2] == 3 * int(half.view(torch.int16)[0]) and values[3] == 1
-    assert values[4] == 6  # a transposed (non-contiguous) tensor
+    assert values[4] == 6  # a transposed (non-contiguous) tensor of 8-byte integers
+    pairs = torch.tensor([1.0, 2.0, 3.0, 4.0])  # 16 bytes: summed as two 8-byte words
+    assert replicas.digest_tensors([pairs]) == [int(pairs.view(torch.int64).sum())]
+    changed = pairs.clone()
+    changed[3] = 4.5
+    assert replicas.digest_tensors([changed]) != replicas.digest_tensors([pairs])
     assert replicas.digest_tensors([]) == []
 
 

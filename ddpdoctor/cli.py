@@ -193,6 +193,12 @@ def _add_run(sub) -> None:
         action="store_true",
         help="on a hang, report it but leave the job running",
     )
+    p.add_argument(
+        "--stop-on-divergence",
+        action="store_true",
+        help="stop the job when the replicas of a DDP model stop being identical (by default "
+        "the divergence is reported and the job runs on: it does not hang)",
+    )
     p.add_argument("--model", choices=("cnn", "resnet18"), help="reference job model")
     p.add_argument("--data", metavar="DIR", help="CIFAR-10 folder for the reference job")
     p.add_argument("--batch-size", type=_positive_int, help="reference job batch size per rank")

@@ -239,7 +239,11 @@ def run_job(
         node_rank=node,
         follow_all_nodes=watched and node not in (None, 0),
     )
-    policy = StopPolicy(keep_running=plan.keep_running, follower=node not in (None, 0))
+    policy = StopPolicy(
+        keep_running=plan.keep_running,
+        follower=node not in (None, 0),
+        stop_on_divergence=plan.stop_on_divergence,
+    )
     supervised = SupervisedRun(
         monitor,
         job,

@@ -46,6 +46,7 @@ class LaunchPlan:
     run_dir: str | None = None
     hang_after: float | None = None
     keep_running: bool = False
+    stop_on_divergence: bool = False  # --stop-on-divergence: replicas that diverged stop the job
     doctor: bool = True
     json: bool = False
     tui_allowed: bool = True  # False with --no-tui or --json
@@ -189,6 +190,7 @@ def plan_from_args(
         run_dir=args.run_dir,
         hang_after=args.hang_after,
         keep_running=args.keep_running,
+        stop_on_divergence=getattr(args, "stop_on_divergence", False),
         doctor=not args.no_doctor,
         json=args.json,
         tui_allowed=not (args.no_tui or args.json),
@@ -241,6 +243,7 @@ def _command_plan(
         run_dir=args.run_dir,
         hang_after=args.hang_after,
         keep_running=args.keep_running,
+        stop_on_divergence=getattr(args, "stop_on_divergence", False),
         doctor=not args.no_doctor,
         json=args.json,
         tui_allowed=not (args.no_tui or args.json),

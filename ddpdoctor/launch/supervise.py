@@ -75,6 +75,14 @@ class Decision:
     capture_stacks: bool = False  # ask the monitor for stacks first
 
 
+def diverged(snapshot: Snapshot) -> bool:
+    """The verdict is the replicas' divergence (monitor/judge/rules/replicas.py)."""
+    findings: Any = getattr(snapshot, "findings", ())
+    return bool(
+        snapshot.verdict is Verdict.MISMATCH and findings and findings[0].id == "replicas.diverged"
+    )
+
+
 class StopPolicy:
     """Decides, one snapshot at a time, whether the launcher should stop the job now."""
 
@@ -84,9 +92,13 @@ class StopPolicy:
         keep_running: bool,
         clock: Callable[[], float] = time.monotonic,
         follower: bool = False,
+        stop_on_divergence: bool = False,
     ):
         self.keep_running = keep_running
         self.follower = follower  # a launcher of node > 0: it follows the lead's stop
+        # replicas that diverged are a mismatch never confirmed (the job does not hang): the
+        # user's --stop-on-divergence makes it one to stop on
+        self.stop_on_divergence = stop_on_divergence
         self._clock = clock
         self._verdict: Verdict | None = None
         self._since: float | None = None
@@ -103,7 +115,10 @@ class StopPolicy:
             self.stopped_for = peer_stopped
             return Decision(stop=peer_stopped)
         verdict = snapshot.verdict
-        rule = STOP_RULES.get(verdict) if getattr(snapshot, "confirmed", False) else None
+        confirmed = getattr(snapshot, "confirmed", False) or (
+            self.stop_on_divergence and diverged(snapshot)
+        )
+        rule = STOP_RULES.get(verdict) if confirmed else None
         if rule is None:
             self._verdict = self._since = None
             return Decision()

@@ -34,6 +34,13 @@ ray_call           state ("busy": the user's code started running in this Ray wo
                    Ray Train's training function), ok (bool, on "idle": it returned without an
                    exception). Ray ends a worker without exit handlers once its work is done:
                    a rank that vanishes while idle finished; one that vanishes busy died.
+replica_digest     model (index of the DDP model in the order it first trained), step (steps
+                   finished: the same on every rank), final (bool: at the end of the training),
+                   buffers (bool: buffers digested, right after DDP broadcast them),
+                   sync_buffers (the model's broadcast_buffers), every (K), digests [int: the
+                   bit-sum of each tensor], names [str] (only when they changed since the
+                   rank's last digest of the model), calls [{what, site, ddp, count, steps}]
+                   (the writes outside the optimizer counted so far), cost_s. Queued.
 
 Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,
 heartbeat, warning, fault, error, exit, ray_call and step are written at once (a step when it
@@ -162,6 +169,7 @@ ERROR = "error"
 EXIT = "exit"
 RAY_CALL = "ray_call"
 PIPELINE = "pipeline"
+REPLICA_DIGEST = "replica_digest"
 
 KINDS = frozenset(
     {
@@ -179,6 +187,7 @@ KINDS = frozenset(
         EXIT,
         RAY_CALL,
         PIPELINE,
+        REPLICA_DIGEST,
     }
 )
 

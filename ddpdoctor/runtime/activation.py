@@ -121,6 +121,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         funcol_hooks,
         optim_hooks,
         pipeline_hooks,
+        replicas,
     )
 
     for name, installer in (
@@ -133,6 +134,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         ("data", data_hooks.install),
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),
+        ("replicas", replicas.install),
     ):
         try:
             installer(runtime)

@@ -403,6 +403,8 @@ def _wrap_lifecycle(runtime: core.Runtime, dist: Any, c10d: Any) -> None:
             current = core.active()
             if current is not None:
                 current.steps.flush()
+                if not args and kwargs.get("group") is None:  # the default group: the end
+                    current.run_at_end()
             forget_calls()
             return destroy(*args, **kwargs)
 

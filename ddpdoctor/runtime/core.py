@@ -130,6 +130,11 @@ class Runtime:
         # A pipeline rank's position in its schedule (pipeline_hooks.py): [step, action,
         # microbatch, stage], replaced as it moves, read by the heartbeat thread.
         self.pipeline_position: list[Any] | None = None
+        # Replica digests (replicas.py): the step at which the DDP forward wrapper next asks
+        # for one (a plain integer compare per forward until then), and what runs once the
+        # training is over (destroy_process_group, a clean exit)
+        self.replica_next = 1 << 62
+        self.at_end: list[Callable[[Runtime], None]] = []
         self.finished = False
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
@@ -301,6 +306,14 @@ class Runtime:
             self.emit(PHASE, phase=name, previous=previous)
         return previous
 
+    def run_at_end(self) -> None:
+        """The training is over (the process group is destroyed, the process ends cleanly)."""
+        for callback in list(self.at_end):
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - recording must never break the end of a run
+                pass
+
     def hint_exit(self, code: int | None, reason: str, signal: str | None = None) -> None:
         self.exit_hint = ExitHint(code, reason, signal)
 
@@ -332,6 +345,7 @@ class Runtime:
             # finish: its gradient all-reduce may have failed (a peer was stopped). Counting it
             # would make the rank look as if it had moved past the collective it died in.
             self.steps.flush()
+            self.run_at_end()
         self._emit(EXIT, {"code": code, "reason": reason, **extra}, last=True)
         self.finished = True
         if self._writer is not None:

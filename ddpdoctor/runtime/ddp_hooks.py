@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor.protocol.events import WARNING
-from ddpdoctor.runtime import completion, core
+from ddpdoctor.runtime import completion, core, replicas
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
 from ddpdoctor.runtime.flight_recorder import recorder_status
@@ -334,6 +334,11 @@ def install(runtime: core.Runtime) -> None:
                     synced = self.require_backward_grad_sync
                     now = rt.mono_clock()
                     rt.steps.on_forward(now, True, synced, batch, training)
+                    if synced and (
+                        rt.steps.steps_done >= rt.replica_next
+                        or replicas.STATE_ATTR not in self.__dict__
+                    ):
+                        replicas.due(self, rt)  # a replica digest may be due (replicas.py)
                     if synced and not record_buckets:
                         probe = self.__dict__.get(PROBE_ATTR)
                         if probe is None:

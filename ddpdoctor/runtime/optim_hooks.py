@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpdoctor.runtime import core
+from ddpdoctor.runtime import core, replica_calls
+from ddpdoctor.runtime.replicas import NEVER
 
 
 def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -25,6 +26,8 @@ def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             # before the step is marked: the phase change closes only finished steps
             rt.set_phase(core.AUTO_TRAIN, auto=True)
         rt.steps.on_optimizer_step()
+        if rt.replica_next != NEVER:  # replica digests on: count it for their citations
+            replica_calls.on_optimizer_step(optimizer, rt)
     except Exception:  # noqa: BLE001 - recording must never break the optimizer
         pass
 

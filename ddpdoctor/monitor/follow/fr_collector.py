@@ -28,7 +28,9 @@ READ_FOR_S = 15.0
 def suspicious(snap: Snapshot) -> bool:
     """A live rank has shown no progress for longer than the waiting threshold, or a hang or
     mismatch verdict stands."""
-    if snap.verdict in (Verdict.HANG, Verdict.MISMATCH):
+    # replicas that diverged (judge/rules/replicas.py) wait for nobody: nothing to dump for it
+    diverged = bool(snap.findings) and snap.findings[0].id == "replicas.diverged"
+    if snap.verdict in (Verdict.HANG, Verdict.MISMATCH) and not diverged:
         return True
     th = snap.thresholds
     if th is None:

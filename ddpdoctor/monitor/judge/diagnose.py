@@ -34,6 +34,7 @@ from ddpdoctor.monitor.judge.rules import network as network_rule
 from ddpdoctor.monitor.judge.rules import p2p as p2p_rule
 from ddpdoctor.monitor.judge.rules import pipeline_contract as pipeline_contract_rule
 from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
+from ddpdoctor.monitor.judge.rules import replicas as replicas_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
 from ddpdoctor.monitor.judge.rules import straggler as straggler_rule
@@ -100,6 +101,9 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
         first = min(stuck, key=lambda o: o.onset_t or 0.0)
         if crash is None or (first.onset_t or 0.0) <= (crash.onset_t or 0.0):
             return first, crash
+    if crash is None:
+        # replicas that stopped agreeing: a mismatch of a job that neither hangs nor crashes
+        return replicas_rule.detect(snap), None
     return crash, crash
 
 
@@ -184,6 +188,7 @@ def diagnose(
         straggler_rule.detect(snap),
         warnings_rule.detect(snap),
         chance_pairing_rule.detect(snap) if not verdict.is_problem else None,
+        replicas_rule.notes(snap),
         network_rule.names(snap) if primary is None or primary.rule != "network" else None,
     ):
         if outcome is not None:

@@ -24,6 +24,7 @@ from ddpdoctor.monitor.model.event_fields import (
 )
 from ddpdoctor.monitor.model.pipeline_view import PipelineView, from_event, with_position
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
+from ddpdoctor.monitor.model.replicas import ReplicaTrack
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
@@ -149,6 +150,7 @@ class RankTracker:
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
         self.pipeline: PipelineView | None = None  # its pipeline schedule and position
+        self.replicas = ReplicaTrack()  # its replica digests (replicas.py)
 
     # -- applying events -------------------------------------------------------------------
 
@@ -296,6 +298,9 @@ class RankTracker:
             self.loader_batches[loader] = batches
         self.last_event = f"epoch {epoch}"
 
+    def _replica_digest(self, e: dict[str, Any], t: float | None, where) -> None:
+        self.replicas.apply(e)
+
     def _warning(self, e: dict[str, Any], t: float | None, where) -> None:
         code = text(e.get("code")) or "warning"
         if code in self.warnings or len(self.warnings) < MAX_WARNINGS:
@@ -433,4 +438,5 @@ _HANDLERS = {
     ev.EXIT: RankTracker._exit,
     ev.RAY_CALL: RankTracker._ray_call,
     ev.PIPELINE: RankTracker._pipeline,
+    ev.REPLICA_DIGEST: RankTracker._replica_digest,
 }

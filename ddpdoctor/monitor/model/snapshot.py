@@ -251,6 +251,9 @@ class RankView:
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
     pipeline: PipelineView | None = None  # a pipeline rank's schedule, stages and position
+    # its replica digests, by model and step: replicas.ReplicaDigest (which builds on this
+    # module, hence Any), compared across ranks by judge/rules/replicas.py
+    replica_digests: tuple[Any, ...] = ()
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""

@@ -309,8 +309,10 @@ class Monitor(FollowedRun):
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = keep_said(diagnose(snap, extra_findings=extra, held=self._held), self._said)
-        if diagnosis.confirmed and diagnosis.primary is not None:
-            self._confirmed[diagnosis.verdict] = diagnosis.primary
+        primary = diagnosis.primary
+        # (replicas that diverged are never confirmed, yet stopped on with --stop-on-divergence)
+        if primary is not None and (diagnosis.confirmed or primary.rule == "replicas"):
+            self._confirmed[diagnosis.verdict] = primary
         snap = apply_diagnosis(snap, diagnosis, detected_after_s=self._timing(diagnosis, now, live))
         snap = self._ended_verdict(snap, live)
         if len(self.nodes) > 1:

@@ -44,11 +44,13 @@ the next immediate event.)
 hello              ray, in a Ray worker: {actor_name, actor_class, actor_id, job_id, node_id,
                    node_ip, worker_id, busy (the user's code runs), calls [names]}
                    (runtime/ray_worker.py).
-hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
-                   a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
-                   starts (backend null) and again when init_process_group returns (backend,
-                   world_size and device then known): the latest hello wins. parent
-                   ({"pid", "argv"}: the process that started the rank, its launcher);
+hello              also restart_count and max_restarts (torchrun's TORCHELASTIC_RESTART_COUNT and
+                   TORCHELASTIC_MAX_RESTARTS: the attempt the rank belongs to, and the restart
+                   budget), heartbeat_s (the heartbeat period: a watcher can judge a heartbeat's
+                   age by it). A rank says hello when the runtime starts (backend null) and again
+                   when init_process_group returns (backend, world_size and device then known):
+                   the latest hello wins. parent ({"pid", "argv"}: the process that started the
+                   rank, its launcher);
                    env_from ("slurm") and env_filled (the names) when ddpdoctor filled torch's
                    variables from a launcher's (runtime/autostart.py). A rank started by a user's
                    own command (autostart) says hello only once it has joined a process group.

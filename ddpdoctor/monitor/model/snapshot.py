@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.monitor.model.attempt_views import Attempts
 from ddpdoctor.monitor.model.launchers import LauncherView
 from ddpdoctor.monitor.model.network import NodeNetwork
 from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
@@ -242,6 +243,7 @@ class RankView:
     calls_key: int = 0
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
+    restarts: int = 0  # how many times its launcher restarted it (its process's attempt)
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""
@@ -278,6 +280,7 @@ class RankView:
             "failed_t": self.failed_t,
             "last_progress_t": self.last_progress_t,
             "activity": self.activity.to_json() if self.activity else None,
+            **({"restarts": self.restarts} if self.restarts else {}),
         }
 
 
@@ -354,6 +357,7 @@ class Snapshot:
     # The preflight's script checkup findings (read from doctor.json once), which diagnoses cite.
     checkup: tuple[CheckupNote, ...] = ()
     network: tuple[NodeNetwork, ...] = ()  # the nodes' looks at a stall (follow.net_watch)
+    attempts: Attempts | None = None  # a run its launcher restarts (None: one attempt, no budget)
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)
@@ -372,6 +376,16 @@ class Snapshot:
         if self.run.started_t is None:
             return None
         return max(0.0, self.taken_t - self.run.started_t)
+
+    @property
+    def recovered(self) -> bool:
+        """The run went on without a problem after an attempt that failed (model.attempts)."""
+        return (
+            self.attempts is not None
+            and bool(self.attempts.ended)
+            and not self.verdict.is_problem
+            and self.verdict is not Verdict.RUNNING
+        )
 
     @property
     def never_started(self) -> bool:
@@ -408,4 +422,7 @@ class Snapshot:
             "waits": [w.to_json() for w in self.waits],
             "confirmed": self.confirmed,
             "flight_recorder": {str(d.rank): d.to_json() for d in self.flight_recorder},
+            "attempts": None
+            if self.attempts is None
+            else self.attempts.to_json(recovered=self.recovered),
         }

@@ -14,6 +14,8 @@ from ddpdoctor.monitor.model.attempt_views import budget_in_argv
 from ddpdoctor.monitor.model.snapshot import RankState, RunInfo, Snapshot, Verdict
 from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.monitor.tell.diagnosis_text import rank_line, status_line
+from ddpdoctor.tui.header import title_line
+from ddpdoctor.tui.table_model import rank_row
 from tests.unit.monitor.test_monitor_builders import NOW, Stream
 
 LINE = {"file": "/job/train.py", "line": 27, "function": "read_batch"}
@@ -87,6 +89,9 @@ def test_the_next_attempt_is_the_same_ranks_and_a_recovered_run_is_healthy():
     assert [v.state for v in during.ranks] == [RankState.RUNNING, RankState.RUNNING]
     assert [v.restarts for v in during.ranks] == [1, 1]
     assert "restarted 1×" in rank_line(during.ranks[0]).plain
+    assert "attempt 2 of 3" in title_line(during, None).plain  # the TUI's header
+    row = rank_row(during.ranks[0], None, False)
+    assert row.cells[0][0].endswith("↻1")  # the rank's row in the TUI shows its restarts
     t2 = s.steps(10, t=t + 21.0)
     finish(s, t2 + 0.1)
     end = judged(s, t2 + 0.5)
@@ -188,3 +193,18 @@ def test_the_budget_from_a_torchrun_command_line():
     assert budget_in_argv(["torchrun", "--max-restarts", "99999999999"]) is None
     assert budget_in_argv(["python", "-m", "torch.distributed.run", "--max-restarts", "1"]) == 1
     assert budget_in_argv(["torchrun", "train.py", "--max-restarts", "5"]) is None
+
+
+def test_the_report_marks_each_attempt_on_the_timeline():
+    from ddpdoctor.report.timeline import RankTimeline, Timeline, add_attempts
+    from ddpdoctor.report.trace import trace_events
+
+    timeline = Timeline({0: RankTimeline(0, last_t=NOW + 50)}, start=NOW)
+    first = {"attempt": 1, "started_t": NOW, "ended_t": NOW + 20,
+             "endings": [{"rank": 1, "failed": True, "cause": "LoaderError: x"}]}  # fmt: skip
+    second = {"attempt": 2, "started_t": NOW + 20, "ended_t": None, "endings": []}
+    add_attempts(timeline, {"attempts": {"total": 3, "attempts": [first, second, "junk"]}})
+    names = [s.name for s in timeline.spans if s.kind == "attempt"]
+    assert names == ["attempt 1 of 3 (failed: rank 1: LoaderError: x)", "attempt 2 of 3 (ran on)"]
+    marks = [e for e in trace_events(timeline)["traceEvents"] if e.get("cat") == "attempt"]
+    assert [m["dur"] for m in marks] == [20e6, 30e6]

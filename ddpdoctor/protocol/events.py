@@ -32,7 +32,8 @@ exit               code (int | null), reason ("normal"|"exception"|"signal"|"sys
 ray_call           state ("busy": the user's code started running in this Ray worker | "idle":
                    none of it runs any more), call (the actor method's name, or "train_fn" for
                    Ray Train's training function), ok (bool, on "idle": it returned without an
-                   exception). Ray ends a worker without exit handlers once its work is done:
+                   exception), max_failures (on "busy" of train_fn: Ray Train's
+                   FailureConfig(max_failures), -1 unlimited, where readable). Ray ends a worker without exit handlers once its work is done:
                    a rank that vanishes while idle finished; one that vanishes busy died.
 
 Further fields the runtime (ddpdoctor/runtime/) writes, and what it means by them. (Timing: hello,

@@ -146,6 +146,8 @@ def diagnose(
     attempts_told: list[Finding] = []
     if held is None:  # a failure the launcher recovers from is no verdict (rules.recovery)
         primary, crash, attempts_told = recovery_rule.weigh(snap, primary, crash)
+    else:
+        attempts_told = recovery_rule.told(snap, problem=held.verdict is not None)
     verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
     findings: list[Finding] = list(primary.findings) if primary is not None else []
     if primary is not None and crash is not None and primary is not crash:

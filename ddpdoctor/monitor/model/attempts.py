@@ -94,6 +94,14 @@ class AttemptLog:
             self.started_t[number] = t
         return new_process
 
+    def ray_call(self, event: dict[str, Any]) -> None:
+        """A Ray Train worker's training function started: its FailureConfig(max_failures)."""
+        value = integer(event.get("max_failures"))
+        if value is None:
+            return
+        self.max_restarts = BUDGET_BOUND if value < 0 else min(value, BUDGET_BOUND)
+        self.budget_from = "Ray Train FailureConfig(max_failures)"
+
     def _budget(self, event: dict[str, Any]) -> None:
         stated = integer(event.get("max_restarts"))
         if stated is not None and 0 <= stated <= BUDGET_BOUND:

@@ -162,6 +162,8 @@ class RunState(RankViews):
             duration = num(event.get("duration_s"))
             if duration is not None and t is not None:
                 self.waits.append((t - duration, duration))
+        elif kind == ev.RAY_CALL:
+            self.attempts.ray_call(event)
         elif kind == ev.HELLO:
             self._by_node_local = None
             self._launcher_groups = None

@@ -208,3 +208,25 @@ def test_the_report_marks_each_attempt_on_the_timeline():
     assert names == ["attempt 1 of 3 (failed: rank 1: LoaderError: x)", "attempt 2 of 3 (ran on)"]
     marks = [e for e in trace_events(timeline)["traceEvents"] if e.get("cat") == "attempt"]
     assert [m["dur"] for m in marks] == [20e6, 30e6]
+
+
+def test_a_ray_train_retry_is_the_next_attempt_of_the_same_world_ranks():
+    """Ray Train's FailureConfig(max_failures=1): the budget comes with the training function's
+    start (ray_call), a new worker group's processes are the ranks' next attempt."""
+    s = Stream()
+    for r in range(2):
+        s.ev(r, 0.0, "hello", local_rank=r, world_size=2, host="node0", pid=6000 + r)
+        s.ev(r, 0.1, "ray_call", state="busy", call="train_fn", max_failures=1)
+    t = s.steps(3)
+    fail(s, t)
+    held = judged(s, t + 2.0)
+    assert held.verdict is Verdict.RUNNING and not held.confirmed
+    assert held.findings[0].id == "run.restarting" and "attempt 1 of 2" in held.findings[0].summary
+    for r in range(2):
+        s.ev(r, t + 30.0, "hello", local_rank=r, world_size=2, host="node0", pid=6100 + r)
+    t2 = s.steps(3, t=t + 31.0)
+    finish(s, t2 + 0.1)
+    end = judged(s, t2 + 0.5)
+    assert end.verdict is Verdict.HEALTHY and end.attempts is not None
+    assert end.attempts.budget_from == "Ray Train FailureConfig(max_failures)"
+    assert any(f.id == "run.recovered" for f in end.findings)

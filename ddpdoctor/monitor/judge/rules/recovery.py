@@ -47,7 +47,7 @@ def first_failure(attempt: Attempt) -> RankEnding | None:
     return min(failed, key=lambda e: (echoes_another(e.cause, e.signal), e.t or 1e300))
 
 
-def told(ending: RankEnding) -> str:
+def told_ending(ending: RankEnding) -> str:
     where = f" at {ending.line}" if ending.line else ""
     return f"rank {ending.rank}: {ending.cause}{where}"
 
@@ -55,7 +55,7 @@ def told(ending: RankEnding) -> str:
 def attempt_line(attempt: Attempt, total: int | None) -> str:
     of = f" of {total}" if total else ""
     first = first_failure(attempt)
-    what = told(first) if first is not None else _UNSEEN
+    what = told_ending(first) if first is not None else _UNSEEN
     ran = [f"ran {fmt_s(attempt.duration_s)}"] if attempt.duration_s is not None else []
     if attempt.steps is not None:
         ran.append(f"reached step {attempt.steps}")
@@ -116,7 +116,7 @@ def _evidence(failed: Iterable[Attempt]) -> tuple[Evidence, ...]:
     out = []
     for attempt in failed:
         first = first_failure(attempt)
-        what = told(first) if first is not None else _UNSEEN
+        what = told_ending(first) if first is not None else _UNSEEN
         out.append(Evidence(f"attempt {attempt.number + 1}: {what}"))
     return tuple(out)
 
@@ -142,8 +142,15 @@ def weigh(
             history = _history(attempts, recovered=True)
             return None, None, [history] if history else []
     problem = primary is not None and primary.verdict is not None
-    history = _history(attempts, recovered=not problem)
-    return primary, crash, [history] if history else []
+    return primary, crash, told(snap, problem=problem)
+
+
+def told(snap: Snapshot, *, problem: bool) -> list[Finding]:
+    """The earlier attempts, beside the verdict (also one the launcher stopped the job for)."""
+    if snap.attempts is None:
+        return []
+    history = _history(snap.attempts, recovered=not problem)
+    return [history] if history else []
 
 
 def settle(findings: Iterable[Finding], snap: Snapshot, verdict: Verdict) -> list[Finding]:

@@ -188,7 +188,8 @@ def recover_jobs(kind: str) -> list[Job]:
                 frozenset({j.get("verdict", "healthy")}),
                 tuple(j.get("culprits", ())),
                 flags=(),
-                timeout_s=2 * RUN_TIMEOUT_S,  # several attempts, each importing torch again
+                # several attempts, each importing torch again (Ray: starting a cluster too)
+                timeout_s=RAY_TIMEOUT_S if j.get("ray") else 2 * RUN_TIMEOUT_S,
                 recovers=bool(j.get("recovers")),
             )
         )

@@ -136,9 +136,9 @@ class AttemptLog:
                     default=steps,
                 )
             ended = None
-            if number < self.current:  # when the next attempt whose start ddpdoctor saw began
+            if number < self.current:  # its last process's end, else the next start seen
                 later = [t for n, t in self.started_t.items() if n > number and t is not None]
-                ended = min(later, default=max((e.t for e in endings if e.t), default=None))
+                ended = max((e.t for e in endings if e.t), default=min(later, default=None))
             attempts.append(
                 Attempt(
                     number, self.started_t.get(number), ended, tuple(ranks), steps, tuple(endings)

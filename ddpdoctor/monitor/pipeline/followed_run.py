@@ -138,6 +138,8 @@ class FollowedRun:
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
 
     def _is_live(self, now: float) -> bool:
+        if self.job_ended and self.state.attempts.max_restarts:
+            return False  # its launcher has ended: no attempt follows, a failure now is final
         if any(a is True for a in self.state.alive.values()):
             return True
         last = self.state.last_t

@@ -14,7 +14,10 @@ adaptive hang threshold) and reads each one's final JSON document:
                  Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
                  that join a process group, each on a local cluster its `ray.init()` starts). A
                  false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
-                 error, a stopped job or a non-zero exit.
+                 error, a stopped job or a non-zero exit. The recovery corpus's jobs
+                 (tests/corpus/recover/corpus.json: torchrun --max-restarts, a rank failing once)
+                 recover: for them a warning is expected (run.recovered), an error finding, a
+                 problem verdict, a stop or a non-zero exit is a false alarm.
     faulty set:  the run corpus's faulty jobs, the framework corpus's and the Ray corpus's planted
                  faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
                  the reference job with `--inject hang|crash|mismatch|exit` on
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +49,7 @@ FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 FSDP = REPO / "tests" / "corpus" / "fsdp"
 RAY = REPO / "tests" / "corpus" / "ray"
 PIPELINES = REPO / "tests" / "corpus" / "pipelines"
+RECOVER = REPO / "tests" / "corpus" / "recover"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
@@ -67,6 +72,7 @@ class Job:
     # own processes
     flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
     timeout_s: float = RUN_TIMEOUT_S
+    recovers: bool = False  # fails once and is restarted by its launcher: warnings expected
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,17 @@ class Outcome:
     # every rank recorded a clean exit, then torch's C++ teardown aborted one (docs/frameworks.md,
     # "At exit": under plain torchrun too): the job failed on its own, whatever ddpdoctor said
     aborted_at_exit: bool = False
+    errors: tuple[str, ...] = ()  # ids of findings of severity error
 
     @property
     def false_alarm(self) -> bool:
+        if self.job.recovers:  # a recovered job is healthy, with its failure as a warning
+            return bool(
+                self.returncode != 0
+                or self.verdict in ALARM_VERDICTS
+                or self.errors
+                or self.stopped_for is not None
+            )
         if self.aborted_at_exit:
             # not ddpdoctor's word against a healthy job: the job exited non-zero. ddpdoctor
             # must say that and nothing else (a crash of the launcher), or it is an alarm.
@@ -105,10 +119,10 @@ class Outcome:
         return self.culprits == self.job.culprits
 
 
-def framework_command(words: Sequence[str]) -> tuple[str, ...]:
+def framework_command(words: Sequence[str], folder: Path = FRAMEWORKS) -> tuple[str, ...]:
     """A framework corpus command: its script made absolute, `python` / `torchrun` /
     `accelerate` taken from this interpreter's environment."""
-    words = [str(FRAMEWORKS / w) if (FRAMEWORKS / w).is_file() else w for w in words]
+    words = [str(folder / w) if (folder / w).is_file() else w for w in words]
     if words[0] == "python":
         return (sys.executable, *words[1:])
     tool = Path(sys.executable).parent / words[0]
@@ -163,6 +177,35 @@ def ray_jobs(kind: str) -> list[Job]:
     ]
 
 
+def recover_jobs(kind: str) -> list[Job]:
+    """The recovery corpus (tests/corpus/recover/corpus.json): a user's torchrun with
+    --max-restarts and a c10d rendezvous on a free port."""
+    manifest = json.loads((RECOVER / "corpus.json").read_text())
+    jobs = []
+    for j in manifest[kind]:
+        port = str(_free_port())
+        words = [w.replace("{port}", port) for w in j["command"]]
+        jobs.append(
+            Job(
+                f"recover-{j['name']}",
+                ("--", *framework_command(words, RECOVER)),
+                frozenset({j.get("verdict", "healthy")}),
+                tuple(j.get("culprits", ())),
+                flags=(),
+                # several attempts, each importing torch again (Ray: starting a cluster too)
+                timeout_s=RAY_TIMEOUT_S if j.get("ray") else 2 * RUN_TIMEOUT_S,
+                recovers=bool(j.get("recovers")),
+            )
+        )
+    return jobs
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
     return (
@@ -171,6 +214,7 @@ def healthy_jobs() -> list[Job]:
         + fsdp_jobs("healthy")
         + fsdp_jobs("healthy", PIPELINES, "pp")
         + ray_jobs("healthy")
+        + recover_jobs("healthy")
     )
 
 
@@ -189,6 +233,7 @@ def faulty_jobs() -> list[Job]:
     jobs += fsdp_jobs("faulty")
     jobs += fsdp_jobs("faulty", PIPELINES, "pp")
     jobs += ray_jobs("faulty")
+    jobs += recover_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),
@@ -252,6 +297,7 @@ def _outcome(job: Job, proc: subprocess.Popen, work: Path, wall_s: float) -> Out
         doc.get("detected_after_s"),
         wall_s,
         proc.returncode not in (0, None) and _aborted_after_clean_exits(doc, work),
+        tuple(f["id"] for f in findings if f.get("severity") == "error"),
     )
 
 

@@ -32,7 +32,8 @@ exit               code (int | null), reason ("normal"|"exception"|"signal"|"sys
 ray_call           state ("busy": the user's code started running in this Ray worker | "idle":
                    none of it runs any more), call (the actor method's name, or "train_fn" for
                    Ray Train's training function), ok (bool, on "idle": it returned without an
-                   exception). Ray ends a worker without exit handlers once its work is done:
+                   exception), max_failures (on "busy" of train_fn: Ray Train's
+                   FailureConfig(max_failures), -1 unlimited, where readable). Ray ends a worker without exit handlers once its work is done:
                    a rank that vanishes while idle finished; one that vanishes busy died.
 replica_digest     model (index of the DDP model in the order it first trained), step (steps
                    finished: the same on every rank), final (bool: at the end of the training),
@@ -51,11 +52,13 @@ the next immediate event.)
 hello              ray, in a Ray worker: {actor_name, actor_class, actor_id, job_id, node_id,
                    node_ip, worker_id, busy (the user's code runs), calls [names]}
                    (runtime/ray_worker.py).
-hello              also restart_count (torchelastic restarts), heartbeat_s (the heartbeat period:
-                   a watcher can judge a heartbeat's age by it). A rank says hello when the runtime
-                   starts (backend null) and again when init_process_group returns (backend,
-                   world_size and device then known): the latest hello wins. parent
-                   ({"pid", "argv"}: the process that started the rank, its launcher);
+hello              also restart_count and max_restarts (torchrun's TORCHELASTIC_RESTART_COUNT and
+                   TORCHELASTIC_MAX_RESTARTS: the attempt the rank belongs to, and the restart
+                   budget), heartbeat_s (the heartbeat period: a watcher can judge a heartbeat's
+                   age by it). A rank says hello when the runtime starts (backend null) and again
+                   when init_process_group returns (backend, world_size and device then known):
+                   the latest hello wins. parent ({"pid", "argv"}: the process that started the
+                   rank, its launcher);
                    env_from ("slurm") and env_filled (the names) when ddpdoctor filled torch's
                    variables from a launcher's (runtime/autostart.py). A rank started by a user's
                    own command (autostart) says hello only once it has joined a process group.

@@ -19,6 +19,7 @@ from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.report.html import render_html
 from ddpdoctor.report.timeline import (
     Timeline,
+    add_attempts,
     add_diagnosis_waits,
     add_flight_recorder_waits,
     add_stalls,
@@ -52,6 +53,7 @@ def build_report(run_dir: str) -> Report:
     add_flight_recorder_waits(timeline, _dumps(run))
     add_diagnosis_waits(timeline, diagnosis)
     add_stalls(timeline, diagnosis)
+    add_attempts(timeline, diagnosis)
     return Report(run, timeline, diagnosis)
 
 

@@ -20,6 +20,7 @@ from ddpdoctor.report.timeline import Span, Timeline
 
 # kind: (legend name, colour)
 KINDS = {
+    "attempt": ("attempt (a launcher's restart begins the next)", "#fee6ce"),  # drawn first: under
     "step": ("step", "#9ecae1"),
     "data": ("data wait", "#fdae6b"),
     "collective": ("collective", "#31a354"),
@@ -165,8 +166,8 @@ def _timeline_figure(timeline: Timeline, drawn: list[Span]) -> go.Figure:
                 x=[max(s.duration, 1e-4) for s in spans],
                 base=[s.start - timeline.start for s in spans],
                 marker_color=colour,
-                opacity=0.55 if kind == "step" else 0.9,
-                width=0.8 if kind == "step" else 0.45,
+                opacity={"step": 0.55, "attempt": 0.5}.get(kind, 0.9),
+                width={"step": 0.8, "attempt": 0.95}.get(kind, 0.45),
                 hovertext=[f"{s.name}: {s.duration:.3f} s" for s in spans],
                 hoverinfo="text",
             )

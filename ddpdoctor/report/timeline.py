@@ -38,7 +38,7 @@ GAP = None  # what _events yields where it skipped the middle of a file
 @dataclass(frozen=True)
 class Span:
     rank: int
-    kind: str  # "step" | "collective" | "wait" | "data" | "stalled"
+    kind: str  # "step" | "collective" | "wait" | "data" | "stalled" | "attempt"
     name: str  # "step 4", "all_reduce #12", "all_reduce #12 (never completed)"
     start: float  # unix seconds
     end: float
@@ -314,3 +314,37 @@ def add_stalls(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
             Span(rank.rank, "stalled", f"no progress (culprit of the hang; last: {where})",
                  float(since), max(ends), {"last_event": where})
         )  # fmt: skip
+
+
+def add_attempts(timeline: Timeline, diagnosis: dict[str, Any]) -> None:
+    """A job its launcher restarted (diagnosis.json `attempts`): each attempt as a band under its
+    ranks' steps, named by how it ended (the first failure), so a restart shows where it cut."""
+    attempts = diagnosis.get("attempts")
+    if not isinstance(attempts, dict) or not isinstance(attempts.get("attempts"), list):
+        return
+    listed = attempts["attempts"]
+    ends = [r.last_t for r in timeline.ranks.values() if r.last_t is not None]
+    total = attempts.get("total")
+    for attempt in listed[:1000]:
+        if not isinstance(attempt, dict) or not _is_time(attempt.get("started_t")):
+            continue
+        end = attempt.get("ended_t")
+        end = float(end) if _is_time(end) else max(ends, default=None)
+        if end is None:
+            continue
+        number = attempt.get("attempt")
+        failed = [
+            e for e in attempt.get("endings") or [] if isinstance(e, dict) and e.get("failed")
+        ]
+        how = (
+            f"failed: rank {failed[0].get('rank')}: {failed[0].get('cause')}"
+            if failed
+            else "ran on"
+        )
+        of = f" of {total}" if isinstance(total, int) else ""
+        name = f"attempt {number}{of} ({how})"
+        for rank in timeline.ranks.values():
+            rank.spans.append(
+                Span(rank.rank, "attempt", name, float(attempt["started_t"]), end,
+                     {"attempt": number})
+            )  # fmt: skip

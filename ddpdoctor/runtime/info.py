@@ -47,6 +47,8 @@ def hello_fields(
         "versions": versions(),
         "run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         "restart_count": env_int("TORCHELASTIC_RESTART_COUNT"),
+        # torchrun's restart budget (--max-restarts): a failure before it is spent is recovered
+        "max_restarts": env_int("TORCHELASTIC_MAX_RESTARTS"),
         "heartbeat_s": heartbeat_s,
         "parent": parent_of(os.getppid()),
     }

@@ -41,6 +41,23 @@ def is_ray_worker(argv: Sequence[str]) -> bool:
     return os.path.basename(script) == WORKER_SCRIPT
 
 
+TRAIN_CONTEXT_MODULE = "ray.train.v2._internal.execution.context"
+
+
+def train_max_failures() -> int | None:
+    """Ray Train's `FailureConfig(max_failures)` for the run this worker trains in (-1:
+    unlimited), where Ray has set its training context; None when it cannot be read."""
+    module = sys.modules.get(TRAIN_CONTEXT_MODULE)
+    if module is None:
+        return None
+    try:
+        config = module.get_train_context().train_run_context.run_config.failure_config
+        value = getattr(config, "max_failures", None)
+    except Exception:  # noqa: BLE001 - another Ray version: the budget stays unknown
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def busy() -> bool:
     with _lock:
         return bool(_running)

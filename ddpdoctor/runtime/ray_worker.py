@@ -55,7 +55,9 @@ def install() -> None:
 def _enter(name: str) -> int:
     call, first = ray_identity.enter(name)
     if first:
-        _say("busy", name)
+        # Ray Train's restart budget, read once the training function runs (its context is set)
+        budget = ray_identity.train_max_failures() if name == TRAIN_FN else None
+        _say("busy", name, **({"max_failures": budget} if budget is not None else {}))
     return call
 
 

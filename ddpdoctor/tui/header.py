@@ -56,6 +56,11 @@ def title_line(snapshot: Snapshot | None, title: str | None) -> Text:
         line.append(f" · {launchers}", style="dim")
     line.append(" │ ", style="dim")
     line.append(fmt.clock(snapshot.elapsed_s))
+    if snapshot.attempts is not None:  # a job its launcher restarts after a failure
+        line.append(" │ ", style="dim")
+        line.append(
+            snapshot.attempts.label(), style="bold yellow" if snapshot.attempts.number > 1 else ""
+        )
     return line
 
 

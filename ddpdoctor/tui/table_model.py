@@ -217,6 +217,8 @@ def rank_row(
     }.get(rv.state, tone)
     coll_text, coll_style = collective_text(rv)
     rank_text = f"{fmt.CULPRIT_MARK} {rv.rank}" if is_culprit else f"  {rv.rank}"
+    if rv.restarts:  # restarted by its launcher (torchrun --max-restarts, Ray Train retries)
+        rank_text += f" ↻{rv.restarts}"
     cells: tuple[Cell, ...] = (
         (rank_text, fmt.CULPRIT_STYLE if is_culprit else tone or "bold"),
         state_cell(rv, busy),

@@ -312,6 +312,7 @@ SLOW_MODULES = {
     "test_run_multinode.py": "two torchrun nodes on one machine",
     "test_run_signals.py": "hang-ups and Ctrl-C under srun",
     "test_full_disk.py": "a full run directory under a running job",
+    "test_run_recovery.py": "torchrun restarts: attempts that fail, recover or spend the budget",
     "test_run_forged_ranks.py": "forged ranks beside a healthy job",
     "test_script_citation.py": "the preflight's line cited in the final diagnosis",
 }

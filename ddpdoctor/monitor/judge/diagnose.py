@@ -33,6 +33,7 @@ from ddpdoctor.monitor.judge.rules import mismatch as mismatch_rule
 from ddpdoctor.monitor.judge.rules import network as network_rule
 from ddpdoctor.monitor.judge.rules import p2p as p2p_rule
 from ddpdoctor.monitor.judge.rules import pipeline_contract as pipeline_contract_rule
+from ddpdoctor.monitor.judge.rules import recovery as recovery_rule
 from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.judge.rules import replicas as replicas_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
@@ -154,6 +155,11 @@ def diagnose(
 ) -> Diagnosis:
     """`held`: the outcome the launcher stopped the job for (see the module's note)."""
     primary, crash = _primary(snap) if held is None else _after_stop(snap, held)
+    attempts_told: list[Finding] = []
+    if held is None:  # a failure the launcher recovers from is no verdict (rules.recovery)
+        primary, crash, attempts_told = recovery_rule.weigh(snap, primary, crash)
+    else:
+        attempts_told = recovery_rule.told(snap, problem=held.verdict is not None)
     verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
     findings: list[Finding] = list(primary.findings) if primary is not None else []
     if primary is not None and crash is not None and primary is not crash:
@@ -174,6 +180,7 @@ def diagnose(
                     crash_rule.failures(snap), None, after=f"the {what} ({stopper})"
                 )
             )
+    findings.extend(attempts_told)
     secondary: list[Finding] = []
     waits = wait_rule.detect(snap)
     if waits is not None and not verdict.is_problem:
@@ -198,7 +205,7 @@ def diagnose(
         # rank was terminated "from outside" says nothing the consequence finding does not.
         extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
     # Text reports of a rank's end that ddpdoctor's observation contradicts: information only.
-    secondary.extend(weigh_exit_reports(extra_findings, snap))
+    secondary.extend(recovery_rule.settle(weigh_exit_reports(extra_findings, snap), snap, verdict))
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):
         if (finding.id, finding.summary) not in seen:

@@ -54,6 +54,10 @@ def _contradiction(view: RankView) -> str | None:
 
 def weigh_exit_reports(findings: Iterable[Finding], snap: Snapshot) -> list[Finding]:
     views = {view.rank: view for view in snap.ranks}
+    if snap.attempts is not None:  # a report of an earlier attempt's process is not about
+        for attempt in snap.attempts.ended:  # the rank's process now
+            for ending in attempt.failures:
+                views.pop(ending.rank, None)
     weighed = []
     for finding in map(ddpdoctors_own, findings):
         if finding.id in EXIT_REPORTS and finding.severity is not Severity.INFO:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ddpdoctor.findings import Finding
+from ddpdoctor.monitor.model.attempt_views import Attempts
 from ddpdoctor.monitor.model.launchers import LauncherView
 from ddpdoctor.monitor.model.network import NodeNetwork
 from ddpdoctor.monitor.model.pipeline_view import PipelineView
@@ -254,6 +255,7 @@ class RankView:
     # its replica digests, by model and step: replicas.ReplicaDigest (which builds on this
     # module, hence Any), compared across ranks by judge/rules/replicas.py
     replica_digests: tuple[Any, ...] = ()
+    restarts: int = 0  # how many times its launcher restarted it (its process's attempt)
 
     def seq_in(self, group: str = "default") -> int:
         """The last collective sequence number this rank started in `group` (0: none yet)."""
@@ -291,6 +293,7 @@ class RankView:
             "last_progress_t": self.last_progress_t,
             "activity": self.activity.to_json() if self.activity else None,
             **({"pipeline": self.pipeline.to_json()} if self.pipeline else {}),
+            **({"restarts": self.restarts} if self.restarts else {}),
         }
 
 
@@ -367,6 +370,7 @@ class Snapshot:
     # The preflight's script checkup findings (read from doctor.json once), which diagnoses cite.
     checkup: tuple[CheckupNote, ...] = ()
     network: tuple[NodeNetwork, ...] = ()  # the nodes' looks at a stall (follow.net_watch)
+    attempts: Attempts | None = None  # a run its launcher restarts (None: one attempt, no budget)
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)
@@ -385,6 +389,16 @@ class Snapshot:
         if self.run.started_t is None:
             return None
         return max(0.0, self.taken_t - self.run.started_t)
+
+    @property
+    def recovered(self) -> bool:
+        """The run went on without a problem after an attempt that failed (model.attempts)."""
+        return (
+            self.attempts is not None
+            and bool(self.attempts.ended)
+            and not self.verdict.is_problem
+            and self.verdict is not Verdict.RUNNING
+        )
 
     @property
     def never_started(self) -> bool:
@@ -421,4 +435,7 @@ class Snapshot:
             "waits": [w.to_json() for w in self.waits],
             "confirmed": self.confirmed,
             "flight_recorder": {str(d.rank): d.to_json() for d in self.flight_recorder},
+            "attempts": None
+            if self.attempts is None
+            else self.attempts.to_json(recovered=self.recovered),
         }

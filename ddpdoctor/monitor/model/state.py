@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.monitor.model.attempts import AttemptLog
 from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.monitor.model.launchers import LauncherGroups, launcher_groups, launcher_views
 from ddpdoctor.monitor.model.rank_tracker import RankTracker
@@ -98,6 +99,8 @@ class RunState(RankViews):
         # why the ranks' events cannot be written now (the run directory's file system full or
         # read-only), when ddpdoctor saw so: their records then end short of their processes
         self.events_lost: str | None = None
+        # the run's attempts (a launcher's restarts): fed every hello (model.attempts)
+        self.attempts = AttemptLog(info.command)
 
     # -- input -----------------------------------------------------------------------------
 
@@ -136,6 +139,12 @@ class RunState(RankViews):
             return
         if rank in self.reported:  # (a record made from rows never takes events on top)
             self.restart_rank(rank)
+        if event["kind"] == ev.HELLO:  # before the tracker takes it: a new process ends the old
+            old = self.ranks.get(rank)
+            agent = self.agent_exit(old) if old is not None else None
+            if self.attempts.hello(event, old, agent, self.alive.get(rank)):
+                self.alive.pop(rank, None)  # the new process's liveness is looked at anew
+                self._remake.add(rank)
         tracker = self.tracker(rank)
         tracker.apply(event, where)
         self.events_applied += 1
@@ -153,6 +162,8 @@ class RunState(RankViews):
             duration = num(event.get("duration_s"))
             if duration is not None and t is not None:
                 self.waits.append((t - duration, duration))
+        elif kind == ev.RAY_CALL:
+            self.attempts.ray_call(event)
         elif kind == ev.HELLO:
             self._by_node_local = None
             self._launcher_groups = None
@@ -377,6 +388,12 @@ class RunState(RankViews):
         if not live:
             views = settle_post_mortem(views)
         views = fill_waiting_on(views)
+        attempts = self.attempts.view(self.ranks)
+        if attempts is not None:  # each rank's restarts, for its row
+            restarts = dict(attempts.rank_attempts)
+            views = [
+                replace(v, restarts=restarts[v.rank]) if restarts.get(v.rank) else v for v in views
+            ]
         all_finished = bool(views) and all(v.state.finished for v in views)
         finished = all_finished or (not live and bool(views))
         verdict = Verdict.RUNNING
@@ -395,6 +412,7 @@ class RunState(RankViews):
             live=live,
             nodes_missing=self._nodes_missing(),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
+            attempts=attempts,
         )
 
     def _groups(self) -> LauncherGroups:

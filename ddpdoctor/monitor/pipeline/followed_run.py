@@ -20,6 +20,7 @@ from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with
 from ddpdoctor.monitor.follow.tail import RunTailer
 from ddpdoctor.monitor.follow.vouching import Vouching
 from ddpdoctor.monitor.judge.run_end import launcher_gone
+from ddpdoctor.monitor.model.launchers import current_argv
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankView, Snapshot
 from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol import jsontext
@@ -137,6 +138,8 @@ class FollowedRun:
             self.state.set_alive(rank, pid_alive(tracker.pid, tracker.hello_t))
 
     def _is_live(self, now: float) -> bool:
+        if self.job_ended and self.state.attempts.max_restarts:
+            return False  # its launcher has ended: no attempt follows, a failure now is final
         if any(a is True for a in self.state.alive.values()):
             return True
         last = self.state.last_t
@@ -147,7 +150,20 @@ class FollowedRun:
             if not self.nodes and not self.job_ended:
                 over = launcher_gone(self.run, self.local_host)
             return not (self.job_ended or over)
-        return now - last < LIVE_WINDOW_S
+        return now - last < LIVE_WINDOW_S or self._restarting()
+
+    def _restarting(self) -> bool:
+        """A job with a restart budget whose ranks' launcher (a local torchrun) still runs: it may
+        be starting the next attempt (new processes import torch for a while before they say
+        hello), so the run is live though no rank writes (docs/recovery.md)."""
+        if not self.state.attempts.max_restarts or self.job_ended:
+            return False
+        launchers = {
+            (t.ppid, t.parent_argv)
+            for t in self.state.ranks.values()
+            if t.ppid is not None and t.parent_argv and is_local(t.host, self.local_host)
+        }  # (one look per launcher, not per rank)
+        return any(current_argv(pid) == argv for pid, argv in launchers)
 
     def _reload_run_json(self) -> None:
         mtime = self._mtime(self.run.run_json)

@@ -109,6 +109,8 @@ def status_line(snap: Snapshot) -> str:
     parts = [snap.verdict.value]
     if snap.elapsed_s is not None:
         parts.append(f"{snap.elapsed_s:.0f} s")
+    if snap.attempts is not None:  # a job its launcher restarts: which attempt runs
+        parts.append(snap.attempts.label())
     steps = [v.step for v in snap.ranks if v.step is not None]
     if steps:
         total = next((v.total_steps for v in snap.ranks if v.total_steps), None)
@@ -151,6 +153,8 @@ def rank_line(view: RankView) -> Text:
         bits.append(f"{view.host}:{view.pid}" if view.pid else view.host)
         if view.actor:
             bits[-1] += f" ({view.actor})"
+    if view.restarts:
+        bits.append(f"restarted {view.restarts}×")
     if view.phase:
         bits.append(f"phase {view.phase}")
     if view.step is not None:

@@ -46,9 +46,16 @@ def failures(snap: Snapshot) -> list[RankView]:
 
 def looks_like_consequence(view: RankView) -> bool:
     """The rank's failure only echoes someone else's (or an outside stop)."""
-    if view.exit_signal in _EXTERNAL_SIGNALS or view.exit_reason == "signal":
+    if view.exit_reason == "signal":
         return True
-    return bool(view.error and _CONSEQUENCE.search(view.error))
+    return echoes_another(view.error, view.exit_signal)
+
+
+def echoes_another(error: str | None, signal: str | None) -> bool:
+    """An error or end that only echoes someone else's failure (or an outside stop)."""
+    if signal in _EXTERNAL_SIGNALS:
+        return True
+    return bool(error and _CONSEQUENCE.search(error))
 
 
 def root_cause(snap: Snapshot) -> RankView | None:

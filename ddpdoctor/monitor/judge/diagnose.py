@@ -34,6 +34,8 @@ from ddpdoctor.monitor.judge.rules import rendezvous as rendezvous_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
 from ddpdoctor.monitor.judge.rules import straggler as straggler_rule
+from ddpdoctor.monitor.judge.rules import torchft as torchft_rule
+from ddpdoctor.monitor.judge.rules import torchft_stall as torchft_stall_rule
 from ddpdoctor.monitor.judge.rules import transport as transport_rule
 from ddpdoctor.monitor.judge.rules import uneven as uneven_rule
 from ddpdoctor.monitor.judge.rules import wait as wait_rule
@@ -84,6 +86,7 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
         return mismatch, crash
     # the events' hang first: with the flight recorder's at the same onset, the events' wins
     hang, fr_hang = hang_rule.detect(snap), fr_hang_rule.detect(snap)
+    hang = hang or torchft_stall_rule.detect(snap)  # torchft does not wait for a stalled replica
     # no culprit: which link stopped carrying bytes, where the nodes' looks tell
     network = network_rule.detect(snap) if hang is None and fr_hang is None else None
     outcomes = (hang, fr_hang, network or transport_rule.detect(snap))
@@ -141,6 +144,10 @@ def diagnose(
     snap: Snapshot, *, extra_findings: Sequence[Finding] = (), held: RuleOutcome | None = None
 ) -> Diagnosis:
     """`held`: the outcome the launcher stopped the job for (see the module's note)."""
+    # torchft's replicas that failed while the run may still recover: out of the rules' sight
+    excused = torchft_rule.recovering(snap) if held is None else frozenset()
+    recovery = torchft_rule.detect(snap, excused)
+    observed, snap = snap, torchft_rule.without(snap, excused)
     primary, crash = _primary(snap) if held is None else _after_stop(snap, held)
     verdict = primary.verdict if primary is not None and primary.verdict else snap.verdict
     findings: list[Finding] = list(primary.findings) if primary is not None else []
@@ -168,8 +175,13 @@ def diagnose(
         # a wait for a busy rank says "not a hang"; beside a problem verdict it would confuse
         secondary.extend(waits.findings)
     for outcome in (
+        recovery,
         rendezvous_rule.detect(snap),
-        uneven_rule.detect(
+        # torchft's replica groups train different numbers of steps by design (a group that
+        # heals skips to its peer's step): uneven steps say nothing there
+        None
+        if snap.torchft is not None
+        else uneven_rule.detect(
             snap, verdict, died=primary.culprits if verdict is Verdict.CRASH and primary else None
         ),
         sampler_rule.detect(snap),
@@ -184,7 +196,8 @@ def diagnose(
         # rank was terminated "from outside" says nothing the consequence finding does not.
         extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
     # Text reports of a rank's end that ddpdoctor's observation contradicts: information only.
-    secondary.extend(weigh_exit_reports(extra_findings, snap))
+    weighed = torchft_rule.weigh(list(extra_findings), observed, excused)
+    secondary.extend(weigh_exit_reports(weighed, snap))
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):
         if (finding.id, finding.summary) not in seen:

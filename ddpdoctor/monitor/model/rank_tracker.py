@@ -170,6 +170,10 @@ class RankTracker:
         if self.pid is not None and pid is not None and pid != self.pid:
             self._reset_progress()  # torchrun restarted the rank: a new attempt
             self.last_event_t = self.last_progress_t = t
+            # what the logs and torchrun said of the previous process is its attempt's
+            # (model.attempts keeps its ending), not this process's
+            self.error_lines.clear()
+            self.agent_exit_code = None
         self.pid = pid if pid is not None else self.pid
         self.host = text(e.get("host")) or self.host
         self.local_rank = integer(e.get("local_rank"))

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.model.launchers import LauncherView
 from ddpdoctor.monitor.model.network import NodeNetwork
+from ddpdoctor.monitor.model.replica_groups import TorchftView
 from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
@@ -354,6 +355,8 @@ class Snapshot:
     # The preflight's script checkup findings (read from doctor.json once), which diagnoses cite.
     checkup: tuple[CheckupNote, ...] = ()
     network: tuple[NodeNetwork, ...] = ()  # the nodes' looks at a stall (follow.net_watch)
+    # torchft's replica groups, quorums, heals and earlier processes (model.replica_groups)
+    torchft: TorchftView | None = None
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)

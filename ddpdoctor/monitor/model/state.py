@@ -19,6 +19,7 @@ from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.monitor.model.launchers import LauncherGroups, launcher_groups, launcher_views
 from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.rank_views import RankViews
+from ddpdoctor.monitor.model.replica_groups import ReplicaLog
 from ddpdoctor.monitor.model.snapshot import (
     LogLine,
     RankState,
@@ -32,6 +33,7 @@ from ddpdoctor.monitor.model.thresholds import compute_thresholds
 from ddpdoctor.monitor.model.views_together import fill_waiting_on, settle_post_mortem
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.replica_groups import TORCHFT
 from ddpdoctor.protocol.torchrun_logs import (
     AGENT_LOG,
     NCCL_LOG,
@@ -98,6 +100,7 @@ class RunState(RankViews):
         # why the ranks' events cannot be written now (the run directory's file system full or
         # read-only), when ddpdoctor saw so: their records then end short of their processes
         self.events_lost: str | None = None
+        self.replicas = ReplicaLog()  # torchft's replica groups, quorums and heals
 
     # -- input -----------------------------------------------------------------------------
 
@@ -136,10 +139,12 @@ class RunState(RankViews):
             return
         if rank in self.reported:  # (a record made from rows never takes events on top)
             self.restart_rank(rank)
+        kind = event["kind"]
+        if kind == ev.HELLO:  # before the tracker forgets an earlier process of the rank
+            self.replicas.on_hello(event, self.ranks.get(rank))
         tracker = self.tracker(rank)
         tracker.apply(event, where)
         self.events_applied += 1
-        kind = event["kind"]
         t = num(event.get("t"))
         if t is not None and (self.last_t is None or t > self.last_t):
             self.last_t = t
@@ -153,6 +158,8 @@ class RunState(RankViews):
             duration = num(event.get("duration_s"))
             if duration is not None and t is not None:
                 self.waits.append((t - duration, duration))
+        elif kind == TORCHFT:
+            self.replicas.on_event(event, t)
         elif kind == ev.HELLO:
             self._by_node_local = None
             self._launcher_groups = None
@@ -374,7 +381,16 @@ class RunState(RankViews):
             live=live,
             nodes_missing=self._nodes_missing(),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
+            torchft=self.replicas.view(self._agent_exit_of) if self.replicas.active else None,
         )
+
+    def _agent_exit_of(self, pid: int) -> tuple[int | None, str | None] | None:
+        """(exit code, signal) torchrun's log gives the process `pid`, if it names it."""
+        for parser in self.agents.values():
+            found = parser.exits.get(pid)
+            if found is not None:
+                return found.exit_code, found.signal
+        return None
 
     def _groups(self) -> LauncherGroups:
         """The ranks grouped by launcher, kept until a hello or a new rank changes them."""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Start torchft's lighthouse and two replica groups, each its own torchrun, as torchft's README
+# teaches; wait for both groups. Usage: run.sh SCRIPT MODE
+# LIGHTHOUSE_PORT picks the lighthouse's port (default 29510).
+set -u
+script="$1"; mode="${2:-healthy}"
+port="${LIGHTHOUSE_PORT:-29510}"
+here="$(cd "$(dirname "$0")" && pwd)"
+torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000 \
+    --bind "[::]:$port" &
+lighthouse=$!
+trap 'kill $lighthouse 2>/dev/null' EXIT
+export TORCHFT_LIGHTHOUSE="http://localhost:$port" NUM_REPLICA_GROUPS=2
+pids=()
+for group in 0 1; do
+    REPLICA_GROUP_ID=$group torchrun --standalone --nnodes 1 --nproc-per-node 1 \
+        --max-restarts 1 "$here/$script" "$mode" &
+    pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do
+    wait "$pid" || status=$?
+done
+exit $status

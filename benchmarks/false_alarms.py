@@ -10,11 +10,14 @@ adaptive hang threshold) and reads each one's final JSON document:
                  `ddpdoctor run ... -- COMMAND`), the FSDP corpus's (tests/corpus/fsdp/corpus.json:
                  FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation) and the
                  Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
-                 that join a process group, each on a local cluster its `ray.init()` starts). A
-                 false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
-                 error, a stopped job or a non-zero exit.
-    faulty set:  the run corpus's faulty jobs, the framework corpus's and the Ray corpus's planted
-                 faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
+                 that join a process group, each on a local cluster its `ray.init()` starts) and
+                 the torchft corpus's (tests/corpus/torchft/corpus.json: a lighthouse and two
+                 replica groups, healthy, and with a replica killed once that heals). A false
+                 alarm is a hang / mismatch / crash verdict, a finding of severity warning or
+                 error (but the warnings a recovering job is expected to carry), a stopped job or
+                 a non-zero exit.
+    faulty set:  the run corpus's faulty jobs, the framework corpus's, the Ray corpus's and the
+                 torchft corpus's planted faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
                  the reference job with `--inject hang|crash|mismatch|exit` on
                  rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
@@ -42,6 +45,7 @@ CORPUS = REPO / "tests" / "corpus" / "run"
 FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
 FSDP = REPO / "tests" / "corpus" / "fsdp"
 RAY = REPO / "tests" / "corpus" / "ray"
+TORCHFT = REPO / "tests" / "corpus" / "torchft"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
@@ -64,6 +68,9 @@ class Job:
     # own processes
     flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
     timeout_s: float = RUN_TIMEOUT_S
+    # warnings that are the right answer for a job that recovers (a replica that died and
+    # healed is named at warning severity): not an alarm
+    expected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class Outcome:
         return bool(
             self.returncode != 0
             or self.verdict in ALARM_VERDICTS
-            or self.loud
+            or set(self.loud) - self.job.expected
             or self.stopped_for is not None
         )
 
@@ -159,6 +166,25 @@ def ray_jobs(kind: str) -> list[Job]:
     ]
 
 
+def torchft_jobs(kind: str) -> list[Job]:
+    """The torchft corpus (tests/corpus/torchft/corpus.json): a lighthouse and two replica
+    groups, each its own torchrun, started by one driver; "recovering": a replica killed once
+    that heals (healthy, its death a warning)."""
+    manifest = json.loads((TORCHFT / "corpus.json").read_text())
+    return [
+        Job(
+            j["name"],
+            ("--", *[str(TORCHFT / w) if (TORCHFT / w).is_file() else w for w in j["command"]]),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=(),
+            timeout_s=RAY_TIMEOUT_S,
+            expected=frozenset(j.get("warnings", ())),
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
     return (
@@ -166,6 +192,8 @@ def healthy_jobs() -> list[Job]:
         + framework_jobs("healthy")
         + fsdp_jobs("healthy")
         + ray_jobs("healthy")
+        + torchft_jobs("healthy")
+        + torchft_jobs("recovering")
     )
 
 
@@ -183,6 +211,7 @@ def faulty_jobs() -> list[Job]:
     jobs += framework_jobs("faulty")
     jobs += fsdp_jobs("faulty")
     jobs += ray_jobs("faulty")
+    jobs += torchft_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Start torchft's lighthouse and two replica groups, each its own torchrun, as torchft's README
 # teaches; wait for both groups. Usage: run.sh SCRIPT MODE
-# LIGHTHOUSE_PORT picks the lighthouse's port (default 29510).
+# LIGHTHOUSE_PORT picks the lighthouse's port (default: a free one).
 set -u
 script="$1"; mode="${2:-healthy}"
-port="${LIGHTHOUSE_PORT:-29510}"
+port="${LIGHTHOUSE_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 here="$(cd "$(dirname "$0")" && pwd)"
 torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000 \
     --bind "[::]:$port" &

@@ -174,7 +174,8 @@ def torchft_jobs(kind: str) -> list[Job]:
     return [
         Job(
             j["name"],
-            ("--", *[str(TORCHFT / w) if (TORCHFT / w).is_file() else w for w in j["command"]]),
+            # the driver's path made absolute; the script it starts is its own argument
+            ("--", j["command"][0], str(TORCHFT / j["command"][1]), *j["command"][2:]),
             frozenset({j.get("verdict", "healthy")}),
             tuple(j.get("culprits", ())),
             flags=(),

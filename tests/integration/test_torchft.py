@@ -33,8 +33,8 @@ def _start(name: str, base: Path) -> subprocess.Popen:
     job = JOBS[name]
     work = base / name
     work.mkdir()
-    words = [sys.executable if w == "python" else w for w in job["command"]]
-    words = [str(CORPUS / w) if (CORPUS / w).is_file() else w for w in words]
+    program, driver, *rest = job["command"]  # python|bash, the driver, its arguments
+    words = [sys.executable if program == "python" else program, str(CORPUS / driver), *rest]
     cmd = ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"), "--", *words
     )

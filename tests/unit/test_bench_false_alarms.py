@@ -119,7 +119,12 @@ def test_the_torchft_corpus_recovering_jobs_are_healthy_with_their_warning_expec
     assert {"torchft-ddp", "torchft-manual", "torchft-ddp-sigkill"} <= set(healthy)
     recovering = healthy["torchft-manual-sigkill"]
     assert recovering.verdicts == {"healthy"} and recovering.flags == ()
-    assert recovering.args[-1] == "sigkill" and recovering.args[2].endswith("launch.py")
+    assert recovering.args[1:] == (
+        "python",
+        str(bench.TORCHFT / "launch.py"),
+        "train_manual.py",
+        "sigkill",
+    )
     recovered = ("torchft.replica_recovered",)
     assert not outcome(recovering, "healthy", loud=recovered).false_alarm
     assert outcome(healthy["torchft-ddp"], "healthy", loud=recovered).false_alarm

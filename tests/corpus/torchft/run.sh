@@ -6,6 +6,7 @@ set -u
 script="$1"; mode="${2:-healthy}"
 port="${LIGHTHOUSE_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}"
 here="$(cd "$(dirname "$0")" && pwd)"
+case "$script" in /*) ;; *) script="$here/$script" ;; esac
 torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000 \
     --bind "[::]:$port" &
 lighthouse=$!
@@ -14,7 +15,7 @@ export TORCHFT_LIGHTHOUSE="http://localhost:$port" NUM_REPLICA_GROUPS=2
 pids=()
 for group in 0 1; do
     REPLICA_GROUP_ID=$group torchrun --standalone --nnodes 1 --nproc-per-node 1 \
-        --max-restarts 1 "$here/$script" "$mode" &
+        --max-restarts 1 "$script" "$mode" &
     pids+=($!)
 done
 status=0

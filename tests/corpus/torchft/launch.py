@@ -40,7 +40,7 @@ def main() -> int:
                 str(group),
             ],
             env=dict(env, REPLICA_GROUP_ID=str(group)),
-        )  # fmt: skip
+        )
         for group in (0, 1)
     ]
     try:

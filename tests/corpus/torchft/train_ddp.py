@@ -1,8 +1,9 @@
 """torchft's README example, made small: one replica group per torchrun, torchft's
 DistributedDataParallel and Optimizer wrappers, a gloo process group managed by the Manager.
 
-MODE (argv[1]): healthy | sigkill (replica group 1 kills itself at step 10, once: its torchrun
-starts it again and it heals from replica group 0) | stall (replica group 1 sleeps at step 5).
+MODE (argv[1]): healthy | sigkill (replica group 1 kills itself in its process's 10th step,
+once: its torchrun starts it again and it heals from replica group 0) | stall (replica group 1
+sleeps in its 5th step).
 """
 
 import os
@@ -46,8 +47,7 @@ def main() -> None:
     optimizer = Optimizer(manager, inner)
     criterion = nn.CrossEntropyLoss()
 
-    while True:
-        step = manager.current_step()
+    for step in range(1, 1_000_000):  # this process's steps (torchft's own count heals ahead)
         inputs, labels = torch.randn(8, 16), torch.randint(0, 4, (8,))
         optimizer.zero_grad()
         loss = criterion(ddp(inputs), labels)

@@ -43,13 +43,12 @@ def train(args):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     manager = build_manager(args.group, model, opt)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    while True:
+    for step in range(1, 1_000_000):  # this process's steps
         manager.start_quorum()
         opt.zero_grad()
         x = torch.randn(16, 20)
         loss = F.cross_entropy(model(x), (x.sum(1) > 0).long())
         loss.backward()
-        step = manager.current_step()
         if args.mode == "sigkill" and args.group == 1 and step == 10 and not restarted:
             os.kill(os.getpid(), signal.SIGKILL)  # planted fault
         if args.mode == "stall" and args.group == 1 and step == 5:

@@ -24,7 +24,7 @@ def build_manager(group: int, model: torch.nn.Module, opt: torch.optim.Optimizer
 
     return torchft.Manager(
         pg=torchft.ProcessGroupGloo(timeout=datetime.timedelta(seconds=10)),
-        min_replica_size=1,
+        min_replica_size=2,  # commit only with both replica groups in the step
         load_state_dict=load,
         state_dict=save,
         replica_id=f"replica{group}",
@@ -58,8 +58,7 @@ def train(args):
         if manager.should_commit():
             opt.step()
         time.sleep(0.05)
-        enough = manager.current_step() >= args.steps
-        if enough and manager.num_participants() == args.groups:
+        if manager.current_step() >= args.steps:
             break
         if manager.current_step() >= 50 * args.steps:
             break

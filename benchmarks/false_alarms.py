@@ -14,12 +14,14 @@ adaptive hang threshold) and reads each one's final JSON document:
                  Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
                  that join a process group, each on a local cluster its `ray.init()` starts). A
                  false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
-                 error, a stopped job or a non-zero exit. The recovery corpus's jobs
+                 error, a stopped job or a non-zero exit. The torchft corpus's (tests/corpus/torchft/
+                 corpus.json: a lighthouse and two replica groups, healthy, and with a replica
+                 killed once that heals) and the recovery corpus's jobs
                  (tests/corpus/recover/corpus.json: torchrun --max-restarts, a rank failing once)
                  recover: for them a warning is expected (run.recovered), an error finding, a
                  problem verdict, a stop or a non-zero exit is a false alarm.
-    faulty set:  the run corpus's faulty jobs, the framework corpus's and the Ray corpus's planted
-                 faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
+    faulty set:  the run corpus's faulty jobs, the framework corpus's, the Ray corpus's and the
+                 torchft corpus's planted faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
                  the reference job with `--inject hang|crash|mismatch|exit` on
                  rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
@@ -50,6 +52,7 @@ FSDP = REPO / "tests" / "corpus" / "fsdp"
 RAY = REPO / "tests" / "corpus" / "ray"
 PIPELINES = REPO / "tests" / "corpus" / "pipelines"
 RECOVER = REPO / "tests" / "corpus" / "recover"
+TORCHFT = REPO / "tests" / "corpus" / "torchft"
 SAMPLES = REPO / "sample_jobs"
 RUN_TIMEOUT_S = 240.0
 RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
@@ -73,6 +76,9 @@ class Job:
     flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
     timeout_s: float = RUN_TIMEOUT_S
     recovers: bool = False  # fails once and is restarted by its launcher: warnings expected
+    # warnings that are the right answer for a job that recovers (a replica that died and
+    # healed is named at warning severity): not an alarm
+    expected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ class Outcome:
         return bool(
             self.returncode != 0
             or self.verdict in ALARM_VERDICTS
-            or self.loud
+            or set(self.loud) - self.job.expected
             or self.stopped_for is not None
         )
 
@@ -206,6 +212,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def torchft_jobs(kind: str) -> list[Job]:
+    """The torchft corpus (tests/corpus/torchft/corpus.json): a lighthouse and two replica
+    groups, each its own torchrun, started by one driver; "recovering": a replica killed once
+    that heals (healthy, its death a warning)."""
+    manifest = json.loads((TORCHFT / "corpus.json").read_text())
+    return [
+        Job(
+            j["name"],
+            # the driver's path made absolute; the script it starts is its own argument
+            ("--", j["command"][0], str(TORCHFT / j["command"][1]), *j["command"][2:]),
+            frozenset({j.get("verdict", "healthy")}),
+            tuple(j.get("culprits", ())),
+            flags=(),
+            timeout_s=RAY_TIMEOUT_S,
+            expected=frozenset(j.get("warnings", ())),
+        )
+        for j in manifest[kind]
+    ]
+
+
 def healthy_jobs() -> list[Job]:
     manifest = json.loads((CORPUS / "corpus.json").read_text())
     return (
@@ -215,6 +241,8 @@ def healthy_jobs() -> list[Job]:
         + fsdp_jobs("healthy", PIPELINES, "pp")
         + ray_jobs("healthy")
         + recover_jobs("healthy")
+        + torchft_jobs("healthy")
+        + torchft_jobs("recovering")
     )
 
 
@@ -234,6 +262,7 @@ def faulty_jobs() -> list[Job]:
     jobs += fsdp_jobs("faulty", PIPELINES, "pp")
     jobs += ray_jobs("faulty")
     jobs += recover_jobs("faulty")
+    jobs += torchft_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
         ("rank0_only_barrier", {"mismatch"}, (0,)),
         ("uneven_data", {"mismatch", "hang"}, (1,)),

@@ -46,6 +46,9 @@ SITE_DIR = Path(__file__).resolve().parent / "site"
 ENV_AUTOSTART = "DDPDOCTOR_AUTOSTART"  # "0": the sitecustomize does nothing
 ENV_SLURM_ENV = "DDPDOCTOR_SLURM_ENV"  # "0": leave Slurm's variables untranslated (--no-slurm-env)
 WATCHED_MODULE = "torch.distributed"
+# torchft never calls init_process_group: its Manager is where a process joins (torchft_hooks.py)
+TORCHFT_MANAGER = "torchft.manager"
+TORCHFT_PROCESS_GROUP = "torchft.process_group"
 SLURM_FILLED = (
     "RANK",
     "WORLD_SIZE",
@@ -123,12 +126,26 @@ def on_startup(
     fill_from_slurm(env)
     _guard_output(env)
     when_imported(WATCHED_MODULE, wrap_init_process_group)
+    when_imported(TORCHFT_MANAGER, _wrap_torchft_manager)  # a torchft Manager makes a rank too
+    when_imported(TORCHFT_PROCESS_GROUP, _wrap_torchft_groups)
     if ray_worker.is_ray_worker(argv):
         ray_worker.install()  # its calls are the user's code: Ray ends the worker after them
     run_dir = env.get(ENV_RUN_DIR)
     if run_dir:
         atexit.register(_say_if_never_joined, run_dir)
     return True
+
+
+def _wrap_torchft_manager(module: Any) -> None:
+    from ddpdoctor.runtime import torchft_hooks
+
+    torchft_hooks.wrap_manager(module, start=_start_runtime, on_join=_mark_joined)
+
+
+def _wrap_torchft_groups(module: Any) -> None:
+    from ddpdoctor.runtime import torchft_hooks
+
+    torchft_hooks.wrap_process_groups(module)
 
 
 def _guard_output(env: Mapping[str, str]) -> None:

@@ -135,6 +135,8 @@ class Runtime:
         # training is over (destroy_process_group, a clean exit)
         self.replica_next = 1 << 62
         self.at_end: list[Callable[[Runtime], None]] = []
+        # More the hello says, set by a framework's hook (torchft: the rank's replica group).
+        self.hello_extra: dict[str, Any] = {}
         self.finished = False
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
@@ -251,6 +253,9 @@ class Runtime:
             for event in early:
                 if isinstance(event, dict):
                     event["rank"] = rank
+                    if event.get("kind") == HELLO and self.world_size:
+                        # said before the rank was known: the world known now (torchft's)
+                        event["world_size"] = self.world_size
                 writer.enqueue(event)
             self._writer = writer
             # from now on a closed step goes to the file with what was queued before it
@@ -265,6 +270,7 @@ class Runtime:
 
     def say_hello(self) -> None:
         extra = {"buckets": self.bucket_recording} if self.bucket_recording else {}
+        extra.update(self.hello_extra)
         self.emit(
             HELLO,
             **info.hello_fields(

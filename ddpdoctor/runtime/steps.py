@@ -126,6 +126,11 @@ class StepTracker:
         if closed is not None:
             self.sink(closed)
 
+    def on_iteration_start(self, t: float) -> None:
+        """A framework says an iteration begins (torchft's quorum at `zero_grad`): like a fetch
+        that took no time, for loops that fetch no DataLoader batch and have no DDP forward."""
+        self.on_fetch(t, t, False, self._fetch_epoch)
+
     def on_forward(
         self,
         t: float,

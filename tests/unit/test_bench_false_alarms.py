@@ -111,3 +111,23 @@ def test_the_ray_corpus_is_in_both_sets_with_a_longer_timeout():
     assert job.verdicts == {"crash"} and job.culprits == (1,) and job.flags == ()
     assert job.args[1] == sys.executable and job.args[2].endswith("ray_train.py")
     assert job.timeout_s > bench.RUN_TIMEOUT_S
+
+
+def test_the_torchft_corpus_recovering_jobs_are_healthy_with_their_warning_expected():
+    healthy = {j.name: j for j in bench.healthy_jobs()}
+    faulty = {j.name: j for j in bench.faulty_jobs()}
+    assert {"torchft-ddp", "torchft-manual", "torchft-ddp-sigkill"} <= set(healthy)
+    recovering = healthy["torchft-manual-sigkill"]
+    assert recovering.verdicts == {"healthy"} and recovering.flags == ()
+    assert recovering.args[1:] == (
+        "python",
+        str(bench.TORCHFT / "launch.py"),
+        "train_manual.py",
+        "sigkill",
+    )
+    recovered = ("torchft.replica_recovered",)
+    assert not outcome(recovering, "healthy", loud=recovered).false_alarm
+    assert outcome(healthy["torchft-ddp"], "healthy", loud=recovered).false_alarm
+    assert outcome(recovering, "healthy", loud=(*recovered, "crash")).false_alarm
+    assert faulty["torchft-ddp-stall"].verdicts == {"hang"}
+    assert faulty["torchft-ddp-stall"].culprits == (1,)

@@ -39,6 +39,8 @@ from ddpdoctor.monitor.judge.rules import replicas as replicas_rule
 from ddpdoctor.monitor.judge.rules import runtime_warnings as warnings_rule
 from ddpdoctor.monitor.judge.rules import sampler as sampler_rule
 from ddpdoctor.monitor.judge.rules import straggler as straggler_rule
+from ddpdoctor.monitor.judge.rules import torchft as torchft_rule
+from ddpdoctor.monitor.judge.rules import torchft_stall as torchft_stall_rule
 from ddpdoctor.monitor.judge.rules import transport as transport_rule
 from ddpdoctor.monitor.judge.rules import uneven as uneven_rule
 from ddpdoctor.monitor.judge.rules import wait as wait_rule
@@ -93,6 +95,7 @@ def _primary(snap: Snapshot) -> tuple[RuleOutcome | None, RuleOutcome | None]:
         return mismatch, crash
     # the events' hang first: with the flight recorder's at the same onset, the events' wins
     hang, fr_hang = hang_rule.detect(snap), fr_hang_rule.detect(snap)
+    hang = hang or torchft_stall_rule.detect(snap)  # torchft does not wait for a stalled replica
     # no culprit: which link stopped carrying bytes, where the nodes' looks tell
     network = network_rule.detect(snap) if hang is None and fr_hang is None else None
     p2p_hang = p2p if p2p is not None and p2p.verdict is Verdict.HANG else None
@@ -154,6 +157,10 @@ def diagnose(
     snap: Snapshot, *, extra_findings: Sequence[Finding] = (), held: RuleOutcome | None = None
 ) -> Diagnosis:
     """`held`: the outcome the launcher stopped the job for (see the module's note)."""
+    # torchft's replicas that failed while the run may still recover: out of the rules' sight
+    excused = torchft_rule.recovering(snap) if held is None else frozenset()
+    recovery = torchft_rule.detect(snap, excused)
+    observed, snap = snap, torchft_rule.without(snap, excused)
     primary, crash = _primary(snap) if held is None else _after_stop(snap, held)
     attempts_told: list[Finding] = []
     if held is None:  # a failure the launcher recovers from is no verdict (rules.recovery)
@@ -187,8 +194,13 @@ def diagnose(
         # a wait for a busy rank says "not a hang"; beside a problem verdict it would confuse
         secondary.extend(waits.findings)
     for outcome in (
+        recovery,
         rendezvous_rule.detect(snap),
-        uneven_rule.detect(
+        # torchft's replica groups train different numbers of steps by design (a group that
+        # heals skips to its peer's step): uneven steps say nothing there
+        None
+        if snap.torchft is not None
+        else uneven_rule.detect(
             snap, verdict, died=primary.culprits if verdict is Verdict.CRASH and primary else None
         ),
         sampler_rule.detect(snap),
@@ -205,7 +217,8 @@ def diagnose(
         # rank was terminated "from outside" says nothing the consequence finding does not.
         extra_findings = [f for f in extra_findings if not reports_the_stop(f)]
     # Text reports of a rank's end that ddpdoctor's observation contradicts: information only.
-    secondary.extend(recovery_rule.settle(weigh_exit_reports(extra_findings, snap), snap, verdict))
+    weighed = torchft_rule.weigh(list(extra_findings), observed, excused)
+    secondary.extend(recovery_rule.settle(weigh_exit_reports(weighed, snap), snap, verdict))
     seen = {(f.id, f.summary) for f in findings}
     for finding in sort_findings(secondary):
         if (finding.id, finding.summary) not in seen:

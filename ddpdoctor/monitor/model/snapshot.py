@@ -15,6 +15,7 @@ from ddpdoctor.monitor.model.attempt_views import Attempts
 from ddpdoctor.monitor.model.launchers import LauncherView
 from ddpdoctor.monitor.model.network import NodeNetwork
 from ddpdoctor.monitor.model.pipeline_view import PipelineView
+from ddpdoctor.monitor.model.replica_groups import TorchftView
 from ddpdoctor.monitor.model.run_facts import CheckupNote, LogLine, RunInfo, Thresholds
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.verdicts import ActivityState, RankState, Verdict
@@ -371,6 +372,8 @@ class Snapshot:
     checkup: tuple[CheckupNote, ...] = ()
     network: tuple[NodeNetwork, ...] = ()  # the nodes' looks at a stall (follow.net_watch)
     attempts: Attempts | None = None  # a run its launcher restarts (None: one attempt, no budget)
+    # torchft's replica groups, quorums, heals and earlier processes (model.replica_groups)
+    torchft: TorchftView | None = None
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)

@@ -20,6 +20,7 @@ from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.monitor.model.launchers import LauncherGroups, launcher_groups, launcher_views
 from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.rank_views import RankViews
+from ddpdoctor.monitor.model.replica_groups import ReplicaLog
 from ddpdoctor.monitor.model.snapshot import (
     LogLine,
     RankState,
@@ -33,6 +34,7 @@ from ddpdoctor.monitor.model.thresholds import compute_thresholds
 from ddpdoctor.monitor.model.views_together import fill_waiting_on, settle_post_mortem
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.node_records import NodeRecord
+from ddpdoctor.protocol.replica_groups import TORCHFT
 from ddpdoctor.protocol.torchrun_logs import (
     AGENT_LOG,
     NCCL_LOG,
@@ -101,6 +103,7 @@ class RunState(RankViews):
         self.events_lost: str | None = None
         # the run's attempts (a launcher's restarts): fed every hello (model.attempts)
         self.attempts = AttemptLog(info.command)
+        self.replicas = ReplicaLog()  # torchft's replica groups, quorums and heals
 
     # -- input -----------------------------------------------------------------------------
 
@@ -145,10 +148,12 @@ class RunState(RankViews):
             if self.attempts.hello(event, old, agent, self.alive.get(rank)):
                 self.alive.pop(rank, None)  # the new process's liveness is looked at anew
                 self._remake.add(rank)
+        kind = event["kind"]
+        if kind == ev.HELLO:  # before the tracker forgets an earlier process of the rank
+            self.replicas.on_hello(event, self.ranks.get(rank))
         tracker = self.tracker(rank)
         tracker.apply(event, where)
         self.events_applied += 1
-        kind = event["kind"]
         t = num(event.get("t"))
         if t is not None and (self.last_t is None or t > self.last_t):
             self.last_t = t
@@ -164,6 +169,8 @@ class RunState(RankViews):
                 self.waits.append((t - duration, duration))
         elif kind == ev.RAY_CALL:
             self.attempts.ray_call(event)
+        elif kind == TORCHFT:
+            self.replicas.on_event(event, t)
         elif kind == ev.HELLO:
             self._by_node_local = None
             self._launcher_groups = None
@@ -413,7 +420,16 @@ class RunState(RankViews):
             nodes_missing=self._nodes_missing(),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
             attempts=attempts,
+            torchft=self.replicas.view(self._agent_exit_of) if self.replicas.active else None,
         )
+
+    def _agent_exit_of(self, pid: int) -> tuple[int | None, str | None] | None:
+        """(exit code, signal) torchrun's log gives the process `pid`, if it names it."""
+        for parser in self.agents.values():
+            found = parser.exits.get(pid)
+            if found is not None:
+                return found.exit_code, found.signal
+        return None
 
     def _groups(self) -> LauncherGroups:
         """The ranks grouped by launcher, kept until a hello or a new rank changes them."""

@@ -1,0 +1,154 @@
+"""torchft's replica groups: a replica that dies and heals is recovery (a warning, no crash, no
+stop); one that never comes back is a crash once the run is over; one that stalls in its own
+code is a hang of its group. The events are the runtime's (ddpdoctor.protocol.replica_groups)."""
+
+from __future__ import annotations
+
+from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.judge.diagnose import diagnose
+from ddpdoctor.monitor.judge.rules import torchft, torchft_stall
+from ddpdoctor.monitor.model.rank_tracker import RankTracker
+from ddpdoctor.monitor.model.replica_groups import Heal, ReplicaEnding, ReplicaLog, TorchftView
+from ddpdoctor.monitor.model.snapshot import Activity, RankState, Verdict
+from ddpdoctor.protocol.verdicts import ActivityState
+from tests.unit.monitor.test_monitor_builders import NOW, snap, view
+
+
+def tf_view(*endings: ReplicaEnding, heals: tuple[Heal, ...] = ()) -> TorchftView:
+    return TorchftView(
+        groups=((0, 0), (1, 1)), endings=endings, heals=heals, quorum_id=3, quorum_groups=(0, 1)
+    )
+
+
+KILLED = ReplicaEnding(1, 1, 4242, NOW - 30, 10, exit_code=-9, signal="SIGKILL")
+HEALED = Heal(1, NOW - 10, 0, 27, True)
+
+
+def gone(rank: int = 1, **kw):
+    kw.setdefault("exit_code", -9)
+    kw.setdefault("exit_signal", "SIGKILL")
+    return view(rank, RankState.GONE, failed_t=NOW - 2, **kw)
+
+
+# -- the model: ReplicaLog ----------------------------------------------------------------------
+
+
+def hello(rank: int, pid: int, group: int) -> dict:
+    return {"rank": rank, "kind": "hello", "pid": pid, "torchft": {"replica_group": group}}
+
+
+def test_a_new_process_of_a_torchft_rank_keeps_how_the_old_one_ended():
+    log, tracker = ReplicaLog(), RankTracker(1)
+    log.on_hello(hello(1, 100, 1), None)
+    tracker.pid, tracker.step, tracker.last_event_t, tracker.agent_exit_code = 100, 10, 5.0, -9
+    log.on_hello(hello(1, 200, 1), tracker)
+    log.on_event({"rank": 1, "what": "quorum", "quorum_id": 4, "replica_groups": [0, 1],
+                  "heal_from": 0, "heal_from_group": 0, "max_step": 27}, 6.0)  # fmt: skip
+    log.on_event({"rank": 1, "what": "healed", "step": 27}, 6.5)
+    tf = log.view(lambda pid: (-9, "SIGKILL") if pid == 100 else None)
+    assert tf is not None and tf.group_of(1) == 1 and tf.quorum_id == 4
+    (ending,) = tf.endings
+    assert (ending.pid, ending.step, ending.signal, ending.failed) == (100, 10, "SIGKILL", True)
+    assert ending.cause == "killed by SIGKILL"
+    heal = tf.heal_after(1, ending.t)
+    assert heal is not None and heal.done and heal.from_group == 0 and heal.step == 27
+
+
+def test_ranks_that_are_not_torchft_s_leave_no_log():
+    log, tracker = ReplicaLog(), RankTracker(0)
+    tracker.pid = 100
+    log.on_hello({"rank": 0, "kind": "hello", "pid": 200}, tracker)
+    assert log.view() is None and not log.endings
+
+
+# -- recovery ------------------------------------------------------------------------------------
+
+
+def test_a_replica_that_died_while_the_run_goes_on_is_recovering_not_a_crash():
+    ranks = [view(0), gone(1)]
+    diag = diagnose(snap(ranks, torchft=tf_view()))
+    assert diag.verdict is not Verdict.CRASH and not diag.confirmed
+    (finding,) = [f for f in diag.findings if f.id == "torchft.replica_failed"]
+    assert finding.severity is Severity.WARNING and finding.ranks == (1,)
+    assert "replica group 1" in finding.summary and "SIGKILL" in finding.summary
+    assert "goes on with replica group 0" in finding.summary
+    assert not [f for f in diag.findings if f.severity is Severity.ERROR]
+
+
+def test_the_same_death_without_torchft_is_a_crash():
+    diag = diagnose(snap([view(0), gone(1)]))
+    assert diag.verdict is Verdict.CRASH and diag.culprits == {1}
+
+
+def test_a_replica_that_never_came_back_is_a_crash_once_the_run_is_over():
+    ranks = [view(0, RankState.DONE, exit_code=0), gone(1)]
+    diag = diagnose(snap(ranks, torchft=tf_view(), live=False, finished=True))
+    assert diag.verdict is Verdict.CRASH and diag.culprits == {1}
+
+
+def test_a_replica_that_died_and_healed_leaves_a_healthy_run_with_a_warning():
+    ranks = [view(0, RankState.DONE, exit_code=0), view(1, RankState.DONE, exit_code=0)]
+    s = snap(ranks, torchft=tf_view(KILLED, heals=(HEALED,)), live=False, finished=True,
+             verdict=Verdict.HEALTHY)  # fmt: skip
+    diag = diagnose(s)
+    assert diag.verdict is Verdict.HEALTHY
+    (finding,) = [f for f in diag.findings if f.id == "torchft.replica_recovered"]
+    assert finding.severity is Severity.WARNING and finding.ranks == (1,)
+    for words in (
+        "rank 1 (replica group 1)",
+        "after 10 steps",
+        "SIGKILL",
+        "healed from replica group 0 at torchft step 27",
+    ):
+        assert words in finding.summary
+
+
+def test_torchrun_s_report_of_a_recovered_replica_is_information():
+    report = Finding(
+        "torchrun.killed",
+        Severity.ERROR,
+        "Rank 0 (pid 4242) was killed by SIGKILL: the kernel OOM killer or an external `kill -9`",
+        "fix",
+        ranks=(0,),
+    )
+    peer = Finding("gloo.peer_closed", Severity.WARNING, "A gloo peer closed", "fix")
+    raised = Finding("python.exception", Severity.ERROR, "A process raised AssertionError: ", "")
+    other = Finding("python.exception", Severity.ERROR, "A process raised KeyError: 'x'", "")
+    assertion = ReplicaEnding(0, 0, 4343, NOW - 30, 9, exit_code=1, error="AssertionError: ")
+    s = snap([view(0), view(1)], torchft=tf_view(KILLED, assertion))
+    weighed = torchft.weigh([report, peer, raised, other], s, frozenset())
+    severities = [f.severity for f in weighed]
+    assert severities == [Severity.INFO, Severity.INFO, Severity.INFO, Severity.ERROR]
+    assert weighed[0].ranks == (1,) and "replica group 1" in weighed[0].summary
+    plain = snap([view(0), view(1)])
+    assert torchft.weigh([report], plain, frozenset()) == [report]
+
+
+# -- a stalled replica -----------------------------------------------------------------------------
+
+
+def blocked(rank: int, frame: str, where: str, quiet: float = 20.0, **kw):
+    activity = Activity(ActivityState.BLOCKED, 0.0, where, quiet, frame=frame)
+    return view(rank, activity=activity, last_progress_t=NOW - quiet, **kw)
+
+
+def test_a_replica_blocked_in_its_own_code_is_a_hang_of_its_group():
+    ranks = [view(0), blocked(1, "train.py:55 main", "train.py:55 main")]
+    out = torchft_stall.detect(snap(ranks, torchft=tf_view()))
+    assert out is not None and out.verdict is Verdict.HANG and out.culprits == {1}
+    assert out.confirmed
+    (finding,) = out.findings
+    assert "replica group 1" in finding.summary and "train.py:55" in finding.summary
+    diag = diagnose(snap(ranks, torchft=tf_view()))
+    assert diag.verdict is Verdict.HANG and diag.culprits == {1}
+
+
+def test_a_replica_waiting_for_a_quorum_or_starting_up_is_no_culprit():
+    quorum = blocked(1, "threading.py:331 wait", "train.py:50 main")
+    assert torchft_stall.detect(snap([view(0), quorum], torchft=tf_view())) is None
+    fresh = blocked(1, "train.py:55 main", "train.py:55 main", step=0, collectives_done=0)
+    assert torchft_stall.detect(snap([view(0), fresh], torchft=tf_view())) is None
+    brief = blocked(1, "train.py:55 main", "train.py:55 main", quiet=2.0)
+    assert torchft_stall.detect(snap([view(0), brief], torchft=tf_view())) is None
+    plain = blocked(1, "train.py:55 main", "train.py:55 main")
+    assert torchft_stall.detect(snap([view(0), plain])) is None  # not a torchft run

@@ -334,11 +334,13 @@ def install(runtime: core.Runtime) -> None:
                     synced = self.require_backward_grad_sync
                     now = rt.mono_clock()
                     rt.steps.on_forward(now, True, synced, batch, training)
-                    if synced and (
-                        rt.steps.steps_done >= rt.replica_next
-                        or replicas.STATE_ATTR not in self.__dict__
-                    ):
-                        replicas.due(self, rt)  # a replica digest may be due (replicas.py)
+                    if synced:  # this model's replica digest may be due (replicas.py)
+                        digests = self.__dict__.get(replicas.STATE_ATTR)
+                        # per model: with two models, the other's due step says nothing here
+                        if digests is None or (
+                            digests and rt.steps.steps_done >= digests.next_step
+                        ):
+                            replicas.due(self, rt)
                     if synced and not record_buckets:
                         probe = self.__dict__.get(PROBE_ATTR)
                         if probe is None:

@@ -66,7 +66,8 @@ def test_injected_hang_is_found_with_the_default_threshold(results):
     hang = r.finding("hang")
     assert hang["summary"].startswith("rank 1 never reached all_reduce #")
     assert "last event fault hang" in hang["summary"] and "_inject_hang" in hang["summary"]
-    assert 4.0 <= d["detected_after_s"] <= 20.0  # the default adapts; PyTorch's waits 1800 s
+    # the default adapts (2.5 s when the rank behind is blocked, as here); PyTorch's waits 1800 s
+    assert 2.0 <= d["detected_after_s"] <= 20.0
     assert any(1 in s["ranks"] for s in d["stacks"])
     assert "HANG: culprit rank 1" in r.output
 

@@ -109,6 +109,17 @@ def test_the_flight_recorders_barrier_against_an_all_reduce_names_the_rank_that_
     assert grad_syncs.extra_syncs(snap(ranks), [0], [1]) is None
 
 
+def test_one_sync_ahead_of_a_rank_in_its_own_extra_all_reduce_is_no_accumulation_mismatch():
+    """Rank 1 stopped before its forward for an all_reduce only it makes; rank 0 went on to the
+    step's forward and gradient all-reduce: one sync ahead, and no accumulation difference. Only
+    a rank waiting at the loop's end (a barrier) makes one sync ahead the extra call."""
+    ranks = [synced(0, 4), synced(1, 3)]
+    assert grad_syncs.extra_syncs(snap(ranks), [0], [1], "all_reduce") is None
+    assert grad_syncs.extra_syncs(snap(ranks), [0], [1], "barrier") is not None
+    further = [synced(0, 5), synced(1, 3)]  # two ahead: more syncs per batch, whatever follows
+    assert grad_syncs.extra_syncs(snap(further), [0], [1], "all_reduce") is not None
+
+
 def test_an_extra_call_through_a_framework_gets_that_frameworks_fix():
     from ddpdoctor.monitor.judge.rules import framework_fix
 

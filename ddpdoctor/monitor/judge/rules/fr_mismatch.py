@@ -47,7 +47,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         # a side that synced DDP's gradients more often than the other made the extra call,
         # whatever the other went on to (the end's barrier, a metric's all-reduce)
         for side, rest in ((small, big), (big, small)):
-            extra = grad_syncs.extra_syncs(snap, side, rest, calls[rest[0]].op)
+            extra = grad_syncs.extra_syncs(snap, side, rest)
             if extra is not None:
                 return extra
         for side, rest in ((small, big), (big, small)):

@@ -99,9 +99,7 @@ def _ended_first(finished: list[RankView], ahead: list[RankView]) -> bool:
     )
 
 
-def extra_syncs(
-    snap: Snapshot, side: list[int], rest: list[int], rest_op: str = "barrier"
-) -> RuleOutcome | None:
+def extra_syncs(snap: Snapshot, side: list[int], rest: list[int]) -> RuleOutcome | None:
     """The ranks of `side`, in a call other than `rest`'s (the flight recorder says so), synced
     DDP's gradients more often than every rank of `rest`: their gradient all-reduce is the extra
     call (a different accumulation count), whatever the others went on to (a barrier, the end)."""
@@ -114,10 +112,11 @@ def extra_syncs(
     for group in sorted({g for v in views if v for g in _syncs(v)}):
         most = max(_syncs(v).get(group, 0) for v in others if v)
         # One sync ahead of a rank in another collective is also what a rank a step ahead
-        # looks like when the other stopped for an extra call of its own before its forward
-        # (an all_reduce under `if rank == 1`): only the loop's end (a barrier) tells them apart.
+        # looks like when the other stopped before its forward for an extra call of its own
+        # (a barrier or an all_reduce under `if rank == 1`): by the counts alone the two read
+        # alike, so one ahead is left to the call sites; two or more is more syncs per batch.
         least = min(_syncs(v).get(group, 0) for v in views if v)
-        if least == most + 1 and rest_op != "barrier":
+        if least <= most + 1:
             continue
         if all(_syncs(v).get(group, 0) > most for v in views if v):
             ahead = [v for v in views if v]

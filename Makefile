@@ -34,7 +34,7 @@ lint: $(VENV)/.installed-test
 # users' code, the frameworks, FSDP, the other lab scenarios, jobs timed or killed one by one:
 # tests/integration/conftest.py says which and why); `make test-all` runs every tier.
 test: lint docs
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "not ray and not slow"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=40 -n 2 --dist loadgroup -m "not ray and not slow"
 
 test-slow: $(VENV)/.installed-test
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "slow and not ray"

@@ -7,6 +7,7 @@ its whole group on teardown, so a test of a hang can never hang the suite or lea
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
@@ -195,6 +197,48 @@ def run_in_parallel(
 
 def ddpdoctor_cmd(*args: str) -> list[str]:
     return [PYTHON, "-m", "ddpdoctor", *args]
+
+
+R = TypeVar("R", bound=JsonRun)
+
+
+def run_json_jobs(
+    commands: Mapping[str, Callable[[Path], Sequence[str]]],
+    base: Path,
+    *,
+    parallel: int,
+    timeout_s: float,
+    env: Mapping[str, str] | Callable[[str], Mapping[str, str]] | None = None,
+    result: type[R] = JsonRun,  # type: ignore[assignment]
+) -> dict[str, R]:
+    """Run named `ddpdoctor run --json` jobs, `parallel` at a time and each within `timeout_s`:
+    each works in base/<name> (its cwd, its stdout and stderr files; the command is built from
+    that folder, its run directory conventionally work/run). A job killed for the timeout has
+    no exit code and says so at the end of its stderr. `env`: one for every job, or a job's
+    from its name."""
+
+    def start(name: str, command: Callable[[Path], Sequence[str]]) -> subprocess.Popen:
+        work = base / name
+        work.mkdir()
+        job_env = env(name) if callable(env) else env
+        with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
+            return subprocess.Popen(  # the child keeps its own copies of both
+                list(command(work)), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                env=dict(job_env) if job_env is not None else clean_env(), cwd=work,
+                start_new_session=True,
+            )  # fmt: skip
+
+    starts = {name: functools.partial(start, name, command) for name, command in commands.items()}
+    ended = run_in_parallel(starts, parallel=parallel, timeout_s=timeout_s)
+    done: dict[str, R] = {}
+    for name, (proc, timed_out) in ended.items():
+        work = base / name
+        stderr = (work / "stderr").read_text(errors="replace")
+        if timed_out:
+            stderr += f"\n(test: killed after {timeout_s} s)"
+        stdout = (work / "stdout").read_text(errors="replace")
+        done[name] = result(None if timed_out else proc.returncode, stdout, stderr, work / "run")
+    return done
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):

@@ -118,6 +118,10 @@ def closing_lines(
         lines.append("interrupted: the job was stopped")
     elif outcome.stopped_for is Verdict.INTERRUPTED:
         lines.append("interrupted on another node: this node stopped its part of the job with it")
+    elif outcome.stopped_for is None and outcome.final.verdict is Verdict.INTERRUPTED:
+        # This node's torchrun can end on its own first (its peers' sockets closed) before
+        # the monitor stops it: the same story, told the same way.
+        lines.append("interrupted on another node: this node's part of the job ended with it")
     elif outcome.stopped_for is not None:
         lines.append(f"ddpdoctor stopped the job after diagnosing a {outcome.stopped_for.value}")
     elif outcome.abandoned_by is not None:

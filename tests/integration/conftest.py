@@ -121,7 +121,7 @@ JOBS = [
     Job("forged-table", command=FORGED_TABLE),
     # a hang whose ranks run one more collective in their SIGTERM handler as they are stopped
     # (as Lightning's do): the stop keeps the hang (test_run_commands)
-    Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG),
+    Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG, slow=True),
     # the healthy reference job with ddpdoctor's stdout closed or full (test_run_hardening): the
     # closed pipe with the preflight doctor too, whose report is the first thing written
     Job(
@@ -132,8 +132,9 @@ JOBS = [
             )
         ),
         stdout="closed-pipe",
+        slow=True,
     ),
-    Job("full-stdout", ("--steps", "10"), stdout="full"),
+    Job("full-stdout", ("--steps", "10"), stdout="full", slow=True),
     # slow from step 2 and a crash at step 12 on the same rank: a straggler finding, then the
     # crash. Ten slow steps: by default the all-reduce wait per step comes from DDP's own C++
     # timers, which report a step or two late, and the straggler rule judges medians of steps.
@@ -324,6 +325,12 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_run_hardening.py::test_sigkill_to_ddpdoctor_ends_every_process",
     "test_run_hardening.py::test_ctrl_c_on_a_healthy_run_is_interrupted_not_a_crash",
     "test_run_hardening.py::test_a_daemon_a_rank_started_ends_with_the_run",
+    # ddpdoctor's own stdout closed or full, and a hang whose SIGTERM handlers run a collective:
+    # the quick tier keeps one healthy run and one stopped hang (their shared runs are slow=True)
+    "test_run_hardening.py::test_a_closed_stdout_never_stops_the_job",
+    "test_run_hardening.py::test_a_full_disk_on_stdout_never_stops_the_job",
+    "test_run_commands.py::test_a_stopped_hang_stays_a_hang_whatever_the_sigterm_handlers_do",
+    "test_run_endings.py::test_sigterm_to_an_mp_spawn_parent_is_an_interrupted_run_not_a_healthy_one",
     "test_run_inputs.py::test_keep_running_leaves_a_hung_job_until_ctrl_c",
     # forged claims during a 40 s stall of every rank, one node and two
     "test_run_claims.py::test_a_forged_network_look_on_one_node_is_not_read",

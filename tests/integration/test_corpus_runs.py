@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,10 @@ from tests.procs import (
     REPO,
     JsonRun,
     assert_healthy_unless_aborted_at_exit,
-    clean_env,
     ddpdoctor_cmd,
     exited_cleanly_then_aborted,
     job_processes,
-    run_in_parallel,
+    run_json_jobs,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -49,40 +47,20 @@ FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 Result = JsonRun  # one finished `ddpdoctor run --json` job
 
 
-def _start(job: dict, base: Path) -> subprocess.Popen:
-    work = base / job["name"]
-    work.mkdir()
-    run_dir = work / "run"
-    cmd = ddpdoctor_cmd(
-        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--json", "--run-dir", str(run_dir),
+def _command(job: dict, work: Path) -> list[str]:
+    return ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--json", "--run-dir", str(work / "run"),
         "--", str(CORPUS / job["script"]), *job["args"],
     )  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=open(work / "stdout", "w"),  # noqa: SIM115 - the child holds it; closed on exit
-        stderr=open(work / "stderr", "w"),  # noqa: SIM115
-        env=clean_env(),
-        cwd=work,
-        start_new_session=True,
-    )
-    return proc
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Result]:
-    base = tmp_path_factory.mktemp("corpus")
     jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"]]
-    starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
-    done: dict[str, Result] = {}
-    for name, (proc, timed_out) in ended.items():
-        work = base / name
-        stderr = (work / "stderr").read_text(errors="replace")
-        if timed_out:
-            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-        stdout = (work / "stdout").read_text(errors="replace")
-        done[name] = Result(proc.returncode, stdout, stderr, work / "run")
-    return done
+    return run_json_jobs(
+        {job["name"]: functools.partial(_command, job) for job in jobs},
+        tmp_path_factory.mktemp("corpus"), parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S,
+    )  # fmt: skip
 
 
 def _longest_wait(run_dir: Path) -> float:

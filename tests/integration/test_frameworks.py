@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tests.procs import (
     clean_env,
     ddpdoctor_cmd,
     job_processes,
-    run_in_parallel,
+    run_json_jobs,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -80,23 +79,11 @@ class Result(JsonRun):
         return "\n".join(out)
 
 
-def _start(job: dict, base: Path) -> subprocess.Popen:
-    work = base / job["name"]
-    work.mkdir()
-    cmd = ddpdoctor_cmd(
+def _command(job: dict, work: Path) -> list[str]:
+    return ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"),
         "--", *command_of(job),
     )  # fmt: skip
-    env = clean_env()
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    return subprocess.Popen(
-        cmd,
-        stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit
-        stderr=open(work / "stderr", "w"),
-        env=env,
-        cwd=work,
-        start_new_session=True,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +98,12 @@ def results(tmp_path_factory) -> dict[str, Result]:
         *MANIFEST["healthy"],
         *MANIFEST["undistributed"],
     ]
-    starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
-    done: dict[str, Result] = {}
-    for name, (proc, timed_out) in ended.items():
-        work = base / name
-        stderr = (work / "stderr").read_text(errors="replace")
-        if timed_out:
-            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-        stdout = (work / "stdout").read_text(errors="replace")
-        done[name] = Result(None if timed_out else proc.returncode, stdout, stderr, work / "run")
-    yield done
+    env = clean_env()
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    yield run_json_jobs(
+        {job["name"]: functools.partial(_command, job) for job in jobs}, base,
+        parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S, env=env, result=Result,
+    )  # fmt: skip
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from tests.procs import (
     ddpdoctor_cmd,
     exited_cleanly_then_aborted,
     job_processes,
-    run_in_parallel,
+    run_json_jobs,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -44,38 +43,21 @@ FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 Result = JsonRun  # one finished `ddpdoctor run --json` job
 
 
-def _start(job: dict, base: Path) -> subprocess.Popen:
-    work = base / job["name"]
-    work.mkdir()
-    cmd = ddpdoctor_cmd(
+def _command(job: dict, work: Path) -> list[str]:
+    return ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--nproc", str(job["nproc"]), "--json",
         "--run-dir", str(work / "run"), "--", str(CORPUS / job["script"]), *job["args"],
     )  # fmt: skip
-    return subprocess.Popen(
-        cmd,
-        stdout=open(work / "stdout", "w"),
-        stderr=open(work / "stderr", "w"),
-        env=clean_env({"OMP_NUM_THREADS": "1"}),
-        cwd=work,
-        start_new_session=True,
-    )
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, Result]:
-    base = tmp_path_factory.mktemp("fsdp")
     jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"]]
-    starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
-    done: dict[str, Result] = {}
-    for name, (proc, timed_out) in ended.items():
-        work = base / name
-        stderr = (work / "stderr").read_text(errors="replace")
-        if timed_out:
-            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-        stdout = (work / "stdout").read_text(errors="replace")
-        done[name] = Result(proc.returncode, stdout, stderr, work / "run")
-    return done
+    return run_json_jobs(
+        {job["name"]: functools.partial(_command, job) for job in jobs},
+        tmp_path_factory.mktemp("fsdp"),
+        parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S, env=clean_env({"OMP_NUM_THREADS": "1"}),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(HEALTHY))

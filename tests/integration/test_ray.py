@@ -33,7 +33,7 @@ from tests.procs import (
     ddpdoctor_cmd,
     free_port,
     job_processes,
-    run_in_parallel,
+    run_json_jobs,
 )
 
 pytest.importorskip("ray.train.torch")
@@ -144,39 +144,26 @@ class Result(JsonRun):
         return f"{self.stdout[-2000:]}\n{self.stderr[-4000:]}"
 
 
-def _start(name: str, base: Path, address: str) -> subprocess.Popen:
-    script, mode, running = JOBS[name]
-    work = base / name
-    work.mkdir()
-    cmd = ddpdoctor_cmd(
+def _command(name: str, work: Path) -> list[str]:
+    script, mode, _ = JOBS[name]
+    return ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"),
         "--", sys.executable, str(CORPUS / script), mode,
     )  # fmt: skip
-    env = _ray_env(**({"RAY_ADDRESS": address} if running else {}))
-    return subprocess.Popen(
-        cmd,
-        stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit
-        stderr=open(work / "stderr", "w"),
-        env=env,
-        cwd=work,
-        start_new_session=True,
-    )
 
 
 @pytest.fixture(scope="module")
 def results(cluster, tmp_path_factory) -> dict[str, Result]:
     base = tmp_path_factory.mktemp("ray-jobs")
-    starts = {name: functools.partial(_start, name, base, cluster.address) for name in JOBS}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
-    done: dict[str, Result] = {}
-    for name, (proc, timed_out) in ended.items():
-        work = base / name
-        stderr = (work / "stderr").read_text(errors="replace")
-        if timed_out:
-            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-        stdout = (work / "stdout").read_text(errors="replace")
-        done[name] = Result(None if timed_out else proc.returncode, stdout, stderr, work / "run")
-    yield done
+
+    def env_of(name: str) -> dict[str, str]:
+        on_cluster = JOBS[name][2]
+        return _ray_env(**({"RAY_ADDRESS": cluster.address} if on_cluster else {}))
+
+    yield run_json_jobs(
+        {name: functools.partial(_command, name) for name in JOBS}, base,
+        parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S, env=env_of, result=Result,
+    )  # fmt: skip
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -356,6 +356,10 @@ def _is_slow(item: pytest.Item) -> bool:
     return path in SLOW_MODULES or any(test.startswith(prefix) for prefix in SLOW_TESTS)
 
 
+# First, before xdist's own hook reads the xdist_group marks into the test ids (without
+# tryfirst, a run given tests/integration as its path registers this conftest before xdist's
+# worker plugin, the marks come too late, and every worker runs every module's jobs at once).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     modules: dict[str, list[pytest.Item]] = {}
     here = Path(__file__).parent

@@ -419,7 +419,9 @@ class RunState(RankViews):
             live=live,
             nodes_missing=self._nodes_missing(),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
-            attempts=attempts,
+            # a torchft replica group's restart is not an attempt of the run: the torchft rule
+            # tells it (the ranks' rows keep their restarts)
+            attempts=None if self.replicas.active else attempts,
             torchft=self.replicas.view(self._agent_exit_of) if self.replicas.active else None,
         )
 

@@ -172,3 +172,23 @@ def test_a_replica_waiting_for_a_quorum_or_starting_up_is_no_culprit():
     assert torchft_stall.detect(snap([view(0), brief], torchft=tf_view())) is None
     plain = blocked(1, "train.py:55 main", "train.py:55 main")
     assert torchft_stall.detect(snap([view(0), plain])) is None  # not a torchft run
+
+
+def test_a_replica_groups_restart_is_told_once_and_is_no_attempt_of_the_run():
+    """A replica group's torchrun restarts its rank (restart_count 1 of max_restarts 1): the
+    torchft rule tells it; the run is not in "attempt 2 of 2" and has no run.recovered."""
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=2))
+    budget = {"restart_count": 0, "max_restarts": 1}
+    for rank in (0, 1):
+        state.apply({"v": 1, "t": NOW, **hello(rank, 100 + rank, rank), **budget})
+        state.apply({"v": 1, "t": NOW + 1, "rank": rank, "kind": "step", "step": 10})
+    state.apply({"v": 1, "t": NOW + 9, **hello(1, 300, 1), **budget, "restart_count": 1})
+    for rank in (0, 1):
+        state.apply({"v": 1, "t": NOW + 10, "rank": rank, "kind": "exit", "code": 0})
+    s = state.snapshot(NOW + 11, live=False)
+    assert s.attempts is None and [v.restarts for v in s.ranks] == [0, 1]
+    diag = diagnose(s)
+    assert diag.verdict is Verdict.HEALTHY
+    assert [f.id for f in diag.findings if f.severity is not Severity.INFO] == [
+        "torchft.replica_recovered"
+    ]

@@ -27,6 +27,8 @@ class RankEnding:
     t: float | None = None
     step: int | None = None
     signal: str | None = None
+    exit_code: int | None = None  # its exit status, where an exit event or torchrun said it
+    raised: bool = False  # `cause` is the exception it raised
 
     def to_json(self) -> dict[str, Any]:
         return {

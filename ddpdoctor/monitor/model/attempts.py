@@ -36,18 +36,28 @@ def ending_of(tracker: RankTracker, agent: Any, alive: bool | None) -> RankEndin
     """How the tracker's process ended: `agent` is torchrun's record of its exit, if any."""
     rank, pid, step = tracker.rank, tracker.pid, tracker.step
     t = tracker.failed_t or tracker.exit_t or tracker.last_event_t
-    if tracker.error is not None:
-        return RankEnding(rank, pid, True, tracker.error, tracker.error_line, t, step)
     code = tracker.exit_code
     signal = tracker.exit_signal
     if code is None and agent is not None:
         code, signal = agent.exit_code, agent.signal
+    if tracker.error is not None:
+        return RankEnding(
+            rank, pid, True, tracker.error, tracker.error_line, t, step, signal, code, raised=True
+        )
     if code == 0:
-        return RankEnding(rank, pid, False, "ended normally", None, t, step)
+        return RankEnding(rank, pid, False, "ended normally", None, t, step, exit_code=0)
     if signal:
-        return RankEnding(rank, pid, True, f"killed by {signal}", None, t, step, signal)
+        return RankEnding(rank, pid, True, f"killed by {signal}", None, t, step, signal, code)
     if code is not None:
-        return RankEnding(rank, pid, True, f"exit code {code}", None, t, step)
+        return RankEnding(rank, pid, True, f"exit code {code}", None, t, step, exit_code=code)
+    if tracker.ray_busy and tracker.ray_call:
+        # a Ray worker's end is seen by no one: its raylet reports a lost connection, never the
+        # signal (ray 2.60); Ray ends a worker only after the user's call returned
+        call = "its training function" if tracker.ray_call == "train_fn" else tracker.ray_call
+        cause = (
+            f"its Ray worker was killed while running {call} (a signal, the OOM killer) or crashed"
+        )
+        return RankEnding(rank, pid, True, cause, None, t, step)
     how = "its process ended" if alive is False else "its process was replaced"
     return RankEnding(rank, pid, True, f"{how} without an exit event", None, t, step)
 
@@ -66,6 +76,9 @@ class AttemptLog:
         self.started_t: dict[int, float | None] = {0: None}
         self.endings: dict[int, list[RankEnding]] = {}
         self.steps: dict[int, int] = {}
+        # how the previous process of the rank of the latest hello ended (None: not a new
+        # process): the replica groups' log (model.replica_groups) takes it from here
+        self.last_ending: RankEnding | None = None
 
     def hello(
         self, event: dict[str, Any], old: RankTracker | None, agent: Any, alive: bool | None
@@ -82,8 +95,9 @@ class AttemptLog:
             number = count
         else:  # no launcher count (Ray Train): each new process of the rank is its next attempt
             number = before + 1 if new_process else before
-        if new_process and old is not None and old.events_seen:
-            self.endings.setdefault(before, []).append(ending_of(old, agent, alive))
+        self.last_ending = ending_of(old, agent, alive) if new_process and old else None
+        if self.last_ending is not None and old is not None and old.events_seen:
+            self.endings.setdefault(before, []).append(self.last_ending)
             if old.step is not None:
                 self.steps[before] = max(self.steps.get(before, old.step), old.step)
         self.of_rank[rank] = number

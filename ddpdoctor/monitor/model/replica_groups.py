@@ -3,11 +3,12 @@ the heals, and how a replica's earlier processes ended.
 
 A torchft job outlives the death of a replica group: the other groups train on, the group's own
 torchrun starts it again, and the new process heals (loads the state of a peer group) at the next
-quorum. The rank tracker starts afresh at the new process's hello (a new attempt of the rank);
-`ReplicaLog` is told first (RunState.apply), so it keeps how the old process ended. What it keeps
-comes from the ranks' own events (ddpdoctor.protocol.replica_groups) and from what the tracker
-saw of the old process; the signal of a process that wrote no exit event is looked up in
-torchrun's log by its pid when the snapshot is made.
+quorum. A replica's restart is an attempt of its ranks like any launcher's restart: how the old
+process ended is decided once, by the attempts model (ddpdoctor.monitor.model.attempts, which
+sees every hello first, RunState.apply), and `ReplicaLog` adds to it the replica group, the
+quorums and the heals, from the ranks' own events (ddpdoctor.protocol.replica_groups). The signal
+of a process that wrote no exit event is looked up in torchrun's log by its pid when the
+snapshot is made (the group's torchrun may write it after the new process said hello).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdoctor.monitor.model.attempt_views import RankEnding
 from ddpdoctor.protocol.replica_groups import HEALED, QUORUM
 
 MAX_ENDINGS = 256  # replica processes remembered (a job restarting in a loop is said in part)
@@ -37,6 +39,21 @@ class ReplicaEnding:
     signal: str | None = None
     error: str | None = None
     line: str | None = None  # the user's line it raised at
+
+    @classmethod
+    def of(cls, ending: RankEnding, group: int | None) -> ReplicaEnding:
+        """The attempts model's ending of a process of a rank in replica group `group`."""
+        return cls(
+            rank=ending.rank,
+            group=group,
+            pid=ending.pid,
+            t=ending.t,
+            step=ending.step,
+            exit_code=ending.exit_code,
+            signal=ending.signal,
+            error=ending.cause if ending.raised else None,
+            line=ending.line,
+        )
 
     @property
     def cause(self) -> str:
@@ -95,34 +112,16 @@ class ReplicaLog:
     def active(self) -> bool:
         return bool(self.groups)
 
-    def on_hello(self, event: dict[str, Any], tracker: Any) -> None:
-        """Before the tracker takes the hello: a new process of a torchft rank ends the old.
-        `tracker`: the rank's RankTracker, or None (snapshot.py imports this module, so it
-        cannot name the tracker's type)."""
+    def on_hello(self, event: dict[str, Any], ending: RankEnding | None) -> None:
+        """A rank's hello; `ending`: how the rank's previous process ended when the hello is of
+        a new process (the attempts model's, ddpdoctor.monitor.model.attempts), else None."""
         rank = event["rank"]
         facts = event.get("torchft")
         if isinstance(facts, dict) and _int(facts.get("replica_group")) is not None:
             self.groups[rank] = facts["replica_group"]
-        pid = _int(event.get("pid"))
-        if tracker is None or tracker.pid is None or pid is None or pid == tracker.pid:
+        if ending is None or rank not in self.groups or len(self.endings) >= MAX_ENDINGS:
             return
-        if rank not in self.groups or len(self.endings) >= MAX_ENDINGS:
-            return
-        self.endings.append(
-            ReplicaEnding(
-                rank=rank,
-                group=self.groups.get(rank),
-                pid=tracker.pid,
-                t=tracker.last_event_t,
-                step=tracker.step,
-                exit_code=tracker.exit_code
-                if tracker.exit_code is not None
-                else tracker.agent_exit_code,
-                signal=tracker.exit_signal,
-                error=tracker.error,
-                line=tracker.error_line,
-            )
-        )
+        self.endings.append(ReplicaEnding.of(ending, self.groups.get(rank)))
 
     def on_event(self, event: dict[str, Any], t: float | None) -> None:
         """A `torchft` event of a rank."""

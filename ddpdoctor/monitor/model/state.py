@@ -149,8 +149,8 @@ class RunState(RankViews):
                 self.alive.pop(rank, None)  # the new process's liveness is looked at anew
                 self._remake.add(rank)
         kind = event["kind"]
-        if kind == ev.HELLO:  # before the tracker forgets an earlier process of the rank
-            self.replicas.on_hello(event, self.ranks.get(rank))
+        if kind == ev.HELLO:  # the replica group, and how an earlier process of the rank ended
+            self.replicas.on_hello(event, self.attempts.last_ending)
         tracker = self.tracker(rank)
         tracker.apply(event, where)
         self.events_applied += 1
@@ -419,7 +419,9 @@ class RunState(RankViews):
             live=live,
             nodes_missing=self._nodes_missing(),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
-            attempts=attempts,
+            # a torchft replica group's restart is not an attempt of the run: the torchft rule
+            # tells it (the ranks' rows keep their restarts)
+            attempts=None if self.replicas.active else attempts,
             torchft=self.replicas.view(self._agent_exit_of) if self.replicas.active else None,
         )
 

@@ -38,8 +38,28 @@ def _tidy_path_from_ray() -> None:
         pass
 
 
+# Ray's own helper processes (its dashboard and its agents, the log monitor, the autoscaler):
+# never a rank. The raylet gives its agents about 15 s to start and aborts when one is late
+# ("Timed out waiting for file .../metrics_agent_port_..."): on a loaded machine, the second
+# ddpdoctor's import costs there is enough to miss it. A Ray worker (workers/default_worker.py)
+# runs the user's code and is followed as before.
+_RAY_HELPER_DIRS = ("/ray/dashboard/", "/ray/autoscaler/", "/ray/_private/")
+_RAY_WORKER_DIR = "/ray/_private/workers/"
+
+
+def _is_ray_helper() -> bool:
+    """The interpreter runs a script of Ray's own helpers (read from sys.orig_argv: sys.argv is
+    not set yet while site runs)."""
+    argv = getattr(sys, "orig_argv", None) or []
+    script = next((str(w) for w in argv[1:] if not str(w).startswith("-")), "")
+    script = script.replace(os.sep, "/")
+    if _RAY_WORKER_DIR in script:
+        return False
+    return script.endswith(".py") and any(part in script for part in _RAY_HELPER_DIRS)
+
+
 def _ddpdoctor_startup() -> None:
-    if not os.environ.get("DDPDOCTOR_RUN_DIR"):
+    if not os.environ.get("DDPDOCTOR_RUN_DIR") or _is_ray_helper():
         return
     try:
         from ddpdoctor.runtime import autostart

@@ -4,8 +4,9 @@ Written for ddpdoctor's recovery corpus after Ray Train's "Get started with PyTo
 TorchTrainer on 2 CPU workers; in its first worker group, worker 1 raises at step 3 (`raise`) or
 SIGKILLs itself (`sigkill`); Ray prints `[FailurePolicy] RETRY`, starts a new worker group, and
 the run finishes. A marker file tells the second group that the failure already happened.
+`raise-always` fails in every worker group: the budget runs out and `trainer.fit()` raises.
 
-    python ray_train_retry.py [raise|sigkill]
+    python ray_train_retry.py [raise|sigkill|raise-always]
 """
 
 import os
@@ -37,7 +38,7 @@ def train_func(config):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if rank == 1 and step == 3 and not marker.exists():
+        if rank == 1 and step == 3 and (config["mode"] == "raise-always" or not marker.exists()):
             marker.write_text("failed once")
             if config["mode"] == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)

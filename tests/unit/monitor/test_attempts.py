@@ -230,3 +230,23 @@ def test_a_ray_train_retry_is_the_next_attempt_of_the_same_world_ranks():
     assert end.verdict is Verdict.HEALTHY and end.attempts is not None
     assert end.attempts.budget_from == "Ray Train FailureConfig(max_failures)"
     assert any(f.id == "run.recovered" for f in end.findings)
+
+
+def test_a_ray_worker_killed_in_its_training_function_is_named_as_such():
+    """A SIGKILLed Ray worker leaves no exit event, and Ray's raylet reports only a lost
+    connection: the attempt's failure says the worker was killed while running its training
+    function (never that it finished), and the retry is recovery."""
+    s = Stream()
+    for r in range(2):
+        s.ev(r, 0.0, "hello", local_rank=r, world_size=2, host="node0", pid=6000 + r)
+        s.ev(r, 0.1, "ray_call", state="busy", call="train_fn", max_failures=1)
+    t = s.steps(3)  # rank 1 vanishes here: no event; the group is ended 2 s later
+    for r in range(2):
+        s.ev(r, t + 30.0, "hello", local_rank=r, world_size=2, host="node0", pid=6100 + r)
+    t2 = s.steps(3, t=t + 31.0)
+    finish(s, t2 + 0.1)
+    end = judged(s, t2 + 0.5)
+    assert end.verdict is Verdict.HEALTHY and end.attempts is not None
+    recovered = next(f for f in end.findings if f.id == "run.recovered")
+    assert "killed while running its training function" in recovered.summary
+    assert recovered.severity is Severity.WARNING

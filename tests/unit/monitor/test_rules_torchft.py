@@ -7,9 +7,11 @@ from __future__ import annotations
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.judge.diagnose import diagnose
 from ddpdoctor.monitor.judge.rules import torchft, torchft_stall
+from ddpdoctor.monitor.model.attempts import ending_of
 from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.replica_groups import Heal, ReplicaEnding, ReplicaLog, TorchftView
-from ddpdoctor.monitor.model.snapshot import Activity, RankState, Verdict
+from ddpdoctor.monitor.model.snapshot import Activity, RankState, RunInfo, Verdict
+from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.verdicts import ActivityState
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
@@ -38,10 +40,12 @@ def hello(rank: int, pid: int, group: int) -> dict:
 
 
 def test_a_new_process_of_a_torchft_rank_keeps_how_the_old_one_ended():
+    """How the old process ended is the attempts model's (the same ending as any restart's);
+    the replica log adds its group, and the signal torchrun's log gives its pid later."""
     log, tracker = ReplicaLog(), RankTracker(1)
     log.on_hello(hello(1, 100, 1), None)
-    tracker.pid, tracker.step, tracker.last_event_t, tracker.agent_exit_code = 100, 10, 5.0, -9
-    log.on_hello(hello(1, 200, 1), tracker)
+    tracker.pid, tracker.step, tracker.last_event_t = 100, 10, 5.0
+    log.on_hello(hello(1, 200, 1), ending_of(tracker, None, False))
     log.on_event({"rank": 1, "what": "quorum", "quorum_id": 4, "replica_groups": [0, 1],
                   "heal_from": 0, "heal_from_group": 0, "max_step": 27}, 6.0)  # fmt: skip
     log.on_event({"rank": 1, "what": "healed", "step": 27}, 6.5)
@@ -57,8 +61,24 @@ def test_a_new_process_of_a_torchft_rank_keeps_how_the_old_one_ended():
 def test_ranks_that_are_not_torchft_s_leave_no_log():
     log, tracker = ReplicaLog(), RankTracker(0)
     tracker.pid = 100
-    log.on_hello({"rank": 0, "kind": "hello", "pid": 200}, tracker)
+    log.on_hello({"rank": 0, "kind": "hello", "pid": 200}, ending_of(tracker, None, False))
     assert log.view() is None and not log.endings
+
+
+def test_the_run_state_gives_the_replica_log_the_attempts_ending():
+    """One idea of a restart: a torchft rank's new process is the next attempt of the rank, and
+    the replica log's ending is the one the attempts model recorded (its error and line)."""
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=2))
+    for rank in (0, 1):
+        state.apply({"v": 1, "t": NOW, **hello(rank, 100 + rank, rank)})
+    state.apply({"v": 1, "t": NOW + 1, "rank": 1, "kind": "step", "step": 10})
+    state.apply({"v": 1, "t": NOW + 2, "rank": 1, "kind": "error", "exc_type": "AssertionError",
+                 "message": "bad batch", "location": "train.py:41 in step"})  # fmt: skip
+    state.apply({"v": 1, "t": NOW + 9, **hello(1, 300, 1), "restart_count": 1})
+    (ending,) = state.replicas.endings
+    (recorded,) = state.attempts.endings[0]
+    assert ending == ReplicaEnding.of(recorded, 1)
+    assert ending.failed and ending.error and "AssertionError" in ending.cause and ending.step == 10
 
 
 # -- recovery ------------------------------------------------------------------------------------
@@ -152,3 +172,23 @@ def test_a_replica_waiting_for_a_quorum_or_starting_up_is_no_culprit():
     assert torchft_stall.detect(snap([view(0), brief], torchft=tf_view())) is None
     plain = blocked(1, "train.py:55 main", "train.py:55 main")
     assert torchft_stall.detect(snap([view(0), plain])) is None  # not a torchft run
+
+
+def test_a_replica_groups_restart_is_told_once_and_is_no_attempt_of_the_run():
+    """A replica group's torchrun restarts its rank (restart_count 1 of max_restarts 1): the
+    torchft rule tells it; the run is not in "attempt 2 of 2" and has no run.recovered."""
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=2))
+    budget = {"restart_count": 0, "max_restarts": 1}
+    for rank in (0, 1):
+        state.apply({"v": 1, "t": NOW, **hello(rank, 100 + rank, rank), **budget})
+        state.apply({"v": 1, "t": NOW + 1, "rank": rank, "kind": "step", "step": 10})
+    state.apply({"v": 1, "t": NOW + 9, **hello(1, 300, 1), **budget, "restart_count": 1})
+    for rank in (0, 1):
+        state.apply({"v": 1, "t": NOW + 10, "rank": rank, "kind": "exit", "code": 0})
+    s = state.snapshot(NOW + 11, live=False)
+    assert s.attempts is None and [v.restarts for v in s.ranks] == [0, 1]
+    diag = diagnose(s)
+    assert diag.verdict is Verdict.HEALTHY
+    assert [f.id for f in diag.findings if f.severity is not Severity.INFO] == [
+        "torchft.replica_recovered"
+    ]

@@ -155,3 +155,33 @@ def test_when_imported_fires_once_after_the_module_ran(tmp_path, monkeypatch):
     when_imported("late_mod", seen.append)  # already imported: at once
     assert len(seen) == 2
     monkeypatch.delitem(sys.modules, "late_mod")
+
+
+@pytest.mark.parametrize(
+    ("script", "followed"),
+    [
+        ("ray/dashboard/agent.py", False),  # Ray's dashboard agent: the raylet waits for it
+        ("ray/_private/runtime_env/agent/main.py", False),
+        ("ray/_private/log_monitor.py", False),
+        ("ray/autoscaler/_private/monitor.py", False),
+        ("ray/_private/workers/default_worker.py", True),  # runs the user's code
+        ("train.py", True),
+    ],
+)
+def test_rays_own_helpers_do_not_load_the_runtime(tmp_path, script, followed):
+    """Ray's helpers are never ranks, and the raylet aborts when its agents start late: they
+    skip ddpdoctor's import (on a loaded machine it made the raylet miss its 15 s)."""
+    path = tmp_path / "site-packages" / script
+    path.parent.mkdir(parents=True)
+    path.write_text("import sys\nprint('ddpdoctor.runtime.autostart' in sys.modules)\n")
+    done = subprocess.run(
+        [sys.executable, "-u", str(path)],
+        env=clean_env(
+            {"PYTHONPATH": f"{SITE_DIR}{os.pathsep}{REPO}", ENV_RUN_DIR: str(tmp_path / "run")}
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(followed)

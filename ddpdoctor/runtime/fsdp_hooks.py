@@ -37,11 +37,15 @@ _MAX_WALK = 48  # frames walked at most from a unit's unshard to the user's line
 
 
 def unit_text(
-    fqn: str, where: fingerprint.Where | None, ran: fingerprint.Where | None = None
+    fqn: str,
+    where: fingerprint.Where | None,
+    ran: fingerprint.Where | None = None,
+    caller: fingerprint.Where | None = None,
 ) -> str:
     """The `site` (and `unit`) of a unit's collectives, as JSON members to splice into events:
     the line that called fully_shard, via `fully_shard[<module>]`; with `ran`, the user's line
-    that ran the unit, via `fully_shard[<module>]` at the line that wrapped it."""
+    that ran the unit, via `fully_shard[<module>]` at the line that wrapped it (and `caller`:
+    the user's line that called the function holding `ran`, a helper's call in the loop)."""
     name = fqn or ROOT_NAME
     unit: dict[str, Any] = {"module": name}
     fields: dict[str, Any] = {}
@@ -52,6 +56,8 @@ def unit_text(
         if where is not None:
             via.update(file=where[0].replace("\\", "/").rpartition("/")[2], line=where[1])
         fields["site"] = {"file": ran[0], "line": ran[1], "function": ran[2], "via": via}
+        if caller is not None:
+            fields["site"]["caller"] = {"file": caller[0], "line": caller[1], "function": caller[2]}
     elif where is not None:
         file, line, function = where
         fields["site"] = {"file": file, "line": line, "function": function, "via": via}
@@ -109,7 +115,16 @@ def ran_from_text(group: Any, frame: Any) -> str | None:
     modules = getattr(group, "modules", None) or ()
     where = modules[0].__dict__.get(SITE_ATTR) if modules else None
     name = getattr(code, "co_qualname", None) or code.co_name
-    text = unit_text(fqn, where, (code.co_filename, frame.f_lineno, name))
+    up = call_sites._user_caller(frame)
+    caller = None
+    if up is not None:
+        up_code = up.f_code
+        caller = (
+            up_code.co_filename,
+            up.f_lineno,
+            getattr(up_code, "co_qualname", up_code.co_name),
+        )
+    text = unit_text(fqn, where, (code.co_filename, frame.f_lineno, name), caller)
     if len(texts) < 64:
         texts[key] = (code, text)
     return text

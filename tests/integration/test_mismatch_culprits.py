@@ -1,12 +1,17 @@
 """The culprit of a mismatch (tests/corpus/mismatch/corpus.json): jobs written independently of
-ddpdoctor's own FSDP and framework corpora, in other styles (a module-level `fully_shard`
-import and a helper that shards, `fsdp.fully_shard` by attribute, a checkpoint helper calling
-`get_model_state_dict`, accumulation set by hand through `require_backward_grad_sync`,
-accelerate's `gather_for_metrics` / `wait_for_everyone` under `is_main_process`, a Lightning
-module with an unused head), run for real as `ddpdoctor run --no-tui --json -- COMMAND`.
+ddpdoctor's own FSDP and framework corpora, each class in two styles or more (a module-level
+`fully_shard` import and a helper that shards, the older `_composable` path and a wrap policy,
+`fsdp.fully_shard` by attribute with the unit run in the forward or in a rank-0 helper, a
+checkpoint helper calling `get_model_state_dict` and a checkpointer class calling
+`get_state_dict`, accumulation set by hand through `require_backward_grad_sync` and by
+accelerate's `accumulate`, accelerate's `gather_for_metrics` / `wait_for_everyone` under
+`is_main_process`, `@on_main_process` and in a `PartialState` helper, Lightning's and
+accelerate's parameters without a gradient, `gradient_as_bucket_view` on one rank in plain DDP
+and through accelerate's kwargs), run for real as `ddpdoctor run --no-tui --json -- COMMAND`.
 
-Each faulty job must get its verdict, its culprit rank and the user's line, and the fix in its
-framework's spelling; the valid per-rank setting (gradient_as_bucket_view and another bucket cap
+Each faulty job must get its verdict, its culprit rank and the user's line (and the lines its
+entry lists under `also`: the user's call of the helper that made the extra call), and the fix
+in its framework's spelling; the valid per-rank setting (gradient_as_bucket_view and another bucket cap
 on rank 0 only: the same buckets) must end healthy and never be stopped. Every job runs twice:
 on the machine as it is, and beside two busy loops that saturate two cores (the verdict may not
 depend on which rank's end the machine lets land first).
@@ -25,8 +30,6 @@ import pytest
 
 from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(3000)]
-
 CORPUS = REPO / "tests" / "corpus" / "mismatch"
 MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
@@ -34,6 +37,11 @@ HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 PARALLEL = 2
 RUN_TIMEOUT_S = 300
 LOADS = ("quiet", "loaded")
+# every job of both loads, PARALLEL at a time, each within RUN_TIMEOUT_S (most take a minute)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(len(FAULTY | HEALTHY) * len(LOADS) * RUN_TIMEOUT_S // PARALLEL),
+]
 HOG = "import time\nend = time.monotonic() + 600\nwhile time.monotonic() < end: pass\n"
 
 
@@ -116,8 +124,10 @@ def test_the_rank_that_left_the_common_path_is_named_at_its_line(results, name, 
     finding = next((f for f in doc["findings"] if f["id"] == expected["finding"]), None)
     assert finding is not None, context
     assert finding["severity"] == "error", context
-    if "line" in expected:
-        assert _cited(finding, expected["line"]), context
+    for line in [expected["line"], *expected.get("also", ())] if "line" in expected else ():
+        assert _cited(finding, line), context
+    # no job of the corpus has uneven data: a loader only one rank went through is no evidence
+    assert not [f for f in doc["findings"] if f["id"] == "uneven_inputs"], context
     if "fix" in expected:
         assert expected["fix"] in finding["fix"], context
     assert job_processes(r.run_dir) == []
@@ -133,4 +143,4 @@ def test_a_per_rank_setting_that_sends_the_same_collectives_is_healthy(results, 
     assert doc["verdict"] == "healthy", context
     assert doc["job"]["stopped_for"] is None, context
     assert all(rank["step"] == HEALTHY[name]["steps"] for rank in doc["ranks"]), doc["ranks"]
-    assert not [f for f in doc["findings"] if f["id"] == "spmd.contract_mismatch"], context
+    assert not [f for f in doc["findings"] if f["severity"] in ("error", "warning")], context

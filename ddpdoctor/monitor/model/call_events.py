@@ -25,7 +25,9 @@ class CallRecord(Protocol):
     """What this module keeps of a rank's record (ddpdoctor.monitor.model.rank_tracker)."""
 
     opens: dict[tuple[str, int], CollectiveView]  # the calls it is in, by (group, seq)
-    group_seqs: dict[str, int]  # the latest sequence number it reached in each group
+    # the latest sequence number it reached in each group: replaced, never changed in place
+    # (rank views share the tuple made from one dict until another dict is given)
+    group_seqs: dict[str, int]
     recent: deque[CollectiveView]  # its latest calls, oldest first
     collectives_done: int
     failed_collective: CollectiveView | None
@@ -55,8 +57,11 @@ def peers_of(e: dict[str, Any]) -> tuple[int, ...]:
 
 
 def note_seq(tracker: CallRecord, group: str, seq: int) -> None:
+    """A new dict, never the old one changed: a rank's view is remade from the dict's identity
+    (RankViews._items), and a dict changed in place left a rank that went on alone (its peer
+    ended, its view no longer remade) at the number it had when the peer's view was last made."""
     if seq > tracker.group_seqs.get(group, 0):
-        tracker.group_seqs[group] = seq
+        tracker.group_seqs = {**tracker.group_seqs, group: seq}
 
 
 def open_from_heartbeat(tracker: CallRecord, e: dict[str, Any], t: float | None) -> None:

@@ -100,6 +100,7 @@ class RankTracker:
         """Everything one attempt of the rank's process accumulates (a restart starts again)."""
         self.phase: str | None = None
         self.step: int | None = None
+        self.step_forwards: int | None = None  # forwards in its latest step (micro-batches)
         self.epoch: int | None = None
         self.loss: float | None = None
         self.step_time_s: float | None = None
@@ -258,6 +259,7 @@ class RankTracker:
         step = integer(e.get("step"))
         if step is not None:
             self.step = step
+        self.step_forwards = integer(e.get("forwards")) or self.step_forwards
         self.epoch = integer(e.get("epoch")) if e.get("epoch") is not None else self.epoch
         loss = num(e.get("loss"))
         if loss is not None:

@@ -203,6 +203,7 @@ class RankViews:
             "local_rank": tracker.local_rank,
             "phase": tracker.phase,
             "step": tracker.step,
+            "step_forwards": tracker.step_forwards,
             "epoch": tracker.epoch,
             "loss": tracker.loss,
             "step_time_s": tracker.step_time_s,

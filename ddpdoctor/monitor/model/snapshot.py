@@ -206,6 +206,7 @@ class RankView:
     local_rank: int | None = None
     phase: str | None = None
     step: int | None = None
+    step_forwards: int | None = None  # forwards in its latest step (> 1: no_sync micro-batches)
     total_steps: int | None = None  # planned steps, for progress bars (None when unknown)
     epoch: int | None = None
     loss: float | None = None

@@ -343,3 +343,29 @@ def test_the_launchers_are_grouped_again_after_a_hello_and_only_then():
         (9, (0,)),
         (8, (2,)),
     ]
+
+
+def test_a_rank_that_goes_on_alone_shows_its_latest_call_numbers():
+    """Rank 0 ended (its view no longer remade); rank 1 starts one more call: its view has the
+    new number (a view once read the rank's numbers as they stood when rank 0's was made)."""
+    s = Stream()
+    s.hello()
+    t = s.steps(2)
+    state = state_of(s)
+    s.events = {0: [], 1: []}
+    s.ev(0, t + 0.1, "exit", code=0, reason="normal")
+    state.apply(s.events[0][0], ("events/rank-0.jsonl", 99))
+    assert state.snapshot(NOW + t + 0.2, live=True).ranks[1].seq_in() == 2
+    s.collective(1, t + 0.3, dur=None)
+    state.apply(s.events[1][0], ("events/rank-1.jsonl", 99))
+    snap = state.snapshot(NOW + t + 0.4, live=True)
+    assert snap.ranks[1].seq_in() == 3 and snap.ranks[1].collective.seq == 3
+
+
+def test_a_steps_forwards_are_kept():
+    s = Stream()
+    s.hello()
+    s.ev(0, 1.0, "step", step=1, forwards=4, step_time_s=0.1)
+    s.ev(0, 1.2, "step", step=2, forwards=0, step_time_s=0.1)  # (no DDP forward: unknown)
+    snap = state_of(s).snapshot(NOW + 1.3, live=True)
+    assert snap.ranks[0].step_forwards == 4 and snap.ranks[1].step_forwards is None

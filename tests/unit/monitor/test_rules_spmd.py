@@ -112,8 +112,30 @@ def test_the_flight_recorders_barrier_against_an_all_reduce_names_the_rank_that_
 def test_one_sync_ahead_is_left_to_the_call_sites():
     """Rank 1 stopped before its forward for a barrier only it makes (the reference job's
     injected mismatch); rank 0 went on to the step's forward and gradient all-reduce: one sync
-    ahead, which the counts cannot tell from a rank that accumulates differently."""
+    ahead, which the counts cannot tell from a rank that accumulates differently; the steps'
+    forwards (one each on both ranks, or not known) say nothing either."""
     assert grad_syncs.extra_syncs(snap([synced(0, 4), synced(1, 3)]), [0], [1]) is None
+    alike = [synced(0, 4, step_forwards=1), synced(1, 3, step_forwards=1)]
+    assert grad_syncs.extra_syncs(snap(alike), [0], [1]) is None
+    half_known = [synced(0, 4, step_forwards=1), synced(1, 3)]
+    assert grad_syncs.extra_syncs(snap(half_known), [0], [1]) is None
+
+
+def test_one_sync_ahead_after_fewer_forwards_per_step_is_the_accumulation_difference():
+    """Rank 1 accumulates over 2 micro-batches, rank 0 over 4 (ddp_accum_config.py): rank 0
+    ended its loop after 6 syncs and waits in the end's barrier, rank 1 is in its 7th. Its
+    steps have fewer forwards: rank 1 made the extra call, at the line deciding its syncs."""
+    ranks = [synced(0, 6, step_forwards=4), synced(1, 7, step_forwards=2)]
+    outcome = grad_syncs.extra_syncs(snap(ranks), [1], [0])
+    assert outcome is not None and outcome.culprits == {1}
+    assert (outcome.findings[0].evidence[0].file, outcome.findings[0].evidence[0].line) == (
+        "/src/acc.py",
+        38,
+    )
+    assert grad_syncs.extra_syncs(snap(ranks), [0], [1]) is None
+    # the rank ahead with as many forwards per step or more is a step ahead, not the culprit
+    ahead = [synced(0, 4, step_forwards=2), synced(1, 3, step_forwards=2)]
+    assert grad_syncs.extra_syncs(snap(ahead), [0], [1]) is None
 
 
 def test_an_extra_call_through_a_framework_gets_that_frameworks_fix():

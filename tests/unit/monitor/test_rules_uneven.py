@@ -66,3 +66,20 @@ def test_the_loaders_name_the_short_rank_whatever_step_the_stop_caught_each_in()
     finding = uneven.detect(snap(ranks), Verdict.MISMATCH).findings[0]
     assert finding.ranks == (1,)
     assert finding.summary == "uneven inputs: rank 1 had 16 batches this epoch while rank 0 had 20"
+
+
+def test_a_loader_only_one_rank_went_through_is_no_uneven_input():
+    """Rank 0 alone evaluates at an epoch's end (an eval loader of 2 batches, its latest epoch
+    event); both ranks' training loader had 4 batches: no rank is short of training data."""
+    ranks = [
+        view(0, step=4, epoch_batches=2, loader_batches=((0, 4), (1, 2))),
+        view(1, step=4, epoch_batches=4, loader_batches=((0, 4),)),
+    ]
+    assert uneven.detect(snap(ranks), Verdict.MISMATCH) is None
+    short = [
+        view(0, step=4, epoch_batches=2, loader_batches=((0, 4), (1, 2))),
+        view(1, step=4, epoch_batches=3, loader_batches=((0, 3),)),
+    ]
+    out = uneven.detect(snap(short), Verdict.MISMATCH)
+    assert out is not None and out.findings[0].ranks == (1,)
+    assert "3 batches this epoch while rank 0 had 4" in out.findings[0].summary

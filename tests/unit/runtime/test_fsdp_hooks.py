@@ -100,6 +100,23 @@ def test_a_units_all_gather_names_the_user_line_that_ran_it():
     }
     assert fields["unit"] == {"module": "blocks.1", "file": "/src/train.py", "line": 67}
     assert ran_here(group)[0] is text  # made once per (unit, line)
+    # ran_here is a helper: the user's line that called it (this test) is named too
+    caller = fields["site"]["caller"]
+    assert caller["file"] == __file__ and caller["function"].startswith("test_a_units_all")
+
+
+def ran_the_unit_in_a_helper(group):
+    return ran_here(group)
+
+
+def test_a_unit_run_in_a_helper_names_the_helpers_caller():
+    import json
+
+    text, line = ran_the_unit_in_a_helper(Group(("/src/train.py", 67, "main")))
+    site = json.loads("{" + text + "}")["site"]
+    assert site["line"] == line and site["function"] == "ran_here"
+    assert site["caller"]["function"] == "ran_the_unit_in_a_helper"
+    assert site["caller"]["line"] == ran_the_unit_in_a_helper.__code__.co_firstlineno + 1
 
 
 def test_fully_shard_imported_before_the_runtime_still_names_its_line(recording):

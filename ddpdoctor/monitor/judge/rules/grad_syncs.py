@@ -114,14 +114,27 @@ def extra_syncs(snap: Snapshot, side: list[int], rest: list[int]) -> RuleOutcome
         # One sync ahead of a rank in another collective is also what a rank a step ahead
         # looks like when the other stopped before its forward for an extra call of its own
         # (a barrier or an all_reduce under `if rank == 1`): by the counts alone the two read
-        # alike, so one ahead is left to the call sites; two or more is more syncs per batch.
+        # alike, so one ahead needs the steps' forwards to say so (fewer micro-batches per
+        # sync); two or more is more syncs per batch.
         least = min(_syncs(v).get(group, 0) for v in views if v)
-        if least <= most + 1:
+        if least <= most or (least == most + 1 and not _fewer_forwards_per_sync(views, others)):
             continue
         if all(_syncs(v).get(group, 0) > most for v in views if v):
             ahead = [v for v in views if v]
             return _outcome(snap, group, ahead, list(rest), most, "while the others went on")
     return None
+
+
+def _fewer_forwards_per_sync(side: list[RankView | None], rest: list[RankView | None]) -> bool:
+    """Every rank of `side` synced after fewer forwards than every rank of `rest` (the forwards
+    of each one's latest step: a step is one sync and the micro-batches under `no_sync()` before
+    it): it accumulates over fewer micro-batches, so its extra sync is no step ahead of a peer
+    that stopped for a call of its own (that peer's steps have as many forwards)."""
+    mine = [v.step_forwards for v in side if v is not None]
+    theirs = [v.step_forwards for v in rest if v is not None]
+    if not mine or not theirs or not all(mine) or not all(theirs):
+        return False  # unknown on some rank (no step recorded yet): no evidence
+    return max(n for n in mine if n) < min(n for n in theirs if n)
 
 
 def _same_stretch(views: list[RankView | None]) -> bool:

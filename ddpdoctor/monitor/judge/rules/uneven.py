@@ -39,7 +39,7 @@ def detect(
     if len(stepped) < 2:
         return None
     evidence: list[Evidence] = []
-    batches = {v.rank: v.epoch_batches for v in snap.ranks if v.epoch_batches is not None}
+    batches = _batches_of_one_loader(snap)
     uneven = False
     if len(set(batches.values())) > 1:
         uneven = True
@@ -89,3 +89,24 @@ def detect(
         evidence=tuple(evidence),
     )
     return RuleOutcome(rule="uneven_inputs", findings=(finding,))
+
+
+def _batches_of_one_loader(snap: Snapshot) -> dict[int, int]:
+    """Each rank's batches this epoch in the same loader: the first loader (in the order the
+    ranks made them) whose lengths differ among the ranks that iterated it, else the first that
+    all iterated. A rank that alone went through another loader (rank 0's evaluation loader at
+    an epoch's end) is not short of training batches. Ranks without loader ids: their latest."""
+    views = [v for v in snap.ranks if v.epoch_batches is not None]
+    if not all(v.loader_batches for v in views):
+        return {v.rank: v.epoch_batches for v in views if v.epoch_batches is not None}
+    per_rank = {v.rank: dict(v.loader_batches) for v in views}
+    loaders = sorted({loader for counts in per_rank.values() for loader in counts})
+    first: dict[int, int] = {}
+    for loader in loaders:
+        counts = {r: c[loader] for r, c in per_rank.items() if loader in c}
+        if len(counts) < 2:
+            continue  # one rank's loader alone: nothing to compare it with
+        if len(set(counts.values())) > 1:
+            return counts
+        first = first or counts
+    return first

@@ -35,10 +35,12 @@ from tests.procs import (
     run_in_parallel,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+# the slow tests' module fixtures start their jobs in the first test that asks (its timeout
+# includes them): a few jobs, each a few minutes on a loaded 2-core machine
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 CORPUS = REPO / "tests" / "corpus" / "replicas"
-RUN_TIMEOUT_S = 240
+RUN_TIMEOUT_S = 420
 DIVERGING = {  # script -> (culprit ranks, the line cited, the step of the call)
     "reload_helper.py": ([0], "reload_helper.py:15", "at step 20"),
     "reload_inline.py": ([0], "reload_inline.py:29", "at step 20"),
@@ -48,6 +50,7 @@ DIVERGING = {  # script -> (culprit ranks, the line cited, the step of the call)
 }
 HEALTHY = ["healthy_seeds.py", "hsdp_healthy.py", "zero_healthy.py"]
 ZERO_SCHED = "zero_sched_rank0.py"
+HSDP_ZERO = ["hsdp_sched_rank0.py", "hsdp_healthy.py", ZERO_SCHED, "zero_healthy.py"]
 # 4 ranks, HSDP 2x2: replicate groups {0, 2} and {1, 3}, each holding its own shards
 FOUR_RANKS = {
     "hsdp4_sched": ("hsdp_sched_rank0.py", ("--mesh", "2x2"), {}),
@@ -131,8 +134,13 @@ def test_a_reload_on_rank_0_in_a_helper_is_named_with_its_step_and_line(tmp_path
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, JsonRun]:
     base = tmp_path_factory.mktemp("replicas")
-    scripts = [s for s in DIVERGING if s != "reload_helper.py"] + HEALTHY + [ZERO_SCHED]
-    return _run_all(base, scripts, parallel=2)
+    scripts = [s for s in DIVERGING if s != "reload_helper.py" and s not in HSDP_ZERO]
+    return _run_all(base, [*scripts, "healthy_seeds.py"], parallel=2)
+
+
+@pytest.fixture(scope="module")
+def hsdp_zero(tmp_path_factory) -> dict[str, JsonRun]:
+    return _run_all(tmp_path_factory.mktemp("replicas_hsdp_zero"), HSDP_ZERO, parallel=2)
 
 
 @pytest.fixture(scope="module")
@@ -147,16 +155,17 @@ def four_ranks(tmp_path_factory) -> dict[str, JsonRun]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", [s for s in DIVERGING if s != "reload_helper.py"])
-def test_each_diverging_job_is_an_error_naming_rank_step_and_line(corpus, script):
-    assert_diverged(corpus[script], script)
+def test_each_diverging_job_is_an_error_naming_rank_step_and_line(request, script):
+    runs = request.getfixturevalue("hsdp_zero" if script in HSDP_ZERO else "corpus")
+    assert_diverged(runs[script], script)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", HEALTHY)
-def test_each_healthy_job_has_no_divergence(corpus, script):
+def test_each_healthy_job_has_no_divergence(request, script):
     """Per-rank seeds, BatchNorm, rank-0-only evaluation (DDP); HSDP and ZeRO written in other
     styles (a helper that shards, gradients averaged by hand): nothing said, replicas agreed."""
-    r = corpus[script]
+    r = request.getfixturevalue("hsdp_zero" if script in HSDP_ZERO else "corpus")[script]
     doc = r.document()
     assert r.returncode == 0 and doc["verdict"] == "healthy", r.stderr[-3000:]
     assert not [f for f in doc["findings"] if f["id"].startswith("replicas.")]
@@ -175,8 +184,8 @@ def test_each_healthy_job_has_no_divergence(corpus, script):
 
 
 @pytest.mark.slow
-def test_a_zero_scheduler_on_rank_0_alone_is_named_though_the_replicas_agree(corpus):
-    r = corpus[ZERO_SCHED]
+def test_a_zero_scheduler_on_rank_0_alone_is_named_though_the_replicas_agree(hsdp_zero):
+    r = hsdp_zero[ZERO_SCHED]
     doc = r.document()
     context = r.stderr[-3000:]
     assert r.returncode == 1 and doc["verdict"] == "mismatch" and doc["culprits"] == [0], context

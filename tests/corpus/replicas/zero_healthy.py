@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as ZeRO
 
-STEPS = 120
+STEPS = 60
 
 
 def average_gradients(model):

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS = 120
+STEPS = 60
 
 
 def main():

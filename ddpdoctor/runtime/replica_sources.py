@@ -19,13 +19,8 @@ must agree, among which ranks, and when every rank of them is at the same point 
   but the model is wrong. The call counts that travel with every digest (replica_calls.py) are
   what find that (monitor/judge/rules/replicas.py: `replicas.updates_differ`).
 
-- DeepSpeed ZeRO-1/2: the same, for the engine's module (every rank of its data-parallel group
-  holds every parameter; each updates its partition and all-gathers the others), digested at
-  the engine's training forward. Stage 0 is plain data parallelism (replicas as DDP's); stage 3
-  partitions the parameters and replicates nothing.
-
-Cost per step: the FSDP root's forward and a DeepSpeed engine's pay one dict look-up and a
-compare (replicas.py does the rest at a due step); a ZeRO optimizer's step one pre-hook call.
+Cost per step: the FSDP root's forward pays one dict look-up and a compare (replicas.py does the
+rest at a due step); a ZeRO optimizer's step pays one pre-hook call.
 """
 
 from __future__ import annotations
@@ -38,7 +33,6 @@ from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
 ZERO_MODULE = "torch.distributed.optim.zero_redundancy_optimizer"
-DEEPSPEED_MODULE = "deepspeed.runtime.engine"
 
 
 def hsdp_of(state: Any) -> tuple[str, list[int] | None, replicas.Source] | None:
@@ -138,64 +132,12 @@ def install_zero(runtime: core.Runtime, module: Any) -> None:
     patch(runtime, cls, "__init__", __init__, init)
 
 
-def deepspeed_of(engine: Any) -> tuple[str, list[int] | None, replicas.Source] | None:
-    """A DeepSpeed engine's replicated parameters: under ZeRO stage 1 or 2 every rank of its
-    data-parallel group holds all of them (stage 0: plain data parallelism, as DDP); stage 3
-    partitions them: nothing replicated."""
-    stage = int(engine.zero_optimization_stage() or 0)
-    if stage >= 3:
-        return None
-    named = [(n, p) for n, p in engine.module.named_parameters()]
-    if not named:
-        return None
-    group = getattr(engine, "seq_data_parallel_group", None) or getattr(
-        engine, "data_parallel_group", None
-    )
-    names = [n for n, _ in named]
-    params = [p for _, p in named]
-
-    def source(_owner: Any) -> tuple[list[str], list[Any]]:
-        return names, params
-
-    return ("zero" if stage else "ddp"), replicas.group_ranks(group), source
-
-
-def install_deepspeed(runtime: core.Runtime, module: Any) -> None:
-    """The engine's training forward (grad enabled, in train mode): its due digests."""
-    cls = getattr(module, "DeepSpeedEngine", None)
-    forward = vars(cls).get("forward") if cls is not None else None
-    if forward is None or hasattr(forward, WRAPPED_MARK):
-        return
-    import torch
-
-    grad_enabled = torch.is_grad_enabled
-
-    @functools.wraps(forward)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        rt = core._active
-        if rt is not None and self.training and grad_enabled():
-            try:
-                digests = self.__dict__.get(replicas.STATE_ATTR)
-                if digests is None or (digests and rt.steps.steps_done >= digests.next_step):
-                    replicas.due_other(self, rt, deepspeed_of)
-            except Exception:  # noqa: BLE001 - never stand between the engine and its forward
-                pass
-        return forward(self, *args, **kwargs)
-
-    patch(runtime, cls, "forward", wrapper, forward)
-
-
 def install(runtime: core.Runtime) -> None:
-    """Hook ZeroRedundancyOptimizer and DeepSpeed's engine once the script imports them (now,
-    if it has); FSDP's roots come through fsdp_hooks."""
+    """Hook ZeroRedundancyOptimizer once the script imports it (now, if it has); FSDP's roots
+    come through fsdp_hooks."""
 
     def zero_imported(module: Any) -> None:
         if core.active() is runtime and replicas._ON:
             install_zero(runtime, module)
 
-    def deepspeed_imported(module: Any) -> None:
-        if core.active() is runtime and replicas._ON:
-            install_deepspeed(runtime, module)
-
     when_imported(ZERO_MODULE, zero_imported)
-    when_imported(DEEPSPEED_MODULE, deepspeed_imported)

@@ -265,3 +265,20 @@ def test_zero_replicas_that_agree_while_one_rank_steps_its_scheduler_are_updates
         view(1, replica_digests=digests_of([zero(0), zero(8)])),
     ]
     assert not replicas_said(diagnose(snap(views)))
+
+
+def test_zero_updates_differing_stop_the_job_only_when_asked():
+    sched = call("ExponentialLR.step", SCHED_SITE, 1, [1])
+    views = [
+        view(0, replica_digests=digests_of([zero(0), zero(1, [sched])])),
+        view(1, replica_digests=digests_of([zero(0), zero(1)])),
+    ]
+    judged = apply_diagnosis(snap(views), diagnose(snap(views)))
+    clock = [0.0]
+    polite = StopPolicy(keep_running=False, clock=lambda: clock[0])
+    asked = StopPolicy(keep_running=False, clock=lambda: clock[0], stop_on_divergence=True)
+    for _ in range(40):
+        clock[0] += 1.0
+        assert polite.observe(judged, job_running=True).stop is None
+        asked.observe(judged, job_running=True)
+    assert asked.stopped_for is Verdict.MISMATCH

@@ -2,7 +2,7 @@
 
     python benchmarks/replica_digest.py [--sizes 1e4,1e5,1e6,1e7] [--reps 30]
                                         [--rounds 20] [--block 64] [--hidden 512] [--device cpu]
-                                        [--threads 1]
+                                        [--threads 1] [--replicas 1]
 
 CPU threads: 1 by default, as torchrun sets OMP_NUM_THREADS=1 for each rank (a rank that uses
 more shares the cores with its peers; on a loaded machine a parallel sum waits for its threads).
@@ -19,7 +19,10 @@ more shares the cores with its peers; on a loaded machine a parallel sum waits f
    for both. Reported: the digest's accounted share (time inside the digest / time of the
    digesting blocks, the figure the 0.5 % budget is about), and the wall-time difference of the
    pair per round (median and spread: the sanity check, noisier than the share on a shared
-   machine).
+   machine). `--replicas 2`: the rank digests two replicas of the same parameters, as a DDP
+   model with torch's ZeroRedundancyOptimizer does (the model's digest and the optimizer's), each
+   on its own schedule sharing the one budget (replica_sources.py); HSDP's digest is the same
+   digest over the rank's shards, a fraction of the parameters.
 
 On a GPU (`--device cuda`): the digest runs on the device where the parameters live; its one
 copy to the host waits for the work queued before it, so the time measured around it includes
@@ -83,7 +86,7 @@ def digest_cost(sizes: list[int], reps: int, device: str) -> None:
         )
 
 
-def training_share(rounds: int, block: int, hidden: int, device: str) -> None:
+def training_share(rounds: int, block: int, hidden: int, device: str, count_of: int = 1) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -101,22 +104,28 @@ def training_share(rounds: int, block: int, hidden: int, device: str) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 64, device=device), torch.randn(32, 8, device=device)
     params = [p for _, p in model.module.named_parameters()]
-    state = replicas.ModelState(model, 0)
+    states = [replicas.ModelState(model, i) for i in range(count_of)]
+    replicas._STATES[:] = states  # the schedule shares the budget among the replicas digested
+    state = states[0]
     step_no = 0
     digest_s = 0.0
+    digest_cpu = 0.0  # the thread's CPU time inside digests: what preemption does not inflate
     digests = 0
 
     def steps(n: int, digest: bool) -> float:
-        nonlocal step_no, digest_s, digests
+        nonlocal step_no, digest_s, digest_cpu, digests
         t0 = time.perf_counter()
         for _ in range(n):
-            if digest and step_no >= state.next_step:
-                d0 = time.perf_counter()
+            for each in states if digest else ():
+                if step_no < each.next_step:
+                    continue
+                d0, c0 = time.perf_counter(), time.thread_time()
                 replicas.digest_tensors(params)
                 cost = time.perf_counter() - d0
+                digest_cpu += time.thread_time() - c0
                 digest_s += cost
                 digests += 1
-                replicas._schedule(state, step_no, cost, time.perf_counter())
+                replicas._schedule(each, step_no, cost, time.perf_counter())
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -126,6 +135,8 @@ def training_share(rounds: int, block: int, hidden: int, device: str) -> None:
         return time.perf_counter() - t0
 
     steps(block, True)  # warm up, and learn the step time
+    digest_s, digest_cpu, digests = 0.0, 0.0, 0  # the share is of the measured blocks only
+    cpu0 = time.thread_time()
     diffs: list[float] = []
     digest_wall = 0.0
     plain_wall = 0.0
@@ -135,16 +146,20 @@ def training_share(rounds: int, block: int, hidden: int, device: str) -> None:
         diffs.append((walls[True] - walls[False]) / walls[False])
         digest_wall += walls[True]
         plain_wall += walls[False]
+    block_cpu = time.thread_time() - cpu0  # both kinds of blocks: about twice the digesting's
     count = sum(p.numel() for p in params)
     step_ms = plain_wall / (rounds * block) * 1e3
     print(
         f"2. training share: {count:,} parameters, {step_ms:.2f} ms a step, {rounds} rounds of "
-        f"{block}-step pairs; K = {state.every} at the end, {digests} digests"
+        f"{block}-step pairs; {len(states)} replica(s) digested, K = {state.every} at the end, "
+        f"{digests} digests"
     )
     print(
         f"   accounted: {digest_s / digest_wall * 100:.3f} % of the digesting blocks' time "
         f"(budget {replicas.TARGET_FRACTION * 100:.1f} %); "
-        f"{digest_s / max(digests, 1) * 1e6:.1f} µs a digest"
+        f"{digest_s / max(digests, 1) * 1e6:.1f} µs a digest; in CPU time (preemption left "
+        f"out): {digest_cpu / max(block_cpu / 2, 1e-9) * 100:.3f} %, "
+        f"{digest_cpu / max(digests, 1) * 1e6:.1f} µs a digest"
     )
     print(
         f"   pair difference: median {statistics.median(diffs) * 100:+.2f} % "
@@ -162,6 +177,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument(
+        "--replicas", type=int, default=1, help="replicas digested (2: DDP with ZeRO)"
+    )
+    parser.add_argument(
         "--threads", type=int, default=1, help="torch's CPU threads (torchrun's default: 1)"
     )
     args = parser.parse_args()
@@ -170,7 +188,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     digest_cost(sizes, args.reps, args.device)
-    training_share(args.rounds, args.block, args.hidden, args.device)
+    training_share(args.rounds, args.block, args.hidden, args.device, max(1, args.replicas))
 
 
 if __name__ == "__main__":

@@ -76,10 +76,13 @@ class Decision:
 
 
 def diverged(snapshot: Snapshot) -> bool:
-    """The verdict is the replicas' divergence (monitor/judge/rules/replicas.py)."""
+    """The verdict is the replicas' divergence, or a ZeRO optimizer's ranks that updated it
+    differently (monitor/judge/rules/replicas.py, replica_updates.py)."""
     findings: Any = getattr(snapshot, "findings", ())
     return bool(
-        snapshot.verdict is Verdict.MISMATCH and findings and findings[0].id == "replicas.diverged"
+        snapshot.verdict is Verdict.MISMATCH
+        and findings
+        and findings[0].id in ("replicas.diverged", "replicas.updates_differ")
     )
 
 

@@ -35,7 +35,10 @@ ray_call           state ("busy": the user's code started running in this Ray wo
                    exception), max_failures (on "busy" of train_fn: Ray Train's
                    FailureConfig(max_failures), -1 unlimited, where readable). Ray ends a worker without exit handlers once its work is done:
                    a rank that vanishes while idle finished; one that vanishes busy died.
-replica_digest     model (index of the DDP model in the order it first trained), step (steps
+replica_digest     model (index of the replica in the order it first trained), replica ("ddp" |
+                   "hsdp": a replicate group's shards | "zero": a ZeroRedundancyOptimizer's
+                   parameters), peers [int] (the global ranks holding the same replica, when
+                   not every rank), step (steps
                    finished: the same on every rank), final (bool: at the end of the training),
                    buffers (bool: buffers digested, right after DDP broadcast them),
                    sync_buffers (the model's broadcast_buffers), every (K), digests [int: the

@@ -121,6 +121,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         funcol_hooks,
         optim_hooks,
         pipeline_hooks,
+        replica_sources,
         replicas,
     )
 
@@ -135,6 +136,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),
         ("replicas", replicas.install),
+        ("replicas of HSDP and ZeRO", replica_sources.install),
     ):
         try:
             installer(runtime)

@@ -20,7 +20,7 @@ import functools
 import sys
 from typing import Any
 
-from ddpdoctor.runtime import call_sites, core, fingerprint
+from ddpdoctor.runtime import call_sites, core, fingerprint, replica_sources
 from ddpdoctor.runtime.c10d_hooks import NESTING
 from ddpdoctor.runtime.ddp_hooks import batch_size_of
 from ddpdoctor.runtime.import_hooks import when_imported
@@ -213,6 +213,8 @@ def on_root_forward(rt: core.Runtime, state: Any, module: Any, args: Any, kwargs
         group = state._fsdp_param_group
         synced = bool(getattr(group, "reduce_grads", True)) if group is not None else True
         rt.steps.on_forward(rt.mono_clock(), True, synced, batch_size_of(args, kwargs), training)
+        if synced:  # HSDP's replicated shards may be due for a digest (replica_sources.py)
+            replica_sources.on_fsdp_root_forward(rt, state)
     else:
         if rt.auto_phase and rt.phase != core.AUTO_EVAL:
             rt.set_phase(core.AUTO_EVAL, auto=True)

@@ -28,6 +28,12 @@ rank's BatchNorm statistics follow its own batches, by design. Parameters DDP ig
 (`_ddp_params_and_buffers_to_ignore`) are not compared. At the end (destroy_process_group, or a
 clean exit with the model still alive) a last digest of the parameters says whether the replicas
 agreed at the end.
+
+Other replicas (replica_sources.py) use the same schedule and digest: HSDP's shards across the
+replicate dimension of its mesh (digested at the FSDP root's training forward, compared among
+the ranks of one replicate group), and the parameters of torch's ZeroRedundancyOptimizer
+(digested before its step, compared across its process group). Each digest says its kind and,
+when they are not every rank, the ranks that must hold the same replica (`peers`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor.protocol.events import REPLICA_DIGEST
@@ -54,6 +61,10 @@ def enabled(environ: Any = os.environ) -> bool:
     return str(environ.get(ENV, "")).strip().lower() not in ("0", "false", "no", "off")
 
 
+# A replica other than a DDP model's (replica_sources.py): its owner -> (names, tensors)
+Source = Callable[[Any], tuple[list[str], list[Any]]]
+
+
 class ModelState:
     """One DDP model's digest schedule (mutable; kept on the model and in _STATES)."""
 
@@ -65,20 +76,33 @@ class ModelState:
         "final_step",
         "ignored",
         "index",
+        "kind",
         "last_end",
         "last_step",
         "model",
         "names",
         "next_step",
+        "peers",
+        "source",
         "step_s",
         "sync_buffers",
     )
 
-    def __init__(self, ddp: Any, index: int) -> None:
-        self.model = weakref.ref(ddp)
+    def __init__(
+        self,
+        owner: Any,
+        index: int,
+        kind: str = "ddp",
+        peers: list[int] | None = None,
+        source: Source | None = None,
+    ) -> None:
+        self.model = weakref.ref(owner)
         self.index = index
-        self.ignored = frozenset(getattr(ddp, "parameters_to_ignore", ()) or ())
-        self.sync_buffers = bool(getattr(ddp, "broadcast_buffers", True))
+        self.kind = kind
+        self.peers = peers  # the global ranks holding the same replica (None: every rank)
+        self.source = source  # what to digest (None: the DDP model's parameters and buffers)
+        self.ignored = frozenset(getattr(owner, "parameters_to_ignore", ()) or ())
+        self.sync_buffers = bool(getattr(owner, "broadcast_buffers", True))
         self.next_step = 0
         self.every = 1
         self.cost_s: float | None = None
@@ -157,10 +181,15 @@ def take(state: ModelState, rt: core.Runtime, step: int, *, buffers: bool, final
     if ddp is None:
         return
     t0 = time.perf_counter()
-    names, tensors = _named(state, ddp, buffers)
+    if state.source is None:
+        names, tensors = _named(state, ddp, buffers)
+    else:
+        names, tensors = state.source(ddp)
+        buffers = False
     values = digest_tensors(tensors)
     fields: dict[str, Any] = {
         "model": state.index,
+        "replica": state.kind,
         "step": step,
         "final": final,
         "buffers": buffers,
@@ -169,6 +198,8 @@ def take(state: ModelState, rt: core.Runtime, step: int, *, buffers: bool, final
         "digests": values,
         "calls": replica_calls.snapshot(),
     }
+    if state.peers is not None:
+        fields["peers"] = state.peers
     if tuple(names) != state.names:
         state.names = tuple(names)
         fields["names"] = names
@@ -198,7 +229,9 @@ def _schedule(state: ModelState, step: int, cost: float, now: float) -> None:
     if state.step_s is None:
         every = 1
     else:
-        wanted = state.cost_s / (TARGET_FRACTION * state.step_s)
+        # the budget is shared by every replica this rank digests (a DDP model and its ZeRO
+        # optimizer: both within TARGET_FRACTION together)
+        wanted = state.cost_s * max(1, len(_STATES)) / (TARGET_FRACTION * state.step_s)
         every = MIN_EVERY
         while every < wanted and every < MAX_EVERY:
             every *= 2
@@ -214,7 +247,8 @@ def due(ddp: Any, rt: core.Runtime) -> None:
         setattr(ddp, STATE_ATTR, False)
         return
     if not state:
-        state = ModelState(ddp, len(_STATES))
+        peers = group_ranks(getattr(ddp, "process_group", None))
+        state = ModelState(ddp, len(_STATES), "ddp", peers)
         _STATES.append(state)
         setattr(ddp, STATE_ATTR, state)
         try:
@@ -247,6 +281,43 @@ def due(ddp: Any, rt: core.Runtime) -> None:
                 state.next_step = NEVER
 
     handle = ddp.module.register_forward_pre_hook(after_buffer_sync)
+
+
+def group_ranks(group: Any) -> list[int] | None:
+    """The global ranks of a process group, or None when it is every rank (or unknown)."""
+    if group is None:
+        return None
+    try:
+        import torch.distributed as dist
+
+        ranks = sorted(int(r) for r in dist.get_process_group_ranks(group))
+        return ranks if 0 < len(ranks) < dist.get_world_size() else None
+    except Exception:  # noqa: BLE001 - a group torch cannot place: compared as every rank's
+        return None
+
+
+def due_other(owner: Any, rt: core.Runtime, make: Any) -> None:
+    """A replica other than a DDP model's (replica_sources.py), at a point every rank of it
+    reaches at the same step: the FSDP root's training forward, a ZeRO optimizer's step. The
+    first time, `make(owner)` says what it is: (kind, peers, source), or None (nothing
+    replicated: the owner is marked and costs one dict look-up from then on)."""
+    state = owner.__dict__.get(STATE_ATTR)
+    if state is False:
+        return
+    if state is None:
+        made = make(owner) if _ON else None
+        if made is None:
+            owner.__dict__[STATE_ATTR] = False
+            return
+        kind, peers, source = made
+        state = ModelState(owner, len(_STATES), kind, peers, source)
+        _STATES.append(state)
+        owner.__dict__[STATE_ATTR] = state
+    step = rt.steps.steps_done
+    if step < state.next_step:
+        return
+    state.next_step = NEVER  # until taken
+    take(state, rt, step, buffers=False, final=False)
 
 
 def at_end(rt: core.Runtime) -> None:

@@ -25,6 +25,8 @@ KEEP_RECENT = 32
 MAX_MODELS = 8
 MAX_TENSORS = 100_000  # per digest (a model with more tensors than this is not compared)
 MAX_CALLS = 64
+MAX_PEERS = 65_536
+KINDS = ("ddp", "hsdp", "zero")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class ReplicaDigest:
     cost_s: float | None = None
     every: int | None = None
     t: float | None = None  # when the rank wrote it
+    kind: str = "ddp"  # "ddp", "hsdp" (a replicate group's shards), "zero" (ZeRO's parameters)
+    peers: tuple[int, ...] | None = None  # the ranks holding the same replica (None: all)
 
     def by_name(self) -> dict[str, int]:
         return dict(zip(self.names, self.values, strict=False))
@@ -81,6 +85,16 @@ def _calls(value: Any) -> tuple[ReplicaCall, ...]:
         site = call_site(item.get("site")) if isinstance(item.get("site"), dict) else None
         out.append(ReplicaCall(what, site, item.get("ddp") is True, count, steps_t))
     return tuple(out)
+
+
+def _peers(value: Any) -> tuple[int, ...] | None:
+    """A replica's ranks: distinct, in order, at least two (else the digest compares with
+    every rank's, as a DDP model over the whole world)."""
+    peers = _ints(value)
+    if peers is None or len(peers) > MAX_PEERS or len(peers) < 2:
+        return None
+    ordered = tuple(sorted(set(peers)))
+    return ordered if len(ordered) == len(peers) and ordered[0] >= 0 else None
 
 
 def _ints(value: Any) -> tuple[int, ...] | None:
@@ -117,6 +131,7 @@ class ReplicaTrack:
         if names is None or values is None or len(values) != len(names):
             return
         cost = event.get("cost_s")
+        kind = text(event.get("replica"))
         digest = ReplicaDigest(
             model=model,
             step=step,
@@ -129,6 +144,8 @@ class ReplicaTrack:
             cost_s=float(cost) if isinstance(cost, int | float) and cost >= 0 else None,
             every=integer(event.get("every")),
             t=num(event.get("t")),
+            kind=kind if kind in KINDS else "ddp",
+            peers=_peers(event.get("peers")),
         )
         self._view = None
         if digest.final:

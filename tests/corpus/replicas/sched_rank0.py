@@ -1,6 +1,7 @@
 """Rank 0 alone steps the LR scheduler (the "only on the main process" habit)."""
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -8,7 +9,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.lr_scheduler import StepLR
 
-STEPS = 200
+STEPS = int(os.environ.get("REPLICA_STEPS", "200"))
+STEP_S = float(os.environ.get("REPLICA_STEP_S", "0"))  # the time a real step would take
 
 
 def main():
@@ -24,6 +26,7 @@ def main():
         optimizer.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+        time.sleep(STEP_S)
         if rank == 0:
             scheduler.step()
             if step % 50 == 0:

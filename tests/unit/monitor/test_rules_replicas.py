@@ -180,3 +180,105 @@ def test_bad_digest_events_are_dropped_and_the_kept_digests_stay_bounded():
     tracker = RankTracker(0)
     tracker.apply(event(8, SAME))
     assert [d.step for d in tracker.replicas.view()] == [8]
+
+
+def replicas_said(diagnosis: Any) -> list:
+    return [f for f in diagnosis.findings if f.id.startswith("replicas.")] + (
+        [diagnosis.verdict] if diagnosis.verdict is Verdict.MISMATCH else []
+    )
+
+
+def hsdp(rank: int, step: int, digests: list[int], peers: list[int], **kw: Any) -> dict:
+    return event(step, digests, replica="hsdp", peers=peers, rank=rank, **kw)
+
+
+def test_hsdp_replicate_groups_are_compared_apart_and_a_drifting_group_is_named():
+    """2x2 HSDP: ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1. Different shards are no
+    divergence; rank 0's shard drifting from rank 2's is, in the group of ranks 0, 2."""
+    shard0, shard1 = [1, 2, 3, 4], [5, 6, 7, 8]
+    views = [
+        view(r, replica_digests=digests_of([hsdp(r, s, d, p) for s in (0, 8, 16)]))
+        for r, d, p in ((0, shard0, [0, 2]), (1, shard1, [1, 3]), (2, shard0, [0, 2]))
+    ]
+    views.append(view(3, replica_digests=digests_of([hsdp(3, s, shard1, [1, 3]) for s in (0, 8)])))
+    assert not replicas_said(diagnose(snap(views)))
+    ends = replicas.at_end(replicas.of_snapshot(snap(views)))
+    assert [f.id for f in ends] == [replicas.AGREED_AT_END] * 2  # one per replicate group
+    sched = call("StepLR.step", SCHED_SITE, 7, [1, 2, 3, 4, 5, 6, 7])
+    drift = [hsdp(0, 0, shard0, [0, 2]), hsdp(0, 8, [9, 2, 3, 4], [0, 2], calls=[sched])]
+    views[0] = view(0, replica_digests=digests_of(drift))
+    diagnosis = diagnose(snap(views))
+    assert diagnosis.verdict is Verdict.MISMATCH and diagnosis.culprits == frozenset({0})
+    finding = diagnosis.findings[0]
+    assert "from step 8, after agreeing at step 0" in finding.summary
+    assert "1 of 4 tensors of the HSDP model's shards (replicate group ranks 0, 2)" in (
+        finding.summary
+    )
+    assert "rank 0 called StepLR.step at train.py:40" in finding.summary
+    # a rank whose peers leave itself out is not compared (nothing to believe)
+    odd = view(4, replica_digests=digests_of([hsdp(4, 0, [0, 0, 0, 0], [0, 2])]))
+    assert replicas.partitions(replicas.of_snapshot(snap([*views, odd])), 0)[0][0][0] == 0
+
+
+def test_a_divergence_seen_only_in_the_final_digests_is_found_live():
+    """Fast steps space the digests far apart: after steps 0 and 1 the next may be the end."""
+    r0 = [event(0, SAME), event(1, SAME), event(200, [1, 12, 13, 14], [LOAD], final=True)]
+    r1 = [event(0, SAME), event(1, SAME), event(200, SAME, final=True)]
+    views = [view(0, replica_digests=digests_of(r0)), view(1, replica_digests=digests_of(r1))]
+    diagnosis = diagnose(snap(views))
+    assert diagnosis.verdict is Verdict.MISMATCH and diagnosis.culprits == frozenset({0})
+    summary = diagnosis.findings[0].summary
+    assert "from step 200, after agreeing at step 1 (the digests taken as the training" in summary
+    assert "rank 0 called DistributedDataParallel.load_state_dict" in summary
+
+
+def zero(step: int, calls: list[dict] = (), **kw: Any) -> dict:
+    return event(step, SAME, calls, replica="zero", **kw)
+
+
+def test_zero_replicas_that_agree_while_one_rank_steps_its_scheduler_are_updates_differing():
+    sched = call("ExponentialLR.step", SCHED_SITE, 1, [1])
+    later = call("ExponentialLR.step", SCHED_SITE, 64, [1, 2, 3, 4, 5, 6, 7, 8])
+    r0 = [zero(0), zero(1, [sched]), zero(64, [later])]
+    r1 = [zero(0), zero(1), zero(64)]
+    views = [view(0, replica_digests=digests_of(r0)), view(1, replica_digests=digests_of(r1))]
+    diagnosis = diagnose(snap(views))
+    assert diagnosis.verdict is Verdict.MISMATCH and diagnosis.culprits == frozenset({0})
+    assert not diagnosis.confirmed
+    finding = diagnosis.findings[0]
+    assert finding.id == "replicas.updates_differ" and finding.severity is Severity.ERROR
+    assert "the ZeRO optimizer's parameters agree at step 1" in finding.summary
+    assert "ExponentialLR.step at train.py:40 train 64 times, from step 1 (rank 1 never did)" in (
+        finding.summary
+    )
+    # the same calls on a DDP model's digests (no ZeRO): nothing (its digests would differ)
+    ddp = [
+        [event(s, SAME, c) for s, c in ((0, []), (1, [sched]))],
+        [event(0, SAME), event(1, SAME)],
+    ]
+    views = [view(r, replica_digests=digests_of(ev)) for r, ev in enumerate(ddp)]
+    assert not replicas_said(diagnose(snap(views)))
+    # a load into something else than the model (a rank-0 evaluation copy): not counted
+    other = dict(call("Net.load_state_dict", LOAD_SITE, 1, [5]), ddp=False)
+    views = [
+        view(0, replica_digests=digests_of([zero(0), zero(8, [other])])),
+        view(1, replica_digests=digests_of([zero(0), zero(8)])),
+    ]
+    assert not replicas_said(diagnose(snap(views)))
+
+
+def test_zero_updates_differing_stop_the_job_only_when_asked():
+    sched = call("ExponentialLR.step", SCHED_SITE, 1, [1])
+    views = [
+        view(0, replica_digests=digests_of([zero(0), zero(1, [sched])])),
+        view(1, replica_digests=digests_of([zero(0), zero(1)])),
+    ]
+    judged = apply_diagnosis(snap(views), diagnose(snap(views)))
+    clock = [0.0]
+    polite = StopPolicy(keep_running=False, clock=lambda: clock[0])
+    asked = StopPolicy(keep_running=False, clock=lambda: clock[0], stop_on_divergence=True)
+    for _ in range(40):
+        clock[0] += 1.0
+        assert polite.observe(judged, job_running=True).stop is None
+        asked.observe(judged, job_running=True)
+    assert asked.stopped_for is Verdict.MISMATCH

@@ -127,3 +127,21 @@ def test_off_by_environment(tmp_path, monkeypatch, world):
         assert events(runtime, "replica_digest") == []
     finally:
         deactivate()
+
+
+def test_a_zero_optimizer_digests_its_parameters_before_its_step(recording, world, monkeypatch):
+    """ZeroRedundancyOptimizer: every parameter, named after the DDP model that holds it,
+    digested in the optimizer's pre-step hook at the due steps (replica_sources.py)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    monkeypatch.setattr(replicas, "MAX_EVERY", replicas.MIN_EVERY)
+    model = make_model()
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    train(model, opt, 10)
+    mine = [d for d in events(recording, "replica_digest") if d["replica"] == "zero"]
+    assert [d["step"] for d in mine] == [0, 1, 8]
+    assert mine[0]["names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert "peers" not in mine[0]  # every rank holds them
+    ddp = [d for d in events(recording, "replica_digest") if d["replica"] == "ddp"]
+    assert ddp[0]["digests"] == mine[0]["digests"]  # the same parameters, the same step
+    assert mine[0]["model"] != ddp[0]["model"]

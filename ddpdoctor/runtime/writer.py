@@ -9,12 +9,14 @@ Two ways in:
   that must be on disk before what comes next, a fault's os._exit for one).
 - enqueue(): the hot path (gradient buckets, collective ends, steps, metrics): a deque append
   (and a wake-up of the heartbeat thread when the queue was empty). The heartbeat thread drains
-  the queue within ~20 ms (flush()), so encoding and the system call happen off the training
-  thread, mostly while it computes without the GIL. Every write() drains the queue first, so the
-  file keeps the order in which events happened. A process killed outright (SIGKILL, os._exit, a
-  segfault, gloo's abort) loses at most the last ~20 ms of queued events; every other end writes
-  an exit or error event, which drains the queue. (The start of every collective but a gradient
-  bucket is written at once, before the call: see records.CollectiveDesc.immediate.)
+  the queue ~20 ms after a quiet spell's first event, and every ~0.25 s while events keep coming
+  (flush(); heartbeat.py), so encoding and the system call happen off the training thread,
+  mostly while it computes without the GIL. Every write() drains the queue first, so the file
+  keeps the order in which events happened. A process killed outright (SIGKILL, os._exit, a
+  segfault, gloo's abort) loses at most the last ~0.25 s of queued events (a step of 5 ms or more
+  is written as it closes: core.SLOW_STEP_S); every other end writes an exit or error event,
+  which drains the queue. (The start of every collective but a gradient bucket is written at
+  once, before the call: see records.CollectiveDesc.immediate.)
 
 An event is a dict (encoded with json) or a hot-path record of ddpdoctor/runtime/records.py (a
 tuple that encodes itself, with the writer's rank).

@@ -126,7 +126,18 @@ def heartbeat_cpu() -> float:
     return 0.0
 
 
-def one_repeat(steps: int, hidden: int, run_dir: Path) -> dict[str, float]:
+def one_repeat(steps: int, hidden: int, run_dir: Path, off: str = "") -> dict[str, float]:
+    """One run of `steps` timed steps, with the capability `off` switched off (none: "")."""
+    if off:
+        hotpath.CAPABILITIES[off](True)
+    try:
+        return _one_repeat(steps, hidden, run_dir)
+    finally:
+        if off:
+            hotpath.CAPABILITIES[off](False)
+
+
+def _one_repeat(steps: int, hidden: int, run_dir: Path) -> dict[str, float]:
     from ddpdoctor import runtime
 
     variant = hotpath.Variant("runtime", runtime=True)
@@ -171,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--capabilities",
+        action="store_true",
+        help="also run with each capability of runtime_hotpath.py --capabilities switched off, "
+        "interleaved with the default in every repeat",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.pop("DDPDOCTOR_DDP_BUCKETS", None)  # the default: the flight recorder
@@ -180,11 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     os.environ["RANK"] = "0"
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    results = []
+    variants = [""] + (list(hotpath.CAPABILITIES) if args.capabilities else [])
+    runs: dict[str, list[dict[str, float]]] = {off: [] for off in variants}
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-own-") as tmp:
         for i in range(args.repeats):
-            results.append(one_repeat(args.steps, args.hidden, Path(tmp) / f"run{i}"))
+            order = variants[i % len(variants) :] + variants[: i % len(variants)]
+            for off in order:
+                run_dir = Path(tmp) / f"run{i}{off.replace(' ', '-')}"
+                runs[off].append(one_repeat(args.steps, args.hidden, run_dir, off))
     dist.destroy_process_group()
+    results = runs[""]
     print(
         f"the runtime's own CPU time per step, {args.repeats} x {args.steps} steps, "
         f"hidden {args.hidden}, torch {torch.__version__}, load average "
@@ -194,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         values = [r[key] for r in results]
         each = ", ".join(f"{v:.1f}" for v in values)
         print(f"  {key:24} {statistics.median(values):8.1f} µs  [{each}]")
+    for off in variants[1:]:
+        # the capability's cost: the default's total less the total without it, repeat by repeat
+        diffs = [a["total"] - b["total"] for a, b in zip(results, runs[off], strict=True)]
+        each = ", ".join(f"{d:+.1f}" for d in diffs)
+        print(f"  cost of {off!r:22} {statistics.median(diffs):+8.1f} µs  [{each}] ")
     return 0
 
 

@@ -213,7 +213,7 @@ class Runtime:
         self._step_closed_t = now
         if slow or now - self._step_written_t >= STEP_WRITE_EVERY_S:
             self._step_written_t = now
-            writer.write(record)
+            writer.write_record(record)
         else:
             writer.enqueue(record)
 

@@ -116,6 +116,34 @@ class EventWriter:
         with self._lock:
             return self._write_locked(event)
 
+    def write_record(self, record: Record) -> bool:
+        """write() for one hot-path record (a slow step as it closes, on the training thread):
+        with nothing queued and the file open, its line goes out in one `os.write` without the
+        general path's batching (a fifth of the bytecode on a cold cache); else write()."""
+        with self._lock:
+            fd = self._fd
+            if self._queue or fd is None or self._retry_at or self._closed:
+                return self._write_locked(record)
+            try:
+                line = record[0](record, self.rank) + "\n"
+            except Exception:  # noqa: BLE001 - the general path reports it, once
+                return self._write_locked(record)
+            if not line.isascii():  # a record's text is ASCII unless one of its values is not
+                return self._write_locked(record)
+            data = line.encode()
+            try:
+                written = os.write(fd, data)
+                while written < len(data):  # a regular file takes it in one go
+                    written += os.write(fd, data[written:])
+            except OSError as exc:
+                self._drop_fd()
+                self._retry_at = self._clock() + RETRY_AFTER_S
+                self.lines_dropped += 1
+                self._fail(f"cannot write events to {self.path}: {exc.strerror or exc}")
+                return False
+            self.lines_written += 1
+            return True
+
     def flush(self) -> bool:
         """Write what is queued; True when everything reached the file (or nothing waited)."""
         if not self._queue:

@@ -1,7 +1,7 @@
 """What the in-rank runtime costs per training step, measured on its hot path in one process.
 
     python benchmarks/runtime_hotpath.py [--rounds 30] [--block 40] [--hidden 128] [--profile]
-                                         [--log] [--sync] [--step-ms 4]
+                                         [--log] [--sync] [--step-ms 4] [--capabilities]
 
 A single-process gloo "world" trains the model of sample_jobs/healthy.py (32 -> hidden -> 4, a
 DataLoader with a DistributedSampler, SGD), whose steps of a millisecond or two are the worst case
@@ -15,6 +15,18 @@ for a fixed per-step cost. Four variants run side by side, interleaved in blocks
                    holds (read only when the monitor asks: nothing per step)
     runtime, --ddp-buckets  the runtime with DDPDOCTOR_DDP_BUCKETS=1 (every gradient bucket
                    recorded as events by a Python comm hook)
+
+`--capabilities` adds one variant per capability of the default runtime, each with that one
+switched off, so that its cost reads as the default's figure minus that variant's:
+
+    no sync count       DDP's gradient syncs not counted (the mismatch rule's count per forward)
+    slow steps queued   a step of 5 ms or more queued like a fast one, not written as it closes
+                        (what a rank SIGKILLed right after a slow step has on disk)
+    no DDP timers       DDP's C++ timers not sampled nor read (the comm_wait_s of each step)
+    no digests          replica digests off (DDPDOCTOR_REPLICAS=0): the due-step check and digests
+
+The replica digests' own time (their `cost_s`, budgeted apart at 0.5 % of the step time: see
+replica_digest.py) is also read from the default variant's events and printed per step.
 
 Reported per variant, in µs per step: the wall time of a step (the mean over a block: a flush
 of the writer thread lands on a few steps, and a median step would hide it), the CPU time of the
@@ -71,6 +83,7 @@ class Variant:
     runtime: bool  # the runtime is active while this variant trains
     buckets: bool = False  # DDPDOCTOR_DDP_BUCKETS=1 (--ddp-buckets)
     comm_hook: bool = False  # torch's Python allreduce hook, registered by hand
+    off: str = ""  # the capability switched off (--capabilities): a key of CAPABILITIES
     model: Any = None
     optimizer: Any = None
     # per timed block (one per round), in µs per step: its wall time (the mean: a flush of the
@@ -80,6 +93,57 @@ class Variant:
     cpu: list[float] = field(default_factory=list)
     thread_cpu: list[float] = field(default_factory=list)
     steps: int = 0
+
+
+def _no_sync_count(on: bool) -> None:
+    from ddpdoctor.runtime import ddp_contract
+
+    if on:  # read once, when the runtime installs its DDP hooks
+        ORIGINAL["counts_syncs"] = ddp_contract.counts_syncs
+        ddp_contract.counts_syncs = lambda _rt: False  # type: ignore[assignment]
+    else:
+        ddp_contract.counts_syncs = ORIGINAL.pop("counts_syncs")  # type: ignore[assignment]
+
+
+def _slow_steps_queued(on: bool) -> None:
+    from ddpdoctor.runtime import core
+
+    if on:
+        ORIGINAL["SLOW_STEP_S"] = core.SLOW_STEP_S
+        core.SLOW_STEP_S = float("inf")
+    else:
+        core.SLOW_STEP_S = ORIGINAL.pop("SLOW_STEP_S")
+
+
+def _no_ddp_timers(on: bool) -> None:
+    from ddpdoctor.runtime import ddp_hooks
+
+    def no_probe(ddp: Any, _t: float) -> bool:
+        setattr(ddp, ddp_hooks.PROBE_ATTR, False)
+        return False
+
+    if on:
+        ORIGINAL["start_probe"] = ddp_hooks.start_probe
+        ddp_hooks.start_probe = no_probe  # type: ignore[assignment]
+    else:
+        ddp_hooks.start_probe = ORIGINAL.pop("start_probe")  # type: ignore[assignment]
+
+
+def _no_digests(on: bool) -> None:
+    if on:
+        os.environ["DDPDOCTOR_REPLICAS"] = "0"
+    else:
+        os.environ.pop("DDPDOCTOR_REPLICAS", None)
+
+
+# --capabilities: variant name -> what switches its capability off (True) and back on (False)
+ORIGINAL: dict[str, Any] = {}
+CAPABILITIES = {
+    "no sync count": _no_sync_count,
+    "slow steps queued": _slow_steps_queued,
+    "no DDP timers": _no_ddp_timers,
+    "no digests": _no_digests,
+}
 
 
 def world() -> tuple[int, int]:
@@ -173,19 +237,24 @@ class Session:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.current: tuple[bool, bool] | None = None
+        self.current: tuple[bool, bool, str] | None = None
 
     def run_dir_of(self, variant: Variant) -> Path:
-        return self.run_dir / ("buckets" if variant.buckets else "default")
+        name = "buckets" if variant.buckets else "default"
+        return self.run_dir / (name + variant.off.replace(" ", "-"))
 
     def enter(self, variant: Variant) -> bool:
         """Switch the runtime as the variant wants it; True when something changed."""
         from ddpdoctor import runtime
 
-        wanted = (variant.runtime, variant.buckets)
+        wanted = (variant.runtime, variant.buckets, variant.off)
         if self.current == wanted:
             return False
         runtime.deactivate()
+        if self.current is not None and self.current[2]:
+            CAPABILITIES[self.current[2]](False)
+        if variant.off:
+            CAPABILITIES[variant.off](True)
         if variant.runtime:
             if variant.buckets:
                 os.environ["DDPDOCTOR_DDP_BUCKETS"] = "1"
@@ -200,6 +269,8 @@ class Session:
         from ddpdoctor import runtime
 
         runtime.deactivate()
+        if self.current is not None and self.current[2]:
+            CAPABILITIES[self.current[2]](False)
         self.current = None
 
 
@@ -255,18 +326,42 @@ def spread(v: Variant, ref: Variant, metric: str) -> tuple[float, float]:
     return quartiles[0], quartiles[2]
 
 
-def events_per_step(run_dir: Path, steps: int) -> str:
+def events_per_step(run_dir: Path, steps: int) -> tuple[str, float]:
+    """The events written per step, by kind, and the replica digests' own time per step (µs)."""
     import collections
     import json
 
     path = run_dir / "events" / f"rank-{world()[0]}.jsonl"
     counts: collections.Counter[str] = collections.Counter()
+    digests_s = 0.0
     for line in path.read_bytes().splitlines():
         try:
-            counts[json.loads(line)["kind"]] += 1
+            event = json.loads(line)
+            counts[event["kind"]] += 1
         except (ValueError, KeyError):
             continue
-    return ", ".join(f"{k} {n / steps:.2f}" for k, n in sorted(counts.items()))
+        if event["kind"] == "replica_digest":
+            digests_s += float(event.get("cost_s") or 0.0)
+    text = ", ".join(f"{k} {n / steps:.2f}" for k, n in sorted(counts.items()))
+    return text, digests_s / steps * 1e6
+
+
+def capability_costs(variants: list[Variant]) -> None:
+    """Each capability's cost: the default runtime's figure minus its variant without it."""
+    full = next(v for v in variants if v.runtime and not v.buckets and not v.off)
+    print("\ncost per capability (the default runtime minus the variant without it; median of")
+    print("the per-round differences, interquartile range in brackets), µs/step:")
+    for v in variants:
+        if not v.off:
+            continue
+        row = f"  {v.name:22}"
+        for metric in ("wall", "cpu", "thread_cpu"):
+            diffs = sorted(
+                a - b for a, b in zip(getattr(full, metric), getattr(v, metric), strict=True)
+            )
+            quartiles = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else diffs * 3
+            row += f"  {metric} {quartiles[1]:+6.0f} [{quartiles[0]:+.0f}, {quartiles[2]:+.0f}]"
+        print(row)
 
 
 def profile(variant: Variant, session: Session, data: Iterator[Any], steps: int) -> None:
@@ -309,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--step-ms", type=float, default=4.0, help="the step time the overhead is judged against"
     )
+    parser.add_argument(
+        "--capabilities",
+        action="store_true",
+        help="add a variant per capability switched off, and print what each costs",
+    )
     args = parser.parse_args(argv)
     global LOG_EVERY_STEP, SYNC_EVERY_STEP
     LOG_EVERY_STEP, SYNC_EVERY_STEP = args.log, args.sync
@@ -332,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         Variant("runtime, --ddp-buckets", runtime=True, buckets=True),
         Variant("runtime", runtime=True),
     ]
+    if args.capabilities:  # before the default runtime: it stays the last variant
+        variants[-1:-1] = [Variant(name, runtime=True, off=name) for name in CAPABILITIES]
     loader, sampler = make_loader(args.batch_size)
     data = batches(loader, sampler)
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-hotpath-") as tmp:
@@ -366,8 +468,14 @@ def main(argv: list[str] | None = None) -> int:
         report(variants, args.step_ms)
         full = variants[-1]
         untimed = 30 + 20 + settled  # warm-up and settling steps write events too
-        per_step = events_per_step(session.run_dir_of(full), full.steps + untimed)
+        per_step, digests_us = events_per_step(session.run_dir_of(full), full.steps + untimed)
         print(f"events per step of the full runtime: {per_step}")
+        print(
+            f"of the runtime's figure, replica digests themselves (their cost_s): "
+            f"{digests_us:.1f} µs/step (budgeted apart: 0.5 % of the step time at most)"
+        )
+        if args.capabilities:
+            capability_costs(variants)
         if args.profile:
             profile(variants[-1], session, data, 500)
     dist.destroy_process_group()

@@ -241,10 +241,11 @@ class CollectiveTracker:
             )
             counted.site_due = True
 
-    def poll(self) -> int:
-        """Write the counted calls' news, check every watched probe once and end those that are
-        done. Returns how many ended."""
-        if self._counted:
+    def poll(self, counts: bool = True) -> int:
+        """Write the counted calls' news (unless `counts` is False: the heartbeat writes them at
+        its own, slower pace), check every watched probe once and end those that are done.
+        Returns how many ended."""
+        if counts and self._counted:
             self._write_counts()
         if not self._watched:
             return 0

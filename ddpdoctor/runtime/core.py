@@ -208,12 +208,12 @@ class Runtime:
         writer = self._writer
         if writer is None:
             return
-        now = self.mono_clock()
+        now = record[2]  # when the step was closed (records.step: its mono time)
         slow = now - self._step_closed_t >= SLOW_STEP_S
         self._step_closed_t = now
         if slow or now - self._step_written_t >= STEP_WRITE_EVERY_S:
             self._step_written_t = now
-            writer.write(record)
+            writer.write_record(record)
         else:
             writer.enqueue(record)
 

@@ -124,15 +124,17 @@ def counts_syncs(rt: core.Runtime) -> bool:
     return mode == MODE_RECORDER
 
 
-def on_synced_forward(ddp: Any, rt: core.Runtime) -> None:
+def on_synced_forward(ddp: Any, rt: core.Runtime, counted: CountedCalls | None = None) -> None:
     """A forward whose backward will all-reduce the gradients: counted. Its deciding line (the
     model's latest `no_sync()` call, else the forward's own line) is looked up once per write of
     the count (every few tens of milliseconds), not per forward: the line of a loop's forward
     does not change from one step to the next, and a walk of the stack per step cost more than
-    the rest of the runtime's per-step work together."""
-    counted = ddp.__dict__.get(SYNCS_ATTR) or sync_counter(ddp, rt)
+    the rest of the runtime's per-step work together. The forward wrapper calls this only for
+    a model's first count and after each write; between, it adds one itself."""
     if counted is None:
-        return
+        counted = sync_counter(ddp, rt)
+        if counted is None:
+            return
     if counted.site_due:
         counted.site_due = False
         counted.site = ddp.__dict__.get(NO_SYNC_ATTR) or call_sites.caller_site(2)
@@ -157,15 +159,24 @@ def install(runtime: core.Runtime) -> None:
         if where is not None:
             self.__dict__[SITE_ATTR] = where
 
+    # the mode is set by ddp_hooks.install, which runs first (activation.py)
+    counting = counts_syncs(runtime)
+
     @functools.wraps(original_forward)
     def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        # The hot path: a few lookups per forward; everything else once per model or per write.
         rt = core._active
         if rt is not None and grad_enabled():
             try:
-                if not self.__dict__.get(DONE_ATTR):
+                state = self.__dict__
+                if DONE_ATTR not in state:
                     check(self, rt)
-                if self.require_backward_grad_sync and counts_syncs(rt):
-                    on_synced_forward(self, rt)
+                if counting and self.require_backward_grad_sync:
+                    counted = state.get(SYNCS_ATTR)
+                    if counted is None or counted.site_due:
+                        on_synced_forward(self, rt, counted)
+                    else:
+                        counted.count += 1
             except Exception:  # noqa: BLE001 - a check, never a reason to stop the forward
                 pass
         try:

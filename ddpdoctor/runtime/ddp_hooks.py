@@ -201,14 +201,16 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
 
 # Without the bucket hook, the gradient all-reduce time not hidden behind backward (what a
 # straggler's peers wait) comes from DDP's own C++ timers (its Logger): comm end - compute end of
-# a sampled iteration. Reading them costs ~25 µs, so it happens once a COMM_READ_EVERY_S, on the
-# training thread at a forward (where DDP writes them too: no race), and the latest sample stands
-# for the steps until the next read. DDP times one iteration in `sample rate` (its default 100,
-# and the first 10); timing one costs ~10 µs of CPU, so on CPU the rate is set for a sample every
-# SAMPLE_EVERY_S or so: every step of a 20 ms step, every 10th of a 2 ms one. A CUDA model keeps
-# DDP's default: its timers synchronize the device.
-COMM_READ_EVERY_S = 0.1
-SAMPLE_EVERY_S = 0.02
+# a sampled iteration. Reading them costs ~25 µs (~100 µs on a loaded machine, where the caches
+# are cold), so it happens once a COMM_READ_EVERY_S, on the training thread at a forward (where
+# DDP writes them too: no race), and the latest sample stands for the steps until the next read.
+# DDP times one iteration in `sample rate` (its default 100, and the first 10); timing one costs
+# ~10 µs of CPU, so on CPU the rate is set for a sample every SAMPLE_EVERY_S or so (a few per
+# read): every 12th step of a 20 ms step, one in 100 of a 2 ms one. At 0.1 s and 0.02 s the two
+# cost ~20 µs a step on a loaded machine, a tenth of the runtime's whole per-step cost. A CUDA
+# model keeps DDP's default: its timers synchronize the device.
+COMM_READ_EVERY_S = 1.0
+SAMPLE_EVERY_S = 0.25
 MAX_SAMPLE_RATE = 100  # DDP's default
 PROBE_ATTR = "_ddpdoctor_comm_probe"
 

@@ -5,7 +5,7 @@ then: it keeps writing while the training thread is blocked in a C++ collective 
 spins in a Python loop (the interpreter switches threads) or waits for I/O. It also polls the
 completion probes of collectives in flight (CUDA events, Works without a future), often while
 there are any, checks that the event file still has a name, and writes the events the training
-thread queued: ~20 ms after the first one of a quiet spell, in bursts every ~0.1 s while they
+thread queued: ~20 ms after the first one of a quiet spell, in bursts every ~0.25 s while they
 keep coming (a training loop), so that it wakes up rarely.
 """
 
@@ -29,8 +29,15 @@ POLL_S = 0.02
 FLUSH_DELAY_S = 0.02
 # While events keep coming (a training loop), write them in bursts this far apart: every wake-up
 # of this thread costs ~100 µs of CPU on a busy machine (cold caches, a GIL hand-over), which at
-# 50 wake-ups a second was a third of the runtime's cost per step.
-FLOWING_FLUSH_S = 0.1
+# 50 wake-ups a second was a third of the runtime's cost per step, and ~1 ms a second at 10. A
+# step of 5 ms or more is on disk as it closes (core.SLOW_STEP_S) and a collective's start before
+# it is entered, whatever this says; what waits are the ends and the fast steps in between.
+FLOWING_FLUSH_S = 0.25
+# Counted calls (DDP's gradient syncs: one number per model) are written this often while they
+# keep counting, and once more when the loop goes quiet (a rank blocked in a collective: its last
+# number is on disk within a flush of it): each write is two events to encode, on a busy machine
+# ~40 µs of CPU apiece, which at every flush was a fifth of the runtime's cost per step.
+COUNTS_EVERY_S = 0.5
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -151,10 +158,14 @@ class Heartbeat:
         next_beat = clock()
         flowing = False  # events came since the last look: stay on the timer
         seen = -1  # the writer's count of queued events at the last look
+        next_counts = clock()
         while not self._stop.is_set():
             wrote = False
             try:
-                rt.collectives.poll()
+                counts = clock() >= next_counts
+                if counts:
+                    next_counts = clock() + COUNTS_EVERY_S
+                rt.collectives.poll(counts)
                 writer = rt.writer
                 if writer is not None:
                     # events that came in count even when an immediate write (a collective's
@@ -180,10 +191,15 @@ class Heartbeat:
                     rt.wake_on_queued(None)
                 self._stop.wait(max(0.0, min(wait, FLOWING_FLUSH_S)))
                 continue
-            if flowing:  # a quiet spell: be woken by the next event again (then look once more)
+            if flowing:  # a quiet spell: be woken by the next event again (then look once more,
+                # the counts' last numbers with it)
                 flowing = False
                 self._queued.clear()
                 rt.wake_on_queued(self._queued.set)
+                try:
+                    rt.collectives.poll()
+                except Exception:  # noqa: BLE001
+                    pass
                 writer = rt.writer
                 if writer is not None and writer.pending:
                     continue

@@ -183,6 +183,13 @@ class StepTracker:
         not to distribute), the optimizer steps are the steps: each one closes the iteration
         its fetches opened, or, with no fetch since the last step (a loader that fetched ahead
         and ended), one that began where the last step ended."""
+        step = self._open
+        if step is not None and step.forwards:
+            # the usual case, once per step: a DDP forward opened the step (so the forwards
+            # were seen and its epoch taken); marking it trained is one store, no lock (a
+            # flush closing it meanwhile on another thread has its record made already)
+            step.trained = True
+            return
         with self._lock:
             step = self._open
             if step is None and not self._ddp_forwards and self._last_end is not None:

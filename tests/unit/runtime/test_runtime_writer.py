@@ -193,3 +193,34 @@ def test_the_last_event_stays_last_while_another_thread_still_writes(tmp_path):
     kinds = [parse_event_line(line)["kind"] for line in path.read_bytes().splitlines()]
     assert kinds[-1] == "exit" and "step" in kinds
     assert w._fd is None  # the file closed with it
+
+
+def _step_record(number: int) -> tuple:
+    return (records.step, 1000.0, 5.0, number, 0, 0.5, 16, 1, 0.02, 0.001, 0.0)
+
+
+def test_a_slow_steps_lean_write_keeps_order_and_reports_a_failure_once(tmp_path, capsys):
+    """write_record (a slow step as it closes): on disk when it returns, after whatever was
+    queued, and a failing file warns once and never raises, as write() does."""
+    path = tmp_path / "rank-3.jsonl"
+    writer = EventWriter(path, rank=3)
+    assert writer.write({"v": 1, "rank": 3, "kind": "hello"})  # the file is open
+    assert writer.write_record(_step_record(1))  # the lean path: nothing queued
+    writer.enqueue({"v": 1, "rank": 3, "kind": "phase", "phase": "train"})
+    assert writer.write_record(_step_record(2))  # the queue goes first
+    events = [parse_event_line(line.encode()) for line in lines_of(path)]
+    assert [(e["kind"], e.get("step")) for e in events] == [
+        ("hello", None),
+        ("step", 1),
+        ("phase", None),
+        ("step", 2),
+    ]
+    assert events[1] == records.as_event(_step_record(1), 3)
+    assert writer.lines_written == 4
+    fd = writer._fd
+    os.close(fd)  # the descriptor goes bad under the writer (a file system that went away)
+    writer._fd = os.open(os.devnull, os.O_RDONLY)  # a write on it fails: EBADF
+    assert writer.write_record(_step_record(3)) is False
+    assert writer.write_record(_step_record(4)) is False  # retried later, not now
+    err = capsys.readouterr().err
+    assert err.count("ddpdoctor: warning: cannot write events") == 1

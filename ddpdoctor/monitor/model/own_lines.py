@@ -58,6 +58,10 @@ def weigh_error(tracker: Any, counted: int | None) -> None:
 
 def exit_event(tracker: Any, e: dict[str, Any], t: float | None, where: Any) -> None:
     code = integer(e.get("code"))
+    if code == 0 and tracker.error_unconfirmed and tracker.exit_code is None:
+        # a runtime that wrote a fatal error exits 1 after it: a clean end of the process
+        # contradicts an error line nothing of it bore out
+        contradict(tracker, "then its process ended cleanly")
     tracker.exit_code = code if code is not None else (1 if tracker.error else 0)
     tracker.exit_reason = text(e.get("reason"))
     tracker.exit_t = t

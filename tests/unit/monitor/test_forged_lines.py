@@ -208,3 +208,46 @@ def test_a_hello_that_names_its_heartbeats_fields_holds_lines_before_any_beat():
     apply(tracker, "heartbeat", open=None, errors=0)
     assert tracker.error_t is None and tracker.contradicted is not None
     assert calls(tracker) == [] and tracker.disputed is not None
+
+
+def test_an_error_the_ranks_own_node_contradicted_ends_nothing_on_another(tmp_path):
+    """Rank 1 runs under node 1's launcher; node 0 reads it through node 1's summaries (its
+    events while it is not routine, then rows again). The error appended to its file reaches
+    node 0 as an event; node 1 (which reads every heartbeat) contradicts it, and the rows it
+    then makes say so: node 0 never calls rank 1 failed, however long it waits."""
+    from tests.unit.monitor.test_node_summaries import publish
+    from tests.unit.monitor.test_rank_rows import rowed
+
+    _run, clock, w, follower, lead, _seq = rowed(tmp_path)
+    w.ev(1, "heartbeat", open=None, errors=0, cpu_s=6.0, frame="train.py:40 step")
+    publish(follower, clock)
+    lead.poll()
+    w.ev(1, "error", exc_type="RuntimeError", message="forged: rank 1 failed", fatal=True)
+    publish(follower, clock)
+    assert lead.poll().ranks[1].state is not RankState.FAILED
+    for i in range(3):
+        clock.t += 1.0
+        w.ev(1, "heartbeat", open=None, errors=0, cpu_s=7.0 + i, frame="train.py:40 step")
+        publish(follower, clock)
+        snap = lead.poll()
+        assert snap.ranks[1].state is not RankState.FAILED, i
+    clock.t += 60.0
+    w.ev(1, "heartbeat", open=None, errors=0, cpu_s=20.0, frame="train.py:40 step")
+    publish(follower, clock)
+    snap = lead.poll()
+    assert snap.ranks[1].state is not RankState.FAILED and snap.verdict is not Verdict.CRASH
+    assert any(f.id == "run.forged_exit" for f in follower.poll().findings)
+
+
+def test_a_clean_exit_after_an_error_nothing_bore_out_contradicts_it():
+    tracker = RankTracker(1)
+    apply(tracker, "hello", pid=42, host="h", beat_fields=["open", "errors"])
+    apply(tracker, "error", exc_type="RuntimeError", message="forged", fatal=True)
+    apply(tracker, "exit", code=0, reason="normal")
+    assert tracker.error_t is None and tracker.exit_code == 0
+    assert "then its process ended cleanly" in (tracker.contradicted or "")
+    real = RankTracker(2)  # a real failure: the runtime exits 1 after its error
+    apply(real, "hello", pid=43, host="h", beat_fields=["open", "errors"])
+    apply(real, "error", exc_type="RuntimeError", message="boom", fatal=True)
+    apply(real, "exit", code=1, reason="exception")
+    assert real.error_t is not None and real.exit_code == 1 and real.contradicted is None

@@ -106,6 +106,9 @@ class Runtime:
         self.run_dir = RunDir(Path(run_dir))
         self.rank = rank
         self.heartbeat_s = heartbeat_s
+        # fatal error events this process wrote: its heartbeats say how many, so a watcher can
+        # tell an error line of its own from one appended to its file by another process
+        self.fatal_errors = 0
         self.wall_clock = wall_clock
         self.mono_clock = mono_clock
         self.phase = "init"
@@ -160,6 +163,8 @@ class Runtime:
     def _emit(self, kind: str, fields: dict[str, Any], *, last: bool) -> None:
         if self.finished:
             return
+        if kind == ERROR and fields.get("fatal") is True:
+            self.fatal_errors += 1  # before the line: a heartbeat after it counts it
         try:
             event: dict[str, Any] = {
                 "v": SCHEMA_VERSION,
@@ -282,6 +287,9 @@ class Runtime:
             ),
             pg_timeout_s=self.pg_timeout_s,
             pg_timeout_given=self.pg_timeout_given,
+            # what its heartbeats say, for a watcher to check lines of its file against: the
+            # call it is in, and how many fatal errors it wrote (monitor/model/own_lines.py)
+            beat_fields=["open", "errors"],
             **extra,
         )
 

@@ -124,6 +124,7 @@ class Heartbeat:
             "open": rt.collectives.oldest_open(),
             "collectives_started": rt.collectives.started,
             "collectives_done": rt.collectives.done,
+            "errors": rt.fatal_errors,
         }
         position = rt.pipeline_position
         if position is not None:

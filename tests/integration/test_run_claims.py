@@ -4,9 +4,13 @@ tests/launch_jobs/forge_claims.py trains two gloo ranks while rank 0 writes clai
 must check against what it saw: an error and `exit 1` appended to rank 1's events (rank 1 goes
 on), events/rank-7.jsonl whose hello names rank 0's own pid and a world of 8, run.json rewritten
 with a world of 2·10⁷, the other node's summary naming rank 1 gone, and this node's
-network.json (lo "down", a link from the host to itself) during a 40 s stall of every rank.
-Before, each one got the job called a crash or a network hang and stopped. Now: healthy, exit
-0, never stopped, and a warning that names each forged claim."""
+network.json (lo "down", a link from the host to itself) during a 40 s stall of every rank;
+and lines appended to rank 1's events: a collective of another op and shape numbered as its
+next own call (also while rank 1 computes and rank 0 waits for it), a fatal error without an
+exit, steps far ahead; and, on two nodes, the other node's plausible network.json (a silent link
+to this host, a probe of it that timed out). Before, each one got the job called a crash, a
+mismatch or a network hang (and most of them stopped). Now: healthy, exit 0, never stopped,
+and a warning that names each forged claim."""
 
 from __future__ import annotations
 
@@ -56,6 +60,33 @@ def test_forged_exit_pid_and_world_neither_stop_nor_fail_a_one_node_job(tmp_path
     assert "exit 1 after RuntimeError: forged: rank 1 failed" in found["run.forged_exit"]
     assert "one process is one rank" in found["run.unvouched"]
     assert "run.json says a world of 20000000 ranks" in found["run.world_disputed"]
+    assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
+
+
+def test_forged_calls_errors_and_steps_neither_stop_nor_fail_a_one_node_job(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = ddpdoctor_cmd(
+        "run", "--no-tui", "--no-doctor", "--nproc", "2", "--run-dir", str(run_dir),
+        "--", str(FORGER), "--forge", "collective,error,steps,stallcall", "--seconds", "10",
+        "--stall", "12",
+    )  # fmt: skip
+    done = run(cmd, timeout=LAUNCH_TIMEOUT_S)
+    out = done.stdout + done.stderr
+    explain = done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode == 0, explain
+    assert "verdict: healthy (exit code 0)" in done.stdout, explain
+    # never a verdict of the forged lines' making, not even for a poll
+    for word in ("MISMATCH", "CRASH", "stopped the job"):
+        assert word not in out, explain
+    doc = json.loads((run_dir / "diagnosis.json").read_text())
+    assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
+    assert doc["job"]["stopped_for"] is None
+    assert [r["state"] for r in doc["ranks"]] == ["done", "done"]
+    found = _ids(doc)
+    assert "broadcast #" in found["run.forged_calls"], found
+    assert "and 1 more" in found["run.forged_calls"], found  # the one forged during the wait
+    assert "RuntimeError: forged: rank 1 failed" in found["run.forged_exit"], found
+    assert "heartbeats count no such error" in found["run.forged_exit"], found
     assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
 
 
@@ -131,4 +162,42 @@ def test_forged_gone_and_network_look_stop_neither_node(tmp_path):
     assert "network.unvouched" in said and "node.gone_refuted" in said, explain
     doc = json.loads((run_dir / "diagnosis.json").read_text())
     assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
+    assert job_processes(run_dir) == []
+
+
+def test_forged_calls_errors_and_another_nodes_look_stop_neither_node(tmp_path):
+    """Two `ddpdoctor run --nnodes 2` launchers on this host: rank 0 appends a forged next call
+    and a fatal error to rank 1's events (rank 1 runs under node 1's launcher), and writes node
+    1's network.json, plausible (node 1's number and host, a silent link from rank 1 to this
+    host, a probe of it that timed out), during a 40 s stall of every rank."""
+    run_dir = tmp_path / "run"
+    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(tmp_path / "cache")})
+    common = [
+        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), "--nproc", "1",
+    ]  # fmt: skip
+    job = ["--", str(FORGER), "--forge", "collective,error,peernet", "--seconds", "12",
+           "--stall", "40"]  # fmt: skip
+    cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node), *job) for node in (0, 1)]
+    ended = []
+    with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
+        for proc in (first, second):
+            try:
+                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                out, err = "", "still running"
+            ended.append((proc.returncode, out, err))
+    explain = "\n".join(f"--- node {i}\n{o[-3000:]}\n{e[-1500:]}" for i, (_, o, e) in
+                        enumerate(ended))  # fmt: skip
+    assert (run_dir / "forged-peernet.json").exists(), "the forger never wrote node 1's look"
+    assert [code for code, _, _ in ended] == [0, 0], explain
+    for _, out, _ in ended:
+        assert "verdict: healthy (exit code 0)" in out, explain
+        assert "MISMATCH" not in out and "CRASH" not in out, explain
+        assert "stopped the job" not in out, explain
+    said = "".join(out for _, out, _ in ended)
+    assert "run.forged_calls" in said and "run.forged_exit" in said, explain
+    doc = json.loads((run_dir / "diagnosis.json").read_text())
+    assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
+    assert doc["job"]["stopped_for"] is None, explain
     assert job_processes(run_dir) == []

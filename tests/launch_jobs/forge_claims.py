@@ -12,6 +12,15 @@ directory that ddpdoctor must check against what it sees before they may stop an
   network  during a stall of every rank (--stall S), nodes/node-<this node>/network.json: this
            node's number and host, lo "down" and a silent link from this host to itself
   runjson  run.json rewritten with `world_size` 20000000
+  collective  rank 1's next collective, forged: a `collective_start` of a broadcast of another
+           shape with the number rank 1's own next all_reduce will have, appended to its events
+  error    a fatal error appended to rank 1's events, without an exit, while rank 1 goes on
+  steps    rank 1's steps, forged far ahead (step 100000 onwards, then its own steps go on)
+  stallcall  at the stall (--stall S), rank 1 computes for S seconds while rank 0 waits for it
+           in the next all_reduce, and rank 1's next call is forged as a broadcast
+  peernet  (two nodes) the other node's network.json: its number and host, a link from it to
+           this node that carries nothing and a probe of this node that timed out, rewritten
+           during a stall of every rank
 
 Both ranks then all-reduce four times a second for about S seconds (the same number of times
 on each rank) and finish cleanly: the right verdict is healthy, exit 0, never stopped.
@@ -68,6 +77,47 @@ def forge_exit(run: Path) -> None:
     )
 
 
+def last_start(path: Path) -> dict | None:
+    """The last collective_start line of an event file."""
+    found = None
+    for raw in path.read_text().splitlines():
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            continue
+        if event.get("kind") == "collective_start" and not event.get("p2p"):
+            found = event
+    return found
+
+
+def forge_collective(run: Path) -> None:
+    path = run / "events" / "rank-1.jsonl"
+    last = last_start(path) or {"seq": 0, "group": "default"}
+    start = dict(op="broadcast", seq=int(last["seq"]) + 1, group=last.get("group", "default"),
+                 group_size=2, group_ranks=None, shapes=[[7, 3]], dtypes=["float32"],
+                 is_async=False)  # fmt: skip
+    append(path, line(1, "collective_start", **start))
+
+
+def forge_error(run: Path) -> None:
+    append(
+        run / "events" / "rank-1.jsonl",
+        line(
+            1,
+            "error",
+            exc_type="RuntimeError",
+            message="forged: rank 1 failed",
+            fatal=True,
+            thread="MainThread",
+        ),
+    )
+
+
+def forge_steps(run: Path) -> None:
+    steps = [line(1, "step", step=100_000 + i, step_time_s=0.25, forwards=1) for i in range(5)]
+    append(run / "events" / "rank-1.jsonl", *steps)
+
+
 def forge_pid(run: Path) -> None:
     hello = dict(world_size=8, local_rank=7, host=socket.gethostname(), pid=os.getpid(),
                  ppid=os.getppid())  # fmt: skip
@@ -118,6 +168,39 @@ def forge_network(run: Path, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def forge_peer_network(run: Path, seconds: float) -> None:
+    """The other node's network.json, plausible: its own number and host, a link from its
+    rank to this node's address that carries nothing, a probe of this node that timed out."""
+    mine = node_of(run, os.getppid())
+    records = node_records(run)
+    other = next((n for n in records if n != mine), None)
+    if other is None:
+        return
+    host = str(records[other].get("host") or socket.gethostname())
+    addr = socket.gethostbyname(socket.gethostname())
+    link = dict(rank=1, local="10.77.0.2", local_port=40001, peer=addr, peer_port=29500,
+                state="ESTABLISHED", send_q=65536, recv_q=0, retransmits=9, total_retrans=90,
+                last_ack_ms=30000, segs_in=0, segs_out=0)  # fmt: skip
+    look = dict(schema_version=1, node_rank=other, host=host, stalled_s=30.0,
+                addresses=[["10.77.0.2", "eth0", "up"]], links=[link],
+                probes=[dict(addr=addr, port=29500, answered=False, outcome="timeout",
+                             ms=3000.0)], names=[])  # fmt: skip
+    path = run / "nodes" / f"node-{other}" / "network.json"
+    (run / "forged-peernet.json").write_text(json.dumps(look))  # (for the test: it was written)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        replace(path, json.dumps({**look, "t": time.time()}))
+        time.sleep(0.5)
+
+
+def spin(seconds: float) -> None:
+    """Busy in its own code (CPU) for `seconds`."""
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += sum(range(1000))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--forge", default="exit,pid")
@@ -143,12 +226,30 @@ def main() -> None:
             if "runjson" in forges:
                 data = json.loads((run / "run.json").read_text())
                 replace(run / "run.json", json.dumps({**data, "world_size": 20_000_000}))
+            if "collective" in forges:
+                forge_collective(run)
+            if "error" in forges:
+                forge_error(run)
+            if "steps" in forges:
+                forge_steps(run)
             if "gone" in forges:
                 threading.Thread(target=forge_gone, args=(run, ppids), daemon=True).start()
         if i == rounds // 2 and args.stall:
             if rank == 0 and "network" in forges:
                 threading.Thread(target=forge_network, args=(run, args.stall), daemon=True).start()
-            time.sleep(args.stall)  # every rank at once: no progress anywhere
+            if rank == 0 and "peernet" in forges:
+                threading.Thread(
+                    target=forge_peer_network, args=(run, args.stall), daemon=True
+                ).start()
+            if "stallcall" in forges:
+                # rank 1 computes while rank 0 waits for it in the next all_reduce: a wait, never
+                # stopped; its "next call", forged, is a broadcast
+                if rank == 0:
+                    forge_collective(run)
+                else:
+                    spin(args.stall)
+            else:
+                time.sleep(args.stall)  # every rank at once: no progress anywhere
     dist.barrier()
     dist.destroy_process_group()
 

@@ -159,11 +159,12 @@ def routine(tracker: RankTracker) -> bool:
 
 def table_of(trackers: Iterable[RankTracker]) -> CallTable:
     table = CallTable()
-    for tracker in trackers:
-        for call in tracker.latest_calls():
+    for tracker in trackers:  # (calls as their processes bore them out: call_events.bear)
+        for call in tracker.borne_calls():
             table.add(call)
-        for call in tracker.opens.values():
-            table.add(call)
+        for key, call in tracker.opens.items():
+            if key not in tracker.unborne:
+                table.add(call)
     return table
 
 
@@ -174,7 +175,7 @@ def encode_row(tracker: RankTracker, table: CallTable) -> list[Any] | None:
         return None
     index, conflicting = table.index, table.conflicting
     recent = []
-    for call in tracker.latest_calls():
+    for call in tracker.borne_calls():
         key = (call.group, call.seq)
         if key in conflicting:
             return None
@@ -182,6 +183,8 @@ def encode_row(tracker: RankTracker, table: CallTable) -> list[Any] | None:
     opens = []
     for call in tracker.opens.values():
         key = (call.group, call.seq)
+        if key in tracker.unborne:
+            continue
         if key in conflicting:
             return None
         opens.append([index[key], _round(call.since_t, TIME_DIGITS)])

@@ -19,6 +19,7 @@ from ddpdoctor.monitor.follow.rank_rows import (
     CallKey,
 )
 from ddpdoctor.monitor.model.event_fields import integer, num, text
+from ddpdoctor.monitor.model.own_lines import contradict
 from ddpdoctor.monitor.model.progress import Judgement
 from ddpdoctor.monitor.model.rank_tracker import RECENT_COLLECTIVES, RankTracker
 from ddpdoctor.monitor.model.snapshot import CallSite, CollectiveView
@@ -250,6 +251,10 @@ def apply_rows(
         # the values its node's ranks share are shared here too)
         tracker.events_seen = tracker.events_seen or 1
         tracker.version += 1
+        if tracker.error_t is not None or tracker.exit_code is not None:
+            # its node's launcher, which reads its file and sees its process, makes a row only
+            # for a rank with neither: the lines were not the process's (own_lines.contradict)
+            contradict(tracker, "its node's launcher found its process going on")
         tracker._means = means[n]
         tracker.group_seqs = seqs[n]
         tracker.loader_batches = loaders[n]

@@ -33,6 +33,12 @@ class CallRecord(Protocol):
     failed_collective: CollectiveView | None
     last_event: str | None
     error: str | None
+    start_seqs: dict[str, int]  # the last number a collective_start line gave, per group
+    denials: dict[tuple[str, int], int]  # heartbeats that said "in no call" after its start
+    unborne: set[tuple[str, int]]  # calls whose start nothing of the process bore out yet
+    reports_calls: bool  # its heartbeats say which call it is in (`open`)
+    disputed: str | None
+    disputed_calls: int
 
 
 MAX_PEERS = 16
@@ -68,8 +74,14 @@ def open_from_heartbeat(tracker: CallRecord, e: dict[str, Any], t: float | None)
     """The call a heartbeat says the rank is in (`open`: null when in none), and how many calls
     it has finished: a rank blocked inside a call still beats."""
     opened = e.get("open")
+    if "open" in e:
+        tracker.reports_calls = True
     if opened is None and "open" in e:
         tracker.opens.clear()  # the rank is in no collective right now
+        deny_unended(tracker)
+        if tracker.unborne:
+            unended = {(c.group, c.seq) for c in tracker.recent if not c.done}
+            tracker.unborne &= unended
     elif isinstance(opened, dict):
         seq = integer(opened.get("seq"))
         op = text(opened.get("op"))
@@ -79,6 +91,7 @@ def open_from_heartbeat(tracker: CallRecord, e: dict[str, Any], t: float | None)
             if p2p:
                 group = p2p_group(group, opened.get("peer"))
             key = (group, seq)
+            tracker.unborne.discard(key)  # its runtime says it is in that call
             if key not in tracker.opens:
                 since = num(opened.get("since_t"))
                 tracker.opens[key] = CollectiveView(
@@ -94,6 +107,30 @@ def open_from_heartbeat(tracker: CallRecord, e: dict[str, Any], t: float | None)
     done = integer(e.get("collectives_done"))
     if done is not None and done > tracker.collectives_done:
         tracker.collectives_done = done
+
+
+# Heartbeats saying the rank is in no call that make a call it never ended not its own: the
+# first may have been made just before the call began and written just after its start line.
+DENIALS = 2
+
+
+def deny_unended(tracker: CallRecord) -> None:
+    """A heartbeat says the rank is in no collective: a call of its latest whose start was read
+    but whose end was not, at DENIALS such heartbeats, is a line its runtime never wrote (it
+    records a call's end before it stops reporting the call open)."""
+    unended = {(c.group, c.seq) for c in tracker.recent if not c.done}
+    denials = {key: n for key, n in tracker.denials.items() if key in unended}
+    for key in unended:
+        denials[key] = denials.get(key, 0) + 1
+    tracker.denials = denials
+    for (group, seq), n in list(denials.items()):
+        if n >= DENIALS:
+            call = next(c for c in tracker.recent if (c.group, c.seq) == (group, seq))
+            drop_calls(tracker, group, seq, only=True)
+            del denials[(group, seq)]
+            note_dispute(
+                tracker, group, f"{call.describe()}, which its heartbeats say it never entered"
+            )
 
 
 def collective_start(tracker: CallRecord, e: dict[str, Any], t: float | None, where: Any) -> None:
@@ -116,11 +153,75 @@ def collective_start(tracker: CallRecord, e: dict[str, Any], t: float | None, wh
         site=call_site(e.get("site")),
         peers=peers_of(e) if p2p else (),
     )
+    if not p2p:
+        last = tracker.start_seqs.get(group)
+        tracker.start_seqs[group] = seq
+        if last is not None and seq <= last:
+            dispute(tracker, view, last)
+            return
     tracker.opens[(view.group, seq)] = view
+    bear(tracker, view.group, seq)
     if not p2p:
         tracker.recent.append(view)
         note_seq(tracker, group, seq)
     tracker.last_event = f"collective_start {op} #{seq}"
+
+
+def bear(tracker: CallRecord, group: str, seq: int) -> None:
+    """A call's start line is read: it is unborne until its process bears it out, by the
+    call's end line, a heartbeat that shows it open, or a later call of the group (a live
+    rank's view and its node's rows leave it out until then: at most a heartbeat). A later
+    start bears out the earlier ones of its group: the process numbered past them. (Only for
+    a process whose heartbeats report its calls: no other can bear a call out but by its end.)"""
+    unborne = tracker.unborne
+    if unborne:
+        for key in [k for k in unborne if k[0] == group and k[1] < seq]:
+            unborne.discard(key)
+    if tracker.reports_calls:
+        unborne.add((group, seq))
+
+
+def dispute(tracker: CallRecord, view: CollectiveView, last: int) -> None:
+    """A collective_start numbered at or below one read before from the same process. A rank's
+    runtime numbers its calls of a group one after another, so one of the lines is not its own
+    (appended by another process, or left from before): which one, the file cannot tell. Every
+    call of the group numbered from this one on is dropped from the comparison, this one too,
+    and the count goes on from it; the rank's heartbeats say which call it really is in."""
+    group, seq = view.group, view.seq
+    earlier = next((c for c in tracker.recent if (c.group, c.seq) == (group, seq)), None)
+    drop_calls(tracker, group, seq, only=False)
+    said = (
+        f"two calls numbered #{seq}: {earlier.describe()} and {view.describe()}"
+        if earlier is not None
+        else f"{view.describe()} after #{last}"
+    )
+    note_dispute(tracker, group, said)
+
+
+def drop_calls(tracker: CallRecord, group: str, seq: int, *, only: bool) -> None:
+    """Forget the rank's calls of `group` numbered `seq` (`only`) or from `seq` on."""
+
+    def dropped(c: CollectiveView) -> bool:
+        return c.group == group and (c.seq == seq if only else c.seq >= seq)
+
+    if any(dropped(c) for c in tracker.recent):
+        kept = [c for c in tracker.recent if not dropped(c)]
+        tracker.recent = deque(kept, maxlen=tracker.recent.maxlen)
+    for key in [
+        k for k in tracker.opens if k[0] == group and (k[1] == seq or (not only and k[1] > seq))
+    ]:
+        del tracker.opens[key]
+    for key in [
+        k for k in tracker.unborne if k[0] == group and (k[1] == seq or (not only and k[1] > seq))
+    ]:
+        tracker.unborne.discard(key)
+
+
+def note_dispute(tracker: CallRecord, group: str, said: str) -> None:
+    tracker.disputed_calls += 1
+    if tracker.disputed is None:
+        where = f" of group {group}" if group != ev.DEFAULT_GROUP else ""
+        tracker.disputed = f"calls{where} not of its own making ({said})"
 
 
 def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, where: Any) -> None:
@@ -132,6 +233,7 @@ def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, wher
     if e.get("p2p") or op in POINT_TO_POINT_OPS:
         group = p2p_group(group, e.get("peer"))
     opened = tracker.opens.pop((group, seq), None) if seq is not None else None
+    tracker.unborne.discard((group, seq if seq is not None else -1))
     if e.get("ok") is False and opened is not None:
         # A collective that failed (its peer died, a timeout): keep it, so the rank still
         # shows what it was waiting in when it failed (a hang that ended in teardown).

@@ -15,13 +15,8 @@ from ddpdoctor.monitor.model.call_events import (
     collective_start,
     open_from_heartbeat,
 )
-from ddpdoctor.monitor.model.event_fields import (
-    integer,
-    location,
-    median,
-    num,
-    text,
-)
+from ddpdoctor.monitor.model.event_fields import integer, median, num, text
+from ddpdoctor.monitor.model.own_lines import contradict, error_event, exit_event, weigh_error
 from ddpdoctor.monitor.model.pipeline_view import PipelineView, from_event, with_position
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.model.replicas import ReplicaTrack
@@ -32,7 +27,6 @@ from ddpdoctor.monitor.model.snapshot import (
     LogLine,
 )
 from ddpdoctor.protocol import events as ev
-from ddpdoctor.protocol.torchrun_logs import signal_name
 
 RECENT_STEPS = 32  # step times kept for sparklines
 OWN_WORK_WINDOW = 10  # steps averaged for the straggler analysis
@@ -82,6 +76,10 @@ class RankTracker:
         self.contradicted: str | None = None
         # its exit line is doubted: its process, seen alive, still holds its event file open
         self.exit_doubted = False
+        # calls its events number out of its own order (a line someone else appended): what
+        # the first such said, and how many (ddpdoctor.monitor.model.call_events.dispute)
+        self.disputed: str | None = None
+        self.disputed_calls = 0
         # counts every change (an event, an error line): a view of it is rebuilt only then
         self.version = 0
         self.error_lines: deque[LogLine] = deque(maxlen=ERROR_LINES)
@@ -117,6 +115,11 @@ class RankTracker:
         self._means: tuple[float | None, float | None, float | None, int] | None = None
         self.opens: dict[tuple[str, int], CollectiveView] = {}
         self.group_seqs: dict[str, int] = {}
+        self.start_seqs: dict[str, int] = {}  # the last number a collective_start line gave
+        self.denials: dict[tuple[str, int], int] = {}  # (call_events.deny_unended)
+        # calls whose start line nothing of the process has borne out yet (call_events.bear)
+        self.unborne: set[tuple[str, int]] = set()
+        self.reports_calls = False  # its heartbeats say which call it is in
         self.recent: deque[CollectiveView] = deque(maxlen=RECENT_COLLECTIVES)
         # The same, when a row of its node made this record (rank_rows): its node's ranks
         # share one tuple of their calls, and `recent` stays empty.
@@ -133,6 +136,13 @@ class RankTracker:
         self.error_t: float | None = None
         self.error_at: tuple[str, int] | None = None
         self.error_line: str | None = None  # "train.py:17 in main": the user's line (location)
+        # A fatal error line is the process's own once its runtime's heartbeats count it
+        # (`errors`): until then it is unconfirmed (the rank is not failed while its process
+        # runs); two heartbeats that count fewer contradict it.
+        self.fatal_errors = 0  # fatal error lines of this process read
+        self.counts_errors = False  # its heartbeats count them (`errors`)
+        self.error_unconfirmed = False
+        self.beats_against_error = 0
         self.exit_code: int | None = None
         self.exit_reason: str | None = None
         self.exit_t: float | None = None
@@ -207,6 +217,10 @@ class RankTracker:
                 self.ray_call = (
                     text(calls[0]) if ray["busy"] and isinstance(calls, list) and calls else None
                 )
+        beats = e.get("beat_fields")  # what its runtime's heartbeats say (own_lines.py)
+        if isinstance(beats, list):
+            self.reports_calls = self.reports_calls or "open" in beats
+            self.counts_errors = self.counts_errors or "errors" in beats
         self.hello_t = t
         self.last_event = "hello"
 
@@ -246,6 +260,10 @@ class RankTracker:
                     num(e.get("child_cpu_s")),
                 )
             )
+        if "errors" in e:
+            self.counts_errors = True
+        if self.error_unconfirmed:
+            weigh_error(self, integer(e.get("errors")))
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
         open_from_heartbeat(self, e, t)
@@ -318,49 +336,13 @@ class RankTracker:
         self.fault = text(e.get("inject")) or kind
         self.last_event = f"fault {kind}"
 
-    def _error(self, e: dict[str, Any], t: float | None, where) -> None:
-        fatal = e.get("fatal")
-        thread = text(e.get("thread"))
-        if fatal is False or (fatal is None and thread not in (None, "MainThread")):
-            self.last_event = "error (non-fatal)"
-            return  # a thread's exception that did not end the rank
-        exc_type = text(e.get("exc_type")) or "Error"
-        message = (text(e.get("message")) or "").strip()
-        first = message.splitlines()[0] if message else ""
-        self.error = f"{exc_type}: {first}"[:300] if first else exc_type
-        self.traceback = text(e.get("traceback"))
-        self.error_t = t
-        self.error_at = where
-        self.error_line = location(e.get("location"))
-        self.last_event = f"error {exc_type}"
-
-    def _exit(self, e: dict[str, Any], t: float | None, where) -> None:
-        code = integer(e.get("code"))
-        self.exit_code = code if code is not None else (1 if self.error else 0)
-        self.exit_reason = text(e.get("reason"))
-        self.exit_t = t
-        sig = text(e.get("signal"))
-        self.exit_signal = sig or signal_name(self.exit_code)
-        if self.exit_reason == "signal" and self.exit_signal is None:
-            self.exit_signal = "SIGTERM"
-        if self.exit_reason != "signal":  # stopped from outside: keep what it was doing
-            self.last_event = f"exit {self.exit_code}"
-
     def _new_pid(self, event: dict[str, Any]) -> bool:
         pid = integer(event.get("pid"))
         return pid is not None and pid != self.pid
 
     def exit_contradicted(self, why: str) -> None:
-        """The same process wrote on after its exit line, which its runtime writes last (and
-        closes its file after): that exit, and the error before it, were a line someone else
-        appended (or one left from before). Reported (`contradicted`), never acted on."""
-        said = f"exit {self.exit_code}" + (f" after {self.error}" if self.error else "")
-        self.contradicted = f"{said}; {why}"
-        self.exit_doubted = False
-        self.exit_code = self.exit_reason = self.exit_t = self.exit_signal = None
-        self.error = self.traceback = self.error_line = None
-        self.error_t = None
-        self.error_at = None
+        """Its exit or error line is not its process's own (ddpdoctor.monitor.model.own_lines)."""
+        contradict(self, why)
 
     # -- derived facts ---------------------------------------------------------------------
 
@@ -373,13 +355,17 @@ class RankTracker:
             return self.exit_t
         return None
 
-    def current_collective(self) -> CollectiveView | None:
-        """The oldest collective still open (the one the rank waits in)."""
-        if not self.opens:
+    def current_collective(self, *, borne: bool = False) -> CollectiveView | None:
+        """The oldest collective still open (the one the rank waits in); `borne`: of those its
+        process has borne out (call_events.bear), as a live rank's view shows them."""
+        opens = self.opens
+        if borne and self.unborne:
+            opens = {key: call for key, call in opens.items() if key not in self.unborne}
+        if not opens:
             return None
-        if len(self.opens) == 1:
-            return next(iter(self.opens.values()))
-        return min(self.opens.values(), key=lambda c: (c.since_t or 0.0, c.seq))
+        if len(opens) == 1:
+            return next(iter(opens.values()))
+        return min(opens.values(), key=lambda c: (c.since_t or 0.0, c.seq))
 
     def own_work_means(self) -> tuple[float | None, float | None, float | None, int]:
         """Typical data time, compute time and comm wait over the recent steps (medians: one
@@ -395,6 +381,14 @@ class RankTracker:
             return None, None, None, 0
         typical = [median([v for v in column if v is not None]) for column in self.own_work]
         return typical[0], typical[1], typical[2], steps
+
+    def borne_calls(self) -> tuple[CollectiveView, ...]:
+        """Its latest calls that its process has borne out (call_events.bear): a start line
+        alone, with nothing of the process after it, may be another process's."""
+        calls = self.latest_calls()
+        if not self.unborne:
+            return calls
+        return tuple(c for c in calls if (c.group, c.seq) not in self.unborne)
 
     def latest_calls(self) -> tuple[CollectiveView, ...]:
         """Its latest calls, oldest first (what RankView.recent_collectives holds)."""
@@ -440,8 +434,8 @@ _HANDLERS = {
     ev.EPOCH: RankTracker._epoch,
     ev.WARNING: RankTracker._warning,
     ev.FAULT: RankTracker._fault,
-    ev.ERROR: RankTracker._error,
-    ev.EXIT: RankTracker._exit,
+    ev.ERROR: error_event,
+    ev.EXIT: exit_event,
     ev.RAY_CALL: RankTracker._ray_call,
     ev.PIPELINE: RankTracker._pipeline,
     ev.REPLICA_DIGEST: RankTracker._replica_digest,

@@ -129,7 +129,10 @@ class RankViews:
                     return cached
         state, failed_t, exit_code, exit_signal = self._state(tracker, now, live, th)
         finished = state in _FINISHED
-        collective = tracker.current_collective()
+        # a live rank's calls as its process bore them out (call_events.bear); what a rank
+        # that ended left stands as it is
+        borne = live and not finished and bool(tracker.unborne)
+        collective = tracker.current_collective(borne=borne)
         if collective is None and finished and tracker.failed_collective is not None:
             collective = tracker.failed_collective  # what it waited in when it failed
         elif collective is not None:
@@ -175,6 +178,8 @@ class RankViews:
             "activity": doing,
             "reports_progress": tracker.progress.reports,
         }
+        if tracker.unborne and not borne:  # ended, or read after the fact: every call
+            now_fields["recent_collectives"] = tracker.latest_calls()
         if reported:  # its settled fields were made for this view alone: completed in place
             settled.update(now_fields)
             view = build_frozen(RankView, settled)
@@ -218,7 +223,7 @@ class RankViews:
             "gpu_mem_bytes": tracker.gpu_mem_bytes,
             "step_times": tuple(tracker.step_times),
             "group_seqs": self._items(tracker.group_seqs),
-            "recent_collectives": tracker.latest_calls(),
+            "recent_collectives": tracker.borne_calls(),
             "traceback": tracker.traceback,
             "exit_reason": tracker.exit_reason,
             "last_event_t": tracker.last_event_t,
@@ -262,7 +267,9 @@ class RankViews:
             if tracker.exit_code == 0 and tracker.error_t is None:
                 return RankState.DONE, None, 0, None
             return RankState.FAILED, tracker.failed_t, tracker.exit_code, tracker.exit_signal
-        if tracker.error_t is not None:
+        if tracker.error_t is not None and not (
+            live and _error_unconfirmed(tracker, self.alive.get(tracker.rank), now, th)
+        ):  # an error line its process has not borne out yet ends nothing while it runs
             return RankState.FAILED, tracker.error_t, None, None
         agent = self.agent_exit(tracker)
         vanished_t = tracker.last_event_t
@@ -344,11 +351,33 @@ def events_lost_state(
     return None
 
 
+def _error_unconfirmed(
+    tracker: RankTracker, alive: bool | None, now: float, th: Thresholds
+) -> bool:
+    """A fatal error line that its process has not borne out yet (its runtime's heartbeats
+    count it: RankTracker._weigh_error) while that process may still run: the rank is not
+    failed for a line any process could have appended. It stands once the process is seen
+    gone, or once no heartbeat has come for heartbeat_stale_s after it (a runtime stuck after
+    its error cannot beat)."""
+    if not tracker.error_unconfirmed or alive is False or tracker.error_t is None:
+        return False
+    return now < _error_stands_t(tracker, th)
+
+
+def _error_stands_t(tracker: RankTracker, th: Thresholds) -> float:
+    since = tracker.error_t or 0.0
+    if tracker.last_heartbeat_t is not None and tracker.last_heartbeat_t > since:
+        since = tracker.last_heartbeat_t
+    return since + th.heartbeat_stale_s
+
+
 def _steady_until(tracker: RankTracker, th: Thresholds) -> float:
     """Until when `RunState._state` cannot move a live rank out of the steady state it is in
     (RUNNING, IN_COLLECTIVE or STARTING) unless its record changes: the first of the times its
     checks compare the clock with. Kept next to `_state`, whose checks it mirrors."""
     until = math.inf
+    if tracker.error_unconfirmed and tracker.error_t is not None:
+        until = _error_stands_t(tracker, th)  # its error stands then, unless borne out before
     last_sign = tracker.last_heartbeat_t or tracker.last_event_t
     if last_sign is not None:
         until = last_sign + th.heartbeat_stale_s  # its heartbeat stops: stalled

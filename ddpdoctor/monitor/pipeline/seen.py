@@ -179,22 +179,44 @@ def doubt_exits(monitor: Any) -> None:
 
 
 def contradicted_findings(state: Any) -> list[Finding]:
-    """Exit lines a rank's own process contradicted (ddpdoctor.monitor.model.rank_tracker)."""
+    """Exit and error lines a rank's own process contradicted, and calls numbered out of its
+    own order (ddpdoctor.monitor.model.rank_tracker, call_events.dispute)."""
+    found = []
     said = [(r, t.contradicted) for r, t in sorted(state.ranks.items()) if t.contradicted]
-    if not said:
-        return []
-    lines = "; ".join(f"rank {rank}: {what}" for rank, what in said[:8])
-    return [
-        Finding(
-            "run.forged_exit",
-            Severity.WARNING,
-            f"{named_ranks(r for r, _ in said)} not ended: an exit line in "
-            f"{'its' if len(said) == 1 else 'their'} events is contradicted by the process "
-            f"itself ({lines})",
-            "A rank's runtime writes its exit event last. A line appended to a rank's event "
-            "file by something else (or left from another run) is reported, never acted on.",
+    if said:
+        lines = "; ".join(f"rank {rank}: {what}" for rank, what in said[:8])
+        found.append(
+            Finding(
+                "run.forged_exit",
+                Severity.WARNING,
+                f"{named_ranks(r for r, _ in said)} not ended: an exit or error line in "
+                f"{'its' if len(said) == 1 else 'their'} events is contradicted by the process "
+                f"itself ({lines})",
+                "A rank's runtime writes its exit event last, and its heartbeats count the "
+                "errors it wrote. A line appended to a rank's event file by something else (or "
+                "left from another run) is reported, never acted on.",
+            )
         )
+    calls = [
+        (r, t.disputed + (f" and {t.disputed_calls - 1} more" if t.disputed_calls > 1 else ""))
+        for r, t in sorted(state.ranks.items())
+        if t.disputed
     ]
+    if calls:
+        lines = "; ".join(f"rank {rank}: {what}" for rank, what in calls[:8])
+        found.append(
+            Finding(
+                "run.forged_calls",
+                Severity.WARNING,
+                f"{named_ranks(r for r, _ in calls)}: collective lines in "
+                f"{'its' if len(calls) == 1 else 'their'} events that its own process did not "
+                f"number so ({lines}); those calls are not compared",
+                "A rank's runtime numbers the calls of each group one after another. A "
+                "collective line appended to a rank's event file by something else (or left "
+                "from another run) is reported, never acted on.",
+            )
+        )
+    return found
 
 
 def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:
@@ -226,16 +248,11 @@ def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:
 
 
 def look_vouched(monitor: Any, look: Any) -> bool:
-    """A node's network look (network.json) may confirm a stop: this launcher's own node's, or
-    a node whose record names the look's host and whose launcher counts a rank this watcher
-    vouched for. Any other look is a file's claim: it explains the hang, it stops nothing."""
-    if look.node_rank == monitor.node_rank:
-        return monitor.network.own(look)  # the look it took itself, never the file's
-    record = monitor.nodes.get(look.node_rank)
-    seen = monitor.merge.feed.seen.get(look.node_rank)
-    if record is None or record.host != look.host or seen is None:
-        return False
-    return any(rank in monitor.vouching.vouched for rank in seen.ranks)
+    """A node's network look (network.json) may confirm a stop only when it is the look this
+    launcher took itself (held in memory, never the file's). Another node's look is a file any
+    process of the job can write, with any host and number in it: it explains the hang, it
+    stops nothing (a cut link between this host and another shows in this host's own look)."""
+    return look.node_rank == monitor.node_rank and bool(monitor.network.own(look))
 
 
 def launcher_pids(monitor: Any) -> set[int]:

@@ -132,10 +132,12 @@ def test_the_root_cause_names_the_users_line_it_raised_at():
 
 
 def test_the_error_events_location_reaches_the_rank_view():
+    from ddpdoctor.monitor.model.own_lines import error_event
     from ddpdoctor.monitor.model.rank_tracker import RankTracker
 
     tracker = RankTracker(0)
-    tracker._error(
+    error_event(
+        tracker,
         {
             "exc_type": "RuntimeError",
             "message": "boom",
@@ -146,7 +148,7 @@ def test_the_error_events_location_reaches_the_rank_view():
         ("events/rank-0.jsonl", 3),
     )
     assert tracker.error_line == "train.py:17 in main"
-    tracker._error({"exc_type": "RuntimeError", "fatal": True, "location": "odd"}, NOW, None)
+    error_event(tracker, {"exc_type": "RuntimeError", "fatal": True, "location": "odd"}, NOW, None)
     assert tracker.error_line is None
 
 

@@ -186,7 +186,7 @@ def test_whether_a_look_is_vouched_for_is_never_written_or_read():
     assert parsed is not None and parsed.vouched  # after the fact: evidence, nothing to stop
 
 
-def test_a_live_watcher_vouches_for_its_own_look_and_for_nodes_whose_ranks_it_vouched():
+def test_a_live_watcher_vouches_for_its_own_look_only():
     from types import SimpleNamespace
 
     from ddpdoctor.monitor.pipeline.seen import look_vouched
@@ -200,13 +200,13 @@ def test_a_live_watcher_vouches_for_its_own_look_and_for_nodes_whose_ranks_it_vo
         vouching=SimpleNamespace(vouched={1: 4242}),
         network=SimpleNamespace(own=lambda look: look is own),  # the look it took itself
     )
-    assert look_vouched(monitor, own) and look_vouched(monitor, other)
+    assert look_vouched(monitor, own)
     # this node's look as a file says (any process of the job can write it): not its own
     assert not look_vouched(monitor, replace(own, stalled_s=99.0))
-    assert not look_vouched(monitor, replace(other, host="h9"))  # not the host its record names
-    assert not look_vouched(monitor, replace(other, node_rank=5))  # no such node
-    monitor.vouching.vouched = {}
-    assert not look_vouched(monitor, other)  # none of its ranks vouched for
+    # another node's look, however plausible (its record's host, a rank of it vouched for):
+    # a file any process of the job can write; it explains, it stops nothing
+    assert not look_vouched(monitor, other)
+    assert not look_vouched(monitor, replace(other, node_rank=5))
 
 
 def test_a_direction_that_sent_nothing_is_not_said_to_carry():

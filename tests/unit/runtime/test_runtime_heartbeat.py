@@ -283,3 +283,15 @@ def test_current_frames_turns_the_collector_off_for_the_call_only(monkeypatch):
         assert seen[-1] is False and not gc.isenabled()  # the job's choice stays
     finally:
         gc.enable()
+
+
+def test_heartbeats_count_the_fatal_errors_the_process_wrote(beating):
+    """A watcher tells an error line of the rank's own from one appended to its file by the
+    heartbeats' count (ddpdoctor/monitor/model/own_lines.py)."""
+    wait_for_beats(beating, 1)
+    assert heartbeats(beating)[-1]["errors"] == 0
+    beating.emit("error", exc_type="OSError", message="a thread's", fatal=False)
+    beating.emit("error", exc_type="RuntimeError", message="boom", fatal=True)
+    seen = len(heartbeats(beating))
+    wait_for_beats(beating, seen + 2)
+    assert heartbeats(beating)[-1]["errors"] == 1

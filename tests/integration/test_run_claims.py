@@ -15,6 +15,7 @@ and a warning that names each forged claim."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -80,11 +81,13 @@ def test_forged_calls_errors_and_steps_neither_stop_nor_fail_a_one_node_job(tmp_
         assert word not in out, explain
     doc = json.loads((run_dir / "diagnosis.json").read_text())
     assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
-    assert doc["job"]["stopped_for"] is None
+    assert doc["stopped_for"] is None
     assert [r["state"] for r in doc["ranks"]] == ["done", "done"]
     found = _ids(doc)
     assert "broadcast #" in found["run.forged_calls"], found
-    assert "and 1 more" in found["run.forged_calls"], found  # the one forged during the wait
+    # the one forged during the wait too (dropped when the heartbeats denied it, and again
+    # when rank 1's own call of that number came)
+    assert re.search(r"and \d+ more\)", found["run.forged_calls"]), found
     assert "RuntimeError: forged: rank 1 failed" in found["run.forged_exit"], found
     assert "heartbeats count no such error" in found["run.forged_exit"], found
     assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
@@ -199,5 +202,5 @@ def test_forged_calls_errors_and_another_nodes_look_stop_neither_node(tmp_path):
     assert "run.forged_calls" in said and "run.forged_exit" in said, explain
     doc = json.loads((run_dir / "diagnosis.json").read_text())
     assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
-    assert doc["job"]["stopped_for"] is None, explain
+    assert doc["stopped_for"] is None, explain
     assert job_processes(run_dir) == []

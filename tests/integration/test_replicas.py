@@ -122,7 +122,8 @@ def assert_diverged(r: JsonRun, script: str, peers: list[int] | None = None) -> 
     code, found = explain(r.run_dir)
     assert code == 1 and "replicas.diverged" in [f["id"] for f in found]
     ckpt = r.run_dir.parent / "ckpt"
-    code, found = explain(ckpt / "rank-0.pt", ckpt / "rank-1.pt")
+    first, second = peers or [0, 1]  # 2x2 HSDP: ranks 0 and 1 saved the same gathered model
+    code, found = explain(ckpt / f"rank-{first}.pt", ckpt / f"rank-{second}.pt")
     assert code == 1 and [f["id"] for f in found] == ["replicas.checkpoints_differ"]
 
 

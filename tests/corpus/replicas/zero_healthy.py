@@ -1,6 +1,6 @@
 """A healthy ZeRO-1 job written another way: ZeroRedundancyOptimizer over Adam with a model that
-DDP does not wrap (the gradients averaged by hand), a scheduler on every rank, per-rank data,
-rank 0 alone evaluating and saving."""
+DDP does not wrap (the gradients averaged by hand), a DataLoader with a DistributedSampler, a
+scheduler on every rank, rank 0 alone evaluating and saving."""
 
 import os
 
@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer as ZeRO
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 STEPS = 60
 
@@ -28,10 +29,12 @@ if __name__ == "__main__":
         dist.broadcast(p.data, src=0)
     opt = ZeRO(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.5)
-    torch.manual_seed(100 + dist.get_rank())
-    for it in range(STEPS):
+    n = STEPS * 8 * dist.get_world_size()  # STEPS batches of 8 per rank
+    data = TensorDataset(torch.randn(n, 16), torch.randn(n, 1))
+    loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=True))
+    for it, (x, y) in enumerate(loader):
         opt.zero_grad()
-        nn.functional.mse_loss(model(torch.randn(8, 16)), torch.randn(8, 1)).backward()
+        nn.functional.mse_loss(model(x), y).backward()
         average_gradients(model)
         opt.step()
         sched.step()

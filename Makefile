@@ -62,6 +62,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/doctor.py
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/runtime_hotpath.py
+	$(BIN)/python benchmarks/runtime_own.py
 	$(BIN)/python benchmarks/detect.py
 	$(BIN)/python benchmarks/false_alarms.py
 	$(BIN)/python benchmarks/monitor_scale.py

@@ -100,9 +100,9 @@ def _no_sync_count(on: bool) -> None:
 
     if on:  # read once, when the runtime installs its DDP hooks
         ORIGINAL["counts_syncs"] = ddp_contract.counts_syncs
-        ddp_contract.counts_syncs = lambda _rt: False  # type: ignore[assignment]
+        ddp_contract.counts_syncs = lambda _rt: False
     else:
-        ddp_contract.counts_syncs = ORIGINAL.pop("counts_syncs")  # type: ignore[assignment]
+        ddp_contract.counts_syncs = ORIGINAL.pop("counts_syncs")
 
 
 def _slow_steps_queued(on: bool) -> None:
@@ -124,9 +124,9 @@ def _no_ddp_timers(on: bool) -> None:
 
     if on:
         ORIGINAL["start_probe"] = ddp_hooks.start_probe
-        ddp_hooks.start_probe = no_probe  # type: ignore[assignment]
+        ddp_hooks.start_probe = no_probe
     else:
-        ddp_hooks.start_probe = ORIGINAL.pop("start_probe")  # type: ignore[assignment]
+        ddp_hooks.start_probe = ORIGINAL.pop("start_probe")
 
 
 def _no_digests(on: bool) -> None:

@@ -26,6 +26,7 @@ subtracted. Medians of the repeats; each repeat's figure in brackets.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -98,7 +99,7 @@ def instrument() -> tuple[dict[str, Timed], Callable[[], None]]:
     data_wrapper = _BaseDataLoaderIter.__next__
     fetch = cell_of(data_wrapper, "original_next")
     set_cell(data_wrapper, "original_next", timers["data"].inner(fetch))
-    _BaseDataLoaderIter.__next__ = timers["data"].outer(data_wrapper)
+    _BaseDataLoaderIter.__next__ = timers["data"].outer(data_wrapper)  # type: ignore[method-assign]
     undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", data_wrapper))
     undo.append(lambda: set_cell(data_wrapper, "original_next", fetch))
     # the contract's wrapper, around the steps' wrapper, around DDP's own forward
@@ -108,14 +109,19 @@ def instrument() -> tuple[dict[str, Timed], Callable[[], None]]:
     if holder is innermost:
         raise RuntimeError("the runtime's DDP forward wrappers are not installed")
     set_cell(holder, "original_forward", timers["forward"].inner(innermost))
-    DDP.forward = timers["forward"].outer(outer)
+    DDP.forward = timers["forward"].outer(outer)  # type: ignore[method-assign]
     undo.append(lambda: setattr(DDP, "forward", outer))
     undo.append(lambda: set_cell(holder, "original_forward", innermost))
     hooks = torch_optimizer._global_optimizer_post_hooks
     for key, hook in list(hooks.items()):
         hooks[key] = timers["optimizer"].outer(hook)
-        undo.append(lambda key=key, hook=hook: hooks.__setitem__(key, hook))
-    return timers, lambda: [fn() for fn in reversed(undo)]
+        undo.append(functools.partial(hooks.__setitem__, key, hook))
+
+    def remove() -> None:
+        for fn in reversed(undo):
+            fn()
+
+    return timers, remove
 
 
 def heartbeat_cpu() -> float:

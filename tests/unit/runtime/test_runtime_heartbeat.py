@@ -295,3 +295,51 @@ def test_heartbeats_count_the_fatal_errors_the_process_wrote(beating):
     seen = len(heartbeats(beating))
     wait_for_beats(beating, seen + 2)
     assert heartbeats(beating)[-1]["errors"] == 1
+
+
+def test_counted_calls_are_written_at_their_own_pace_and_their_last_number_when_quiet(tmp_path):
+    """A gradient-sync count that keeps climbing is written every COUNTS_EVERY_S, not at each
+    flush; once the loop goes quiet (a rank blocked in a collective) its last number is on disk
+    within a flush or two, long before any hang threshold."""
+    from ddpdoctor.runtime.heartbeat import COUNTS_EVERY_S
+    from ddpdoctor.runtime.records import CollectiveDesc
+
+    runtime = Runtime(tmp_path / "run", rank=0)
+    runtime.run_dir.events_dir.mkdir(parents=True)
+    desc = CollectiveDesc(
+        "ddp_gradient_sync",
+        GroupInfo("default:ddp_grads", 1, None),
+        TensorSummary(),
+        is_async=False,
+    )
+    desc.immediate = False
+    counted = runtime.collectives.counter(desc)
+    heartbeat = Heartbeat(runtime, period_s=30.0, gpu_memory=lambda rt: None)
+    heartbeat.start()
+    path = runtime.run_dir.events_file(0)
+
+    def counts() -> list[int]:
+        events = [parse_event_line(line) for line in path.read_bytes().split(b"\n")]
+        return [e["seq"] for e in events if e and e["kind"] == "collective_start"]
+
+    try:
+        wait_for_beats(runtime, 1)
+        start = time.monotonic()
+        while time.monotonic() - start < 4 * COUNTS_EVERY_S:  # a training loop: steps flow
+            counted.count += 1
+            runtime.emit("metrics", i=counted.count)  # queued, as a step is
+            time.sleep(0.002)
+        flowing = time.monotonic() - start
+        last = counted.count
+        deadline = time.monotonic() + 5
+        while not counts() or counts()[-1] != last:
+            assert time.monotonic() < deadline, "the last count was not written once quiet"
+            time.sleep(0.01)
+        assert time.monotonic() - (start + flowing) < 3.0
+        # at its own pace while it flowed: one write per COUNTS_EVERY_S, and one per quiet
+        # spell (a loaded machine may pause this thread for a flush or two); at every flush
+        # (every 0.1 s while flowing, as before) it would be twice this bound
+        assert len(counts()) <= 2 * flowing / COUNTS_EVERY_S + 4
+        assert counts() == sorted(counts())
+    finally:
+        heartbeat.stop()

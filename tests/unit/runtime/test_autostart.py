@@ -42,7 +42,7 @@ def python_with_site(code: str, extra_path: list[str] | None = None, **env: str)
         env=clean_env({"PYTHONPATH": path, **env}),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,  # importing torch: seconds quiet, a minute at a load of 30
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

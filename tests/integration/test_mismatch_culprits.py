@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_in_parallel
+from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_json_jobs
 
 CORPUS = REPO / "tests" / "corpus" / "mismatch"
 MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
@@ -56,38 +56,22 @@ def command_of(job: dict) -> list[str]:
     return [str(tool) if tool.exists() else words[0], *words[1:]]
 
 
-def _start(job: dict, base: Path, load: str) -> subprocess.Popen:
-    work = base / f"{job['name']}-{load}"
-    work.mkdir()
-    cmd = ddpdoctor_cmd(
+def _command(job: dict, work: Path) -> list[str]:
+    return ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--json", "--run-dir", str(work / "run"),
         "--", *command_of(job),
     )  # fmt: skip
-    env = clean_env()
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    return subprocess.Popen(
-        cmd,
-        stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit
-        stderr=open(work / "stderr", "w"),
-        env=env,
-        cwd=work,
-        start_new_session=True,
-    )
 
 
 def _run_all(base: Path, load: str) -> dict[str, JsonRun]:
+    (base / load).mkdir()
+    env = clean_env()
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     jobs = [*MANIFEST["faulty"], *MANIFEST["healthy"]]
-    starts = {job["name"]: functools.partial(_start, job, base, load) for job in jobs}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
-    done = {}
-    for name, (proc, timed_out) in ended.items():
-        work = base / f"{name}-{load}"
-        stderr = (work / "stderr").read_text(errors="replace")
-        if timed_out:
-            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
-        stdout = (work / "stdout").read_text(errors="replace")
-        done[name] = JsonRun(proc.returncode, stdout, stderr, work / "run")
-    return done
+    return run_json_jobs(
+        {job["name"]: functools.partial(_command, job) for job in jobs}, base / load,
+        parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S, env=env,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,9 @@ def _start(name: str, base: Path, address: str) -> subprocess.Popen:
         "run", "--no-doctor", "--no-tui", "--json", "--run-dir", str(work / "run"),
         "--", sys.executable, str(SCRIPT), mode,
     )  # fmt: skip
-    env = _ray_env(**({"RAY_ADDRESS": address} if running else {}))
+    env = _ray_env()  # (it drops RAY_ADDRESS, whatever it is given)
+    if running:
+        env["RAY_ADDRESS"] = address
     return subprocess.Popen(
         cmd,
         stdout=open(work / "stdout", "w"),  # the child holds it; closed on exit

@@ -250,3 +250,40 @@ def test_a_ray_worker_killed_in_its_training_function_is_named_as_such():
     recovered = next(f for f in end.findings if f.id == "run.recovered")
     assert "killed while running its training function" in recovered.summary
     assert recovered.severity is Severity.WARNING
+
+
+def test_while_the_launcher_restarts_the_logs_errors_are_warnings_of_that_attempt():
+    """torchrun's log has the failed rank's traceback and its failure table while the next
+    attempt starts: a job that recovers is never shown with errors (nor a crash)."""
+    from ddpdoctor.findings import Finding
+
+    s = Stream()
+    attempt(s, 0, 0.0)
+    t = s.steps(10)
+    fail(s, t)
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=2))
+    for event in sorted((e for evs in s.events.values() for e in evs), key=lambda e: e["t"]):
+        state.apply(event)
+    snap = state.snapshot(NOW + t + 2.0, live=True)
+    logged = [
+        Finding("python.exception", Severity.ERROR, "Rank 1 raised LoaderError: x", "fix"),
+        Finding("torchrun.failed", Severity.ERROR, "Rank 1 (pid 5001) exited with code 1", ""),
+    ]
+    diag = diagnose(snap, extra_findings=logged)
+    assert diag.verdict is Verdict.RUNNING
+    assert [f.severity for f in diag.findings] == [Severity.WARNING] * len(diag.findings)
+    told = [f for f in diag.findings if f.id in ("python.exception", "torchrun.failed")]
+    assert len(told) == 2
+    assert all(f.summary.startswith("in the attempt the launcher restarts: ") for f in told)
+    spent = Stream()  # no restart left: the same errors stay errors, beside the crash
+    attempt(spent, 0, 0.0, budget=0)
+    t = spent.steps(10)
+    fail(spent, t)
+    state = RunState(RunInfo(name="t", run_dir="/x", world_size=2))
+    for event in sorted((e for evs in spent.events.values() for e in evs), key=lambda e: e["t"]):
+        state.apply(event)
+    crashed = diagnose(state.snapshot(NOW + t + 2.0, live=True), extra_findings=logged)
+    assert crashed.verdict is Verdict.CRASH
+    assert {f.severity for f in crashed.findings if f.id in ("python.exception",)} == {
+        Severity.ERROR
+    }

@@ -24,7 +24,7 @@ from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
 from ddpdoctor.monitor.judge.rules.crash import echoes_another
 from ddpdoctor.monitor.model.attempt_views import Attempt, Attempts, RankEnding
-from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
+from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 
 # The log explainers' families whose errors describe a failed rank (ddpdoctor.explain).
 _FAILURE_FAMILIES = frozenset(
@@ -153,20 +153,37 @@ def told(snap: Snapshot, *, problem: bool) -> list[Finding]:
     return [history] if history else []
 
 
-def settle(findings: Iterable[Finding], snap: Snapshot, verdict: Verdict) -> list[Finding]:
-    """The log explainers' errors about a failed earlier attempt, beside a run that went on
-    without a problem: warnings of that attempt."""
+def restarting(snap: Snapshot) -> bool:
+    """A rank of the latest attempt failed and the launcher may still restart the ranks: the
+    next attempt is on its way (its processes have not said hello yet)."""
     attempts = snap.attempts
-    if attempts is None or verdict.is_problem or not _failed_before(attempts):
+    if attempts is None or not snap.live:
+        return False
+    return any(
+        v.state in (RankState.FAILED, RankState.GONE) and attempts.may_restart(v.rank)
+        for v in snap.ranks
+    )
+
+
+def settle(findings: Iterable[Finding], snap: Snapshot, verdict: Verdict) -> list[Finding]:
+    """The log explainers' errors about a failed attempt (its traceback in torchrun's log,
+    torchrun's failure table), beside a run that went on, or goes on, without a problem:
+    warnings of that attempt, never errors of a job that recovers."""
+    attempts = snap.attempts
+    if attempts is None or verdict.is_problem:
+        return list(findings)
+    if _failed_before(attempts):
+        said = "in an attempt the job recovered from"
+    elif restarting(snap):
+        said = "in the attempt the launcher restarts"
+    else:
         return list(findings)
     out = []
     for finding in findings:
         family = finding.id.split(".", 1)[0]
         if finding.severity is Severity.ERROR and family in _FAILURE_FAMILIES:
             finding = replace(
-                finding,
-                severity=Severity.WARNING,
-                summary=f"in an attempt the job recovered from: {finding.summary}",
+                finding, severity=Severity.WARNING, summary=f"{said}: {finding.summary}"
             )
         out.append(finding)
     return out

@@ -87,7 +87,11 @@ class Cluster:
 
 
 def _ray_env(**extra: str) -> dict[str, str]:
-    env = clean_env(
+    env = clean_env()
+    # the test's own shell may point at another cluster or hook: only `extra` names one
+    env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_RUNTIME_ENV_HOOK", None)
+    env.update(
         {
             "RAY_AUTH_MODE": "disabled",
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -97,8 +101,6 @@ def _ray_env(**extra: str) -> dict[str, str]:
         }
     )
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_RUNTIME_ENV_HOOK", None)
     return env
 
 

@@ -125,7 +125,9 @@ _CHAIN = ("During handling of the above exception", "The above exception was the
 _STARTS = ("Traceback (most recent call last)", "  File ", *_CHAIN)
 _NOT_MESSAGE = re.compile(r"^(?:\[?[EWIF]\d{4} |\[[EWIF] |frame #|Exception raised from )")
 _MAX_MESSAGE_LINES = 12
-_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ")
+# ddpdoctor's own wrappers (a DeepSpeed engine's or a pipeline schedule's step) are library
+# frames too, also when ddpdoctor runs from a checkout rather than site-packages
+_LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen ", "/ddpdoctor/runtime/")
 # Exceptions that are not a rank's failure: torchrun's own summary, a clean exit.
 _SKIP = ("ChildFailedError", "SystemExit")
 # A parent reporting that a child process died: the child's own error is the cause.

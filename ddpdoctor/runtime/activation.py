@@ -116,6 +116,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         data_hooks,
         ddp_contract,
         ddp_hooks,
+        deepspeed_hooks,
         frameworks,
         fsdp_hooks,
         funcol_hooks,
@@ -135,6 +136,7 @@ def _install_torch_hooks(runtime: core.Runtime) -> None:
         ("data", data_hooks.install),
         ("optimizer", optim_hooks.install),
         ("frameworks", frameworks.install),
+        ("deepspeed", deepspeed_hooks.install),
         ("replicas", replicas.install),
         ("replicas of HSDP and ZeRO", replica_sources.install),
     ):

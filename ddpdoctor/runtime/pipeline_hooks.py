@@ -11,8 +11,9 @@ or a send nobody receives). So:
   user's line that built the schedule (one frame walk per schedule, at build time).
 - The first `step()` of a schedule writes a `pipeline` event (schedule, microbatches, stages,
   this rank's stage indices, both lines) and compares the contract across the pipeline's ranks
-  (fingerprint.py, label `pipeline<n>`): a difference is a `warning` of code
-  `pipeline.contract_mismatch`, written before the step sends anything.
+  (fingerprint.py, label `pipeline<n>`), then the shapes each stage declared it sends against
+  those its next stage declared it receives (pipeline_shapes.py, pairwise): a difference is a
+  `warning` of code `pipeline.contract_mismatch`, written before the step sends anything.
 - Each `step()` counts the rank's pipeline steps, and each stage's forward and backward of a
   microbatch sets the rank's position (step, action, microbatch, stage): a list the heartbeat
   thread reports, updated in place (no event, no allocation but a small list per microbatch).
@@ -25,7 +26,7 @@ import threading
 from typing import Any
 
 from ddpdoctor.protocol.events import PIPELINE, WARNING
-from ddpdoctor.runtime import core, fingerprint
+from ddpdoctor.runtime import core, fingerprint, pipeline_shapes
 from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
@@ -113,10 +114,19 @@ def first_step(rt: core.Runtime, schedule: Any) -> None:
     store = c10d._get_default_store()
     message = fingerprint.exchange_on(store, rank, members, label, title, entries, rt.wall_clock())
     if message is not None:
-        named = message.rpartition("[culprits ")[2].partition(";")[0].split(",")
-        culprits = [int(r) for r in named if r.isdigit()]
-        message = message.replace("SPMD contract", "pipeline contract", 1)
-        rt.emit(WARNING, code=CODE, message=message, details={"label": label, "culprits": culprits})
+        _warn(rt, label, message.replace("SPMD contract", "pipeline contract", 1))
+        return  # the schedules differ: the shapes that follow from it would only repeat that
+    sides = pipeline_shapes.sides_of(
+        stages_of(schedule), rank, lambda stage: stage.__dict__.get(STAGE_SITE)
+    )
+    for shapes in pipeline_shapes.compare_on(store, label, title, sides, rt.wall_clock()):
+        _warn(rt, label, shapes)
+
+
+def _warn(rt: core.Runtime, label: str, message: str) -> None:
+    named = message.rpartition("[culprits ")[2].partition(";")[0].split(",")
+    culprits = [int(r) for r in named if r.isdigit()]
+    rt.emit(WARNING, code=CODE, message=message, details={"label": label, "culprits": culprits})
 
 
 def _wrap_init(runtime: core.Runtime, cls: Any, attr: str) -> None:

@@ -301,6 +301,7 @@ SLOW_MODULES = {
     "test_frameworks.py": "Lightning, accelerate and the HF Trainer, healthy and faulty",
     "test_fsdp_runs.py": "the FSDP2 / DeviceMesh corpus, healthy and faulty",
     "test_pipeline_runs.py": "the pipeline corpus: pipelining schedules and send/recv, healthy and faulty",
+    "test_deepspeed_runs.py": "DeepSpeed ZeRO-2/3 under its launcher and torchrun, healthy and faulty",
     "test_mismatch_culprits.py": "mismatch culprits on independently written jobs, quiet and loaded",
     "test_corpus_runs.py": "the run corpus: pytorch/examples and tutorial recipes",
     "test_run_gate_and_output.py": "guarded collectives in Lightning jobs",

@@ -7,7 +7,8 @@ Healthy jobs end healthy without a warning, with their pipeline recorded (schedu
 microbatches, stages) and their sends carrying the peer's global rank. Each planted fault gets
 its verdict, culprits and a finding citing the user's line: a stalled stage is a hang of that
 stage at the line it is stuck at, and the job is stopped; a schedule or microbatch count that
-differs is a mismatch of the differing rank at the line that built its schedule; a send or
+differs is a mismatch of the differing rank at the line that built its schedule (shapes two
+neighbouring stages declared differently: both, at the line that made the stage); a send or
 receive without its counterpart is a point-to-point deadlock naming the waiting call's line.
 """
 
@@ -150,3 +151,17 @@ def test_a_differing_pipeline_is_written_before_the_first_send(results):
         assert all(kind != "collective_start" for kind, _ in kinds[:at]), kinds[: at + 1]
         return
     pytest.fail("no rank wrote the pipeline contract mismatch")
+
+
+def test_declared_shapes_that_differ_are_named_with_both_stages_before_the_first_send(results):
+    r = results["static-shapes"]
+    finding = next(f for f in r.document()["findings"] if f["id"] == "pipeline.contract_mismatch")
+    assert "stage 0 (rank 0) sends [4, 24] float32" in finding["summary"], finding
+    assert "stage 1 (rank 1) expects [16, 24] float32" in finding["summary"], finding
+    for rank in (0, 1):  # the second of the two sides to arrive compares
+        kinds = [(e["kind"], e.get("code")) for e in r.events(rank)]
+        if ("warning", "pipeline.contract_mismatch") in kinds:
+            at = kinds.index(("warning", "pipeline.contract_mismatch"))
+            assert not [k for k, _ in kinds[:at] if k == "collective_start"], kinds[: at + 1]
+            return
+    pytest.fail("no rank wrote the shapes' difference")

@@ -276,14 +276,23 @@ KEPT_ONCE_FOUND = frozenset({chance_pairing_rule.CODE})
 MAX_KEPT = 8
 
 
+def _said_key(finding: Finding) -> tuple[str, str]:
+    # the call that paired (its first evidence: rank, op, number, line), not the summary, whose
+    # "at step N" is the rank's step at the poll: later polls of one pairing say later steps
+    return finding.id, finding.evidence[0].text if finding.evidence else finding.summary
+
+
 def keep_said(diagnosis: Diagnosis, said: dict[tuple[str, str], Finding]) -> Diagnosis:
     """`diagnosis` with the findings of KEPT_ONCE_FOUND that earlier polls found (`said`, the
-    caller's memory, updated here)."""
+    caller's memory, updated here), each as it was first said (the step it happened at)."""
     for finding in diagnosis.findings:
         if finding.id in KEPT_ONCE_FOUND and len(said) < MAX_KEPT:
-            said.setdefault((finding.id, finding.summary), finding)
+            said.setdefault(_said_key(finding), finding)
     if not said:
         return diagnosis
-    present = {(f.id, f.summary) for f in diagnosis.findings}
+    findings = tuple(
+        said.get(_said_key(f), f) if f.id in KEPT_ONCE_FOUND else f for f in diagnosis.findings
+    )
+    present = {_said_key(f) for f in findings if f.id in KEPT_ONCE_FOUND}
     missing = tuple(f for key, f in said.items() if key not in present)
-    return replace(diagnosis, findings=diagnosis.findings + missing) if missing else diagnosis
+    return replace(diagnosis, findings=findings + missing)

@@ -171,6 +171,21 @@ def test_a_traceback_is_a_finding_for_its_rank_with_where_it_happened():
     assert [e.line for e in finding.evidence] == [2, 6]
 
 
+def test_ddpdoctors_own_wrapper_frame_is_not_where_the_user_raised():
+    # a checkout of ddpdoctor is not under site-packages: its wrapper of a schedule's step()
+    # sits between the user's call and torch's frames
+    lines = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/home/u/train_pp.py", line 50, in main',
+        "[rank1]:     schedule.step(target=y)",
+        '[rank1]:   File "/src/ddpdoctor/ddpdoctor/runtime/pipeline_hooks.py", line 171, in step',
+        "[rank1]:     return original(self, *args, **kwargs)",
+        "[rank1]: RuntimeError: The size of tensor a (16) must match the size of tensor b (4)",
+    ]
+    (finding,) = explain_lines(lines)
+    assert "at /home/u/train_pp.py:50 in main" in finding.summary, finding.summary
+
+
 def test_a_chained_exception_reports_the_last_one_with_its_cause():
     lines = [
         "Traceback (most recent call last):",

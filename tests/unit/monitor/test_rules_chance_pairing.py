@@ -66,3 +66,14 @@ def test_the_warning_stays_once_said():
     later = snap([view(r, recent_collectives=gathers([TRAIN] * 3)) for r in (0, 1)])
     again = diagnose.keep_said(diagnose.diagnose(later), said)
     assert [f.id for f in again.findings] == ["collective.chance_pairing"]
+
+
+def test_one_pairing_is_said_once_with_the_step_it_happened_at():
+    said: dict = {}
+    calls = [
+        view(0, step=step, recent_collectives=gathers([TRAIN, EVAL, TRAIN])) for step in (10, 14)
+    ]
+    polls = [snap([c, view(1, step=10, recent_collectives=gathers([TRAIN] * 3))]) for c in calls]
+    first, later = (diagnose.keep_said(diagnose.diagnose(p), said) for p in polls)
+    assert [f.summary for f in later.findings] == [f.summary for f in first.findings]
+    assert " at step 10," in later.findings[0].summary and len(said) == 1

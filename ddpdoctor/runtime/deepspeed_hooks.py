@@ -1,0 +1,77 @@
+"""DeepSpeed: the engine's forward opens a training step as a DDP or FSDP root forward does.
+
+DeepSpeed's collectives need nothing of their own (`deepspeed.comm` calls `torch.distributed`,
+recorded by c10d_hooks.py), and its ZeRO optimizers step the torch optimizer they were given
+(optim_hooks.py sees it). What was missing is the step's start: the engine wraps the model in
+no DDP and a loop that feeds it tensors fetches from no DataLoader, so its optimizer steps made
+no steps and every rank stayed at step 0 (hangs, crashes and chance pairings were reported
+without the step they happened at). `DeepSpeedEngine.forward` is wrapped:
+
+- with grad enabled, a forward of the step (synced when the engine is at a gradient
+  accumulation boundary: the micro-batches before it accumulate into it), confirmed by the
+  optimizer step, or at once when the engine is in train mode;
+- under `no_grad` / `inference_mode`, an evaluation: phase "eval" (ddpdoctor's own guess, as for
+  an FSDP model), and the step in progress is not continued by it.
+
+One attribute lookup and a clock read per engine forward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ddpdoctor.runtime import core
+from ddpdoctor.runtime.import_hooks import when_imported
+from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
+
+
+def batch_size_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape else None
+
+
+def on_engine_forward(rt: core.Runtime, engine: Any, args: Any, kwargs: Any) -> None:
+    import torch
+
+    if torch.is_grad_enabled():
+        training = bool(getattr(engine, "training", True))
+        if training and rt.auto_phase and rt.phase != core.AUTO_TRAIN:
+            rt.set_phase(core.AUTO_TRAIN, auto=True)
+        boundary = getattr(engine, "is_gradient_accumulation_boundary", None)
+        synced = bool(boundary()) if callable(boundary) else True
+        rt.steps.on_forward(rt.mono_clock(), True, synced, batch_size_of(args, kwargs), training)
+    else:
+        if rt.auto_phase and rt.phase != core.AUTO_EVAL:
+            rt.set_phase(core.AUTO_EVAL, auto=True)
+        rt.steps.on_forward(rt.mono_clock(), False, False, None)
+
+
+def wrap_engine(runtime: core.Runtime, cls: Any) -> None:
+    original = vars(cls).get("forward")
+    if original is None or hasattr(original, WRAPPED_MARK):
+        return
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = core._active
+        if rt is not None:
+            try:
+                on_engine_forward(rt, self, args, kwargs)
+            except Exception:  # noqa: BLE001 - recording must never break training
+                pass
+        return original(self, *args, **kwargs)
+
+    patch(runtime, cls, "forward", forward, original)
+
+
+def install(runtime: core.Runtime) -> None:
+    """Wrap the engine once the script imports DeepSpeed's (now, if it has)."""
+
+    def imported(module: Any) -> None:
+        cls = getattr(module, "DeepSpeedEngine", None)
+        if cls is not None and core.active() is runtime:
+            wrap_engine(runtime, cls)
+
+    when_imported("deepspeed.runtime.engine", imported)

@@ -1,0 +1,191 @@
+"""The DeepSpeed corpus (tests/corpus/deepspeed/corpus.json): ZeRO-2 and ZeRO-3 jobs on CPU
+(`DS_ACCELERATOR=cpu`, a plain torch optimizer), two scripts in two styles, run for real under
+DeepSpeed's own launcher (`ddpdoctor run -- deepspeed --num_gpus 2 SCRIPT`) and under torchrun
+(`ddpdoctor run --nproc 2 -- SCRIPT`).
+
+Healthy jobs end healthy without a warning, every rank at its last step (the engine's forward
+opens a step: the loops feed tensors to no DDP module). A stalled rank is a hang of that rank at
+the line it is stuck at, stopped; a rank that raises is a crash of that rank at its line. Rank 0
+evaluating alone under ZeRO-3 makes all-gathers rank 1 never makes; they pair by chance with
+rank 1's training all-gathers of the same size, and that is reported with both lines and the
+step it happened at, before the job ends.
+
+DeepSpeed on CPU loads a shared-memory op it compiles once into ~/.cache/torch_extensions; the
+fixture builds it first (minutes, once per machine) with the interpreter every job uses: the op
+is rebuilt whenever DeepSpeed is imported from another path (a venv reached through a symlink),
+and the `deepspeed` launcher starts its ranks with its own interpreter's path.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.procs import (
+    REPO,
+    JsonRun,
+    assert_healthy_unless_aborted_at_exit,
+    clean_env,
+    exited_cleanly_then_aborted,
+    free_port,
+    job_processes,
+    run_in_parallel,
+)
+
+pytest.importorskip("deepspeed")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
+
+CORPUS = REPO / "tests" / "corpus" / "deepspeed"
+MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
+# the venv's own path, not a symlink to it: the path the `deepspeed` launcher's ranks import from
+VENV_BIN = Path(sys.prefix).resolve() / "bin"
+PYTHON = str(VENV_BIN / "python")
+PARALLEL = 2
+RUN_TIMEOUT_S = 420
+BUILD_TIMEOUT_S = 1800
+HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
+FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
+PAIRED = {job["name"]: job for job in MANIFEST["paired_by_chance"]}
+
+
+def _env() -> dict[str, str]:
+    return clean_env({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+
+
+def _build_shared_memory_op() -> None:
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    try:
+        done = subprocess.run(
+            [PYTHON, "-c", code], env=_env(), capture_output=True, text=True,
+            timeout=BUILD_TIMEOUT_S, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"DeepSpeed's CPU op did not build within {BUILD_TIMEOUT_S} s")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _start(job: dict, base: Path) -> subprocess.Popen:
+    work = base / job["name"]
+    work.mkdir()
+    script = str(CORPUS / job["script"])
+    args = [str(CORPUS / a) if a.endswith(".json") else a for a in job["args"]]
+    head = [PYTHON, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor", "--json"]
+    head += ["--run-dir", str(work / "run")]
+    if job["launcher"] == "deepspeed":
+        launcher = [str(VENV_BIN / "deepspeed"), "--num_gpus", "2"]
+        cmd = [*head, "--", *launcher, "--master_port", str(free_port()), script, *args]
+    else:
+        cmd = [*head, "--nproc", "2", "--", script, *args]
+    return subprocess.Popen(
+        cmd,
+        stdout=open(work / "stdout", "w"),
+        stderr=open(work / "stderr", "w"),
+        env=_env(),
+        cwd=work,
+        start_new_session=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, JsonRun]:
+    _build_shared_memory_op()
+    base = tmp_path_factory.mktemp("deepspeed")
+    jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"], *MANIFEST["paired_by_chance"]]
+    starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
+    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
+    done: dict[str, JsonRun] = {}
+    for name, (proc, timed_out) in ended.items():
+        work = base / name
+        stderr = (work / "stderr").read_text(errors="replace")
+        if timed_out:
+            stderr += f"\n(test: killed after {RUN_TIMEOUT_S} s)"
+        stdout = (work / "stdout").read_text(errors="replace")
+        done[name] = JsonRun(proc.returncode, stdout, stderr, work / "run")
+    return done
+
+
+def _context(name: str, r: JsonRun) -> str:
+    doc = json.loads(r.stdout) if r.stdout.strip() else {}
+    return f"{name}: {json.dumps(doc.get('findings'))[:3000]}\n{r.stderr[-2500:]}"
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_healthy_zero_job_is_healthy_without_warning_at_its_last_step(results, name):
+    r = results[name]
+    doc = r.document()
+    context = _context(name, r)
+    logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
+    aborted = exited_cleanly_then_aborted(r.run_dir, logs, range(2))
+    assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
+    assert not [f for f in doc["findings"] if f["severity"] != "info"], context
+    assert doc["job"]["stopped_for"] is None, context
+    assert [rank["step"] for rank in doc["ranks"]] == [12, 12], (doc["ranks"], context)
+    assert job_processes(r.run_dir) == []
+
+
+@pytest.mark.parametrize("name", ["zero3-torchrun", "regression-zero3-launcher"])
+def test_zero3_gathers_are_recorded_at_the_users_forward(results, name):
+    r = results[name]
+    script = HEALTHY[name]["script"]
+    for rank in (0, 1):
+        starts = r.events(rank, "collective_start")
+        gathers = [e for e in starts if e["op"].startswith("all_gather")]
+        assert gathers, {e["op"] for e in starts}
+        sites = {
+            (Path(e["site"]["file"]).name, e["site"]["line"]) for e in gathers if e.get("site")
+        }
+        assert any(file == script for file, _ in sites), sites
+
+
+@pytest.mark.parametrize("name", list(FAULTY))
+def test_planted_fault_gets_its_verdict_culprit_and_line(results, name):
+    r = results[name]
+    doc = r.document()
+    expected = FAULTY[name]
+    context = _context(name, r)
+    assert r.returncode == 1, context
+    assert doc["verdict"] == expected["verdict"], context
+    assert doc["culprits"] == expected["culprits"], context
+    where = f"{expected['script']}:{expected['line']}"
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    said = [
+        f
+        for f in errors
+        if where in f["summary"]
+        or any(where in e["text"] or (
+            Path(e.get("file") or "").name == expected["script"] and e.get("line") == expected["line"]
+        ) for e in f["evidence"])
+    ]  # fmt: skip
+    assert said, context
+    if expected["verdict"] == "hang":
+        assert doc["job"]["stopped_for"] == "hang", doc["job"]
+        assert doc["detected_after_s"] is not None and doc["detected_after_s"] < 60
+    assert job_processes(r.run_dir) == []
+
+
+@pytest.mark.parametrize("name", list(PAIRED))
+def test_rank0s_eval_gathers_paired_by_chance_are_reported_with_both_lines_and_the_step(
+    results, name
+):
+    r = results[name]
+    doc = r.document()
+    job = PAIRED[name]
+    context = _context(name, r)
+    found = [f for f in doc["findings"] if f["id"] == "collective.chance_pairing"]
+    assert found, context
+    summary = found[0]["summary"]
+    assert found[0]["severity"] == "warning" and found[0]["ranks"] == [0], summary
+    assert f"{job['script']}:{job['eval_line']}" in summary, summary
+    assert f"{job['script']}:{job['train_line']}" in summary, summary
+    assert f" at step {job['step']}," in summary, summary
+    # said while the job ran (a status line of the running job follows it), not only at the end
+    said = re.search(r"paired by chance", r.stderr)
+    assert said is not None, r.stderr[-3000:]
+    assert "running · " in r.stderr[said.end() :], r.stderr[-3000:]
+    assert job_processes(r.run_dir) == []

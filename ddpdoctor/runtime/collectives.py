@@ -223,6 +223,13 @@ class CollectiveTracker:
             self._counted.append(counted)
         return counted
 
+    def write_counts(self) -> None:
+        """Write the counted calls' news now: before a line that is written at once (a fault,
+        an error, a collective's start), so that the file keeps the order the calls came in
+        (a sync counted before a hang is not read as the rank's last act after it)."""
+        if self._counted:
+            self._write_counts()
+
     def _write_counts(self) -> None:
         for counted in self._counted:
             seq = counted.count  # read once: the training thread may add meanwhile

@@ -183,8 +183,10 @@ class Runtime:
                 # written and the file closed under one hold of the writer's lock: a heartbeat
                 # racing it (its thread past the `finished` check) is written before it or not
                 # at all, never after it
+                self.collectives.write_counts()
                 writer.write_last(event)
             elif kind in WRITE_NOW:
+                self.collectives.write_counts()  # the calls counted before it come first
                 writer.write(event)
             else:
                 writer.enqueue(event)
@@ -200,6 +202,7 @@ class Runtime:
             if writer is None:
                 return
         if immediate:
+            self.collectives.write_counts()  # the calls counted before it come first
             writer.write(record)
         else:
             writer.enqueue(record)

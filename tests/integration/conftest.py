@@ -273,20 +273,23 @@ def shared_runs(request, tmp_path_factory) -> SharedRuns:
 
 
 # -- running the suite on two workers (make test: pytest -n 2 --dist loadgroup) ------------------
-# Each integration module runs whole on one worker (its module fixtures start its jobs once),
-# except where modules share something that two workers must not use at once: the shared runs
-# above (one session fixture), Slurm's one node (srun steps would queue behind each other) and
-# the lab's hosts (one module's firewall rules would cut another's traffic).
-def _worker_group(items: list[pytest.Item]) -> str:
-    # The Ray modules join them: two Ray clusters starting at once on two cores miss Ray's own
-    # 60 s start-up limits.
-    if any(item.get_closest_marker("lab") or item.get_closest_marker("ray") for item in items):
+# A module's tests run on one worker (its module fixtures start its jobs once), except where
+# tests share something two workers must not use at once: the shared runs above (one session
+# fixture: every test that reads them, in one group), Slurm's one node (srun steps would queue
+# behind each other: one group) and the lab's hosts (one module's firewall rules would cut
+# another's traffic: the lab's modules whole, in one group). The shared runs' readers and the
+# srun tests leave the rest of their modules free for the other worker: kept together, they made
+# one worker's share twice the other's.
+def _worker_group(item: pytest.Item, module: list[pytest.Item]) -> str:
+    # The Ray modules join the lab's: two Ray clusters starting at once on two cores miss Ray's
+    # own 60 s start-up limits.
+    if any(each.get_closest_marker("lab") or each.get_closest_marker("ray") for each in module):
         return "lab"
-    if any(
-        "shared_runs" in item.fixturenames or item.get_closest_marker("slurm") for item in items
-    ):
-        return "shared-runs-and-slurm"
-    return items[0].nodeid.split("::")[0]
+    if "shared_runs" in item.fixturenames:
+        return "shared-runs"
+    if item.get_closest_marker("slurm"):
+        return "slurm"
+    return item.nodeid.split("::")[0]
 
 
 # -- the two tiers: `make test` (CI) and `make test-slow` ------------------------------------
@@ -375,8 +378,7 @@ def pytest_collection_modifyitems(config, items):
     # takes longer than one test's usual limit.
     shared_setup = pytest.mark.timeout(SHARED_RUNS_TIMEOUT_S)
     for members in modules.values():
-        group = pytest.mark.xdist_group(_worker_group(members))
         for item in members:
-            item.add_marker(group)
+            item.add_marker(pytest.mark.xdist_group(_worker_group(item, members)))
             if "shared_runs" in item.fixturenames:
                 item.add_marker(shared_setup)

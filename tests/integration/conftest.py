@@ -118,7 +118,7 @@ JOBS = [
     Job("users-torchrun", command=(*users_torchrun(), "--steps", "10")),
     # rank 0 prints a torchrun failure table naming rank 1 killed (test_run_trust): the job is
     # healthy for longer than a crash's stop takes (15 s), so a stop on that text would show
-    Job("forged-table", command=FORGED_TABLE),
+    Job("forged-table", command=FORGED_TABLE, slow=True),
     # a hang whose ranks run one more collective in their SIGTERM handler as they are stopped
     # (as Lightning's do): the stop keeps the hang (test_run_commands)
     Job("sigterm-collective-hang", command=SIGTERM_COLLECTIVE_HANG, slow=True),
@@ -319,6 +319,7 @@ SLOW_MODULES = {
     "test_full_disk.py": "a full run directory under a running job",
     "test_run_recovery.py": "torchrun restarts: attempts that fail, recover or spend the budget",
     "test_run_forged_ranks.py": "forged ranks beside a healthy job",
+    "test_run_node_stops.py": "Ctrl-C on one of two torchrun nodes on one machine",
     "test_script_citation.py": "the preflight's line cited in the final diagnosis",
 }
 SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
@@ -332,10 +333,19 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     # ddpdoctor's own stdout closed or full, and a hang whose SIGTERM handlers run a collective:
     # the quick tier keeps one healthy run and one stopped hang (their shared runs are slow=True)
     "test_run_hardening.py::test_a_closed_stdout_never_stops_the_job",
+    "test_run_trust.py::test_",  # a torchrun failure table printed by a healthy job (22 s)
     "test_run_hardening.py::test_a_full_disk_on_stdout_never_stops_the_job",
     "test_run_commands.py::test_a_stopped_hang_stays_a_hang_whatever_the_sigterm_handlers_do",
     "test_run_endings.py::test_sigterm_to_an_mp_spawn_parent_is_an_interrupted_run_not_a_healthy_one",
     "test_run_inputs.py::test_keep_running_leaves_a_hung_job_until_ctrl_c",
+    # both hosts' firewalls and MTUs changed, each scenario alone after the others
+    "test_lab_faults.py::test_every_rank_ends_and_the_report_comes_within_the_timeout[data-ports",
+    "test_lab_faults.py::test_every_rank_ends_and_the_report_comes_within_the_timeout[jumbo-mtu]",
+    "test_lab_faults.py::test_a_firewall_that_lets_only_master_port_through_is_named",
+    "test_lab_faults.py::test_an_mtu_black_hole_is_named_with_the_mtus",
+    # a reload on rank 0 in a helper: the quick tier's replica check is the unit rules' and the
+    # digests' own (tests/unit); the real jobs are the slow tier's
+    "test_replicas.py::test_a_reload_on_rank_0_in_a_helper_is_named_with_its_step_and_line",
     # forged claims during a 40 s stall of every rank, one node and two
     "test_run_claims.py::test_a_forged_network_look_on_one_node_is_not_read",
     "test_run_claims.py::test_forged_gone_and_network_look_stop_neither_node",

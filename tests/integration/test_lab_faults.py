@@ -107,8 +107,22 @@ def hosts_file(tmp: Path, name: str, lines: list[str]) -> Path:
     return path
 
 
+# The two scenarios that change both hosts run alone, after the others: only when a selected test
+# reads them (the slow tier's: tests/integration/conftest.py).
+ALONE = {"data-ports-firewalled": "firewall", "jumbo-mtu": "mtu"}
+
+
+def _wanted_alone(session: pytest.Session) -> set[str]:
+    here = [item for item in session.items if Path(str(item.path)).name == Path(__file__).name]
+    return {
+        name
+        for name, word in ALONE.items()
+        if any(name in item.nodeid or f"_{word}_" in item.name for item in here)
+    }
+
+
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory) -> dict[str, Scenario]:
+def faults(request, tmp_path_factory) -> dict[str, Scenario]:
     tmp = tmp_path_factory.mktemp("lab")
     nameless = hosts_file(tmp, "nameless", [])
     loopback = hosts_file(tmp, "loopback", ["127.0.1.1 h1", "127.0.1.1 h2"])
@@ -153,8 +167,11 @@ def faults(tmp_path_factory) -> dict[str, Scenario]:
             thread.join()
     finally:
         lab.iptables("h1", "-D", *rule)
-    scenarios["data-ports-firewalled"] = data_ports_firewalled()
-    scenarios["jumbo-mtu"] = jumbo_mtu()
+    wanted = _wanted_alone(request.session)
+    if "data-ports-firewalled" in wanted:
+        scenarios["data-ports-firewalled"] = data_ports_firewalled()
+    if "jumbo-mtu" in wanted:
+        scenarios["jumbo-mtu"] = jumbo_mtu()
     return scenarios
 
 

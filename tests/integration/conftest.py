@@ -114,6 +114,7 @@ JOBS = [
     Job(
         "users-torchrun-hang",
         command=(*users_torchrun("--hang-after", "2"), "--hang-rank", "0", "--hang-step", "3"),
+        slow=True,
     ),
     Job("users-torchrun", command=(*users_torchrun(), "--steps", "10")),
     # rank 0 prints a torchrun failure table naming rank 1 killed (test_run_trust): the job is
@@ -334,6 +335,13 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     # the quick tier keeps one healthy run and one stopped hang (their shared runs are slow=True)
     "test_run_hardening.py::test_a_closed_stdout_never_stops_the_job",
     "test_run_trust.py::test_",  # a torchrun failure table printed by a healthy job (22 s)
+    # a hang under the user's own torchrun (the quick tier keeps its healthy run and the hangs
+    # under ddpdoctor's torchrun and mp.spawn)
+    "test_run_commands.py::test_a_hang_under_a_users_torchrun_names_the_rank",
+    # explain of a crash run for it (the quick tier explains recorded run directories)
+    "test_explain_cli.py::test_a_live_crash_is_explained_from_its_run_directory",
+    # forged exit, pid and world during training (the claims' rules are the unit tests')
+    "test_run_claims.py::test_forged_exit_pid_and_world_neither_stop_nor_fail_a_one_node_job",
     "test_run_hardening.py::test_a_full_disk_on_stdout_never_stops_the_job",
     "test_run_commands.py::test_a_stopped_hang_stays_a_hang_whatever_the_sigterm_handlers_do",
     "test_run_endings.py::test_sigterm_to_an_mp_spawn_parent_is_an_interrupted_run_not_a_healthy_one",

@@ -153,7 +153,7 @@ JOBS = [
             slow=slow,
         )
         for name, slow in (
-            ("stuck_dataloader", False),
+            ("stuck_dataloader", True),
             ("healthy", False),
             ("missing_set_epoch", True),
             ("slow_rank", True),
@@ -367,6 +367,8 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_diagnose_jobs.py::test_slow_rank_is_a_straggler_not_a_hang",
     "test_diagnose_jobs.py::test_faults_get_their_verdict_and_rank_1_as_culprit[sample-exception",
     "test_diagnose_jobs.py::test_rank0_only_barrier_is_a_mismatch_with_rank_0_as_culprit",
+    "test_diagnose_jobs.py::test_faults_get_their_verdict_and_rank_1_as_culprit[sample-stuck",
+    "test_diagnose_jobs.py::test_hang_diagnosis_cites_the_flight_recorders_sequence_numbers[sample-stuck",
     "test_diagnose_jobs.py::test_uneven_data_is_called_uneven_inputs",
     "test_diagnose_jobs.py::test_allreduce_size_mismatch_names_both_sides",
     "test_sample_jobs.py::test_a_sample_behaves_the_same_with_and_without_ddpdoctor",

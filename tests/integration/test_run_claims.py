@@ -68,7 +68,7 @@ def test_forged_calls_errors_and_steps_neither_stop_nor_fail_a_one_node_job(tmp_
     run_dir = tmp_path / "run"
     cmd = ddpdoctor_cmd(
         "run", "--no-tui", "--no-doctor", "--nproc", "2", "--run-dir", str(run_dir),
-        "--", str(FORGER), "--forge", "collective,error,steps,stallcall", "--seconds", "10",
+        "--", str(FORGER), "--forge", "collective,error,steps,stallcall,beats", "--seconds", "10",
         "--stall", "12",
     )  # fmt: skip
     done = run(cmd, timeout=LAUNCH_TIMEOUT_S)
@@ -90,6 +90,8 @@ def test_forged_calls_errors_and_steps_neither_stop_nor_fail_a_one_node_job(tmp_
     assert re.search(r"and \d+ more\)", found["run.forged_calls"]), found
     assert "RuntimeError: forged: rank 1 failed" in found["run.forged_exit"], found
     assert "heartbeats count no such error" in found["run.forged_exit"], found
+    # rank 1 computed through the stall while "its" heartbeats said blocked: waited for
+    assert "heartbeat #" in found["run.forged_beats"], found
     assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
 
 

@@ -18,6 +18,8 @@ directory that ddpdoctor must check against what it sees before they may stop an
   steps    rank 1's steps, forged far ahead (step 100000 onwards, then its own steps go on)
   stallcall  at the stall (--stall S), rank 1 computes for S seconds while rank 0 waits for it
            in the next all_reduce, and rank 1's next call is forged as a broadcast
+  beats    with stallcall: while rank 1 computes, a stream of heartbeats forged into its events
+           every 0.05 s (numbered far ahead, the same CPU seconds and frame: "blocked")
   peernet  (two nodes) the other node's network.json: its number and host, a link from it to
            this node that carries nothing and a probe of this node that timed out, rewritten
            during a stall of every rank
@@ -193,6 +195,19 @@ def forge_peer_network(run: Path, seconds: float) -> None:
         time.sleep(0.5)
 
 
+def forge_beats(run: Path, seconds: float) -> None:
+    """Rank 1 "blocked" by its heartbeats: no CPU, the same frame, beat after beat."""
+    path = run / "events" / "rank-1.jsonl"
+    end = time.monotonic() + seconds
+    seq = 100_000
+    while time.monotonic() < end:
+        seq += 1
+        append(path, line(1, "heartbeat", seq=seq, cpu_s=3.0, io_bytes=1000, runq_s=0.0,
+                          frame="threading.py:320 wait", where="forge_claims.py:1 main",
+                          open=None, errors=0, step=0))  # fmt: skip
+        time.sleep(0.05)
+
+
 def spin(seconds: float) -> None:
     """Busy in its own code (CPU) for `seconds`."""
     end = time.monotonic() + seconds
@@ -246,6 +261,10 @@ def main() -> None:
                 # stopped; its "next call", forged, is a broadcast
                 if rank == 0:
                     forge_collective(run)
+                    if "beats" in forges:
+                        threading.Thread(
+                            target=forge_beats, args=(run, args.stall), daemon=True
+                        ).start()
                 else:
                     spin(args.stall)
             else:

@@ -1,5 +1,5 @@
-"""Facts about a rank's process that only its own host can see: its children's CPU (DataLoader
-workers) and its GPU utilization (NVML). The monitor asks only about the ranks others wait on, at
+"""Facts about a rank's process that only its own host can see: its own CPU and its children's
+(DataLoader workers), looked at by the watcher itself, and its GPU utilization (NVML). The monitor asks only about the ranks others wait on, at
 most once a second each, so a poll over 1024 ranks stays cheap; the heartbeats carry the rest
 (ddpdoctor.monitor.model.progress), which works for ranks on every node.
 
@@ -9,8 +9,9 @@ RecordedGpuProbe (recorded values) in tests, NoGpu where there is none.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+import time
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import psutil
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ddpdoctor.monitor.model.state import RunState
 
 PROBE_EVERY_S = 1.0
+MIN_LOOK_S = 0.5  # real seconds between two looks at a process's CPU for a rate
 MAX_PROBED = 8  # ranks probed per poll: the ranks waited on are few (rank 0, a straggler)
 
 
@@ -89,17 +91,40 @@ class NvmlProbe:
         return out
 
 
-class ChildCpu:
-    """CPU percent of a process's children (DataLoader workers and their like) between two
-    looks; only children seen both times count, so workers that come and go do not jump."""
+class CpuLook(NamedTuple):
+    """One look at a process's CPU since the previous look (None: no previous look)."""
 
-    def __init__(self) -> None:
-        self._seen: dict[int, tuple[float, dict[int, float]]] = {}  # pid -> (t, child -> cpu s)
+    own_pct: float | None  # the process itself, every thread (with its main thread's CPU wait)
+    child_pct: float | None  # its children seen at both looks (DataLoader workers)
+    since: float | None  # when the previous look was
 
-    def sample(self, pid: int, t: float) -> float | None:
-        if not psutil.pid_exists(pid):
+
+class CpuLooks:
+    """CPU percent of a process, and of its children, between two looks: the watcher's own
+    observation, which a rank's heartbeats (its word) cannot change. Only children seen both
+    times count, so workers that come and go do not jump. Rates are over the real time between
+    the looks (`elapsed`, monotonic), at least MIN_LOOK_S of it: CPU time moves in ticks, and
+    a look a few milliseconds after the last would say 0 % or 200 %. `t` (the monitor's clock)
+    only says when each look was."""
+
+    def __init__(self, elapsed: Callable[[], float] = time.monotonic) -> None:
+        # pid -> (t, real time, its own cpu s, child -> cpu s) of the look rates are taken from
+        self._seen: dict[int, tuple[float, float, float | None, dict[int, float]]] = {}
+        self._elapsed = elapsed
+
+    def sample(self, pid: int, t: float) -> CpuLook:
+        real = self._elapsed()
+        previous = self._seen.get(pid)
+        if previous is not None and 0 <= real - previous[1] < MIN_LOOK_S:
+            return CpuLook(None, None, None)  # too soon to tell: the next look will
+        try:
+            times = psutil.Process(pid).cpu_times()
+            # the CPU it used and the time its main thread was ready but had no CPU: on an
+            # overloaded machine a busy process gets a fraction of a core (progress.py too)
+            own: float | None = times.user + times.system + (runq_seconds(pid) or 0.0)
+        except (psutil.Error, OSError):
             self._seen.pop(pid, None)
-            return None
+            return CpuLook(None, None, None)
         now: dict[int, float] = {}
         for child in descendants(pid):
             try:
@@ -107,21 +132,34 @@ class ChildCpu:
             except (psutil.Error, OSError):
                 continue
             now[child] = times.user + times.system
-        previous = self._seen.get(pid)
-        self._seen[pid] = (t, now)
-        if previous is None or t <= previous[0]:
-            return None
-        used = sum(max(0.0, cpu - previous[1][c]) for c, cpu in now.items() if c in previous[1])
-        return 100.0 * used / (t - previous[0])
+        self._seen[pid] = (t, real, own, now)
+        if previous is None or real <= previous[1]:
+            return CpuLook(None, None, None)
+        dt = real - previous[1]
+        used = sum(max(0.0, cpu - previous[3][c]) for c, cpu in now.items() if c in previous[3])
+        own_pct = None
+        if own is not None and previous[2] is not None:
+            own_pct = 100.0 * max(0.0, own - previous[2]) / dt
+        return CpuLook(own_pct, 100.0 * used / dt, previous[0])
+
+
+def runq_seconds(pid: int) -> float | None:
+    """Run-queue wait of a process's main thread (/proc/<pid>/schedstat), None off Linux."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read(256).split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class HostProbes:
-    """Children's CPU and GPU utilization of the local ranks that others waited on at the last
-    poll: what tells a rank whose workers or GPU do the work from a blocked one."""
+    """The CPU (its own and its children's) and GPU utilization of the local ranks that others
+    waited on at the last poll: what tells a rank whose workers or GPU do the work from a
+    blocked one, and a busy process from heartbeats that say otherwise."""
 
     def __init__(self, gpu_probe: GpuProbe) -> None:
         self.gpu_probe = gpu_probe
-        self.child_cpu = ChildCpu()
+        self.cpu = CpuLooks()
         self._probed: dict[int, float] = {}  # rank -> when its host facts were last sampled
 
     def probe(self, state: RunState, last: Snapshot | None, now: float) -> None:
@@ -152,5 +190,7 @@ class HostProbes:
         for rank, pid in pids.items():
             self._probed[rank] = now
             progress = state.ranks[rank].progress
-            progress.set_children(now, self.child_cpu.sample(pid, now))
+            look = self.cpu.sample(pid, now)
+            progress.set_children(now, look.child_pct)
+            progress.set_own(now, look.own_pct, look.since)
             progress.set_gpu(now, gpu.get(pid))

@@ -8,6 +8,11 @@ and are reported (RankTracker.contradicted; the `run.forged_exit` warning). Unti
 counts it, a fatal error line without an exit is unconfirmed: the rank is not failed for it
 while its process may still run (ddpdoctor.monitor.model.rank_views) — where its heartbeats
 are known to count them (an older runtime's do not: its error lines are taken as they are).
+
+The heartbeats themselves are numbered by the runtime (`seq`, one after another; one may be
+dropped, none repeated). A number read again or going back means a second stream writes the
+file: the rank's heartbeats are disputed (`own_beat`) and from then on say that it lives and
+where it is, but decide nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +46,29 @@ def error_event(tracker: Any, e: dict[str, Any], t: float | None, where: Any) ->
     # (a process whose heartbeats never counted errors, an older runtime's, cannot bear it out)
     tracker.error_unconfirmed = tracker.counts_errors
     tracker.beats_against_error = 0
+
+
+def own_beat(tracker: Any, e: dict[str, Any]) -> bool:
+    """Whether a heartbeat may decide something as its process's own: false once the rank's
+    heartbeats are disputed (a number read again or going back). A disputed stream confirms no
+    error line (it stands once the process is seen gone), bears out no call, and makes the rank
+    blocked only where the watcher sees its CPU idle itself (ddpdoctor.monitor.model.progress).
+    The heartbeat that shows the dispute, or one before it, may be the forged one: an error it
+    confirmed goes back to unconfirmed."""
+    seq = integer(e.get("seq"))
+    last = tracker.beat_seq
+    if seq is not None and last is not None and seq <= last:
+        tracker.disputed_beats += 1
+        if tracker.beats_disputed is None:
+            tracker.beats_disputed = f"heartbeat #{seq} read after #{last}"
+        if not tracker.progress.disputed:
+            tracker.progress.disputed = True
+            if tracker.error is not None and tracker.exit_code is None and tracker.counts_errors:
+                tracker.error_unconfirmed = True  # whichever beat counted it may be forged
+                tracker.beats_against_error = 0
+    elif seq is not None:
+        tracker.beat_seq = seq
+    return not tracker.progress.disputed
 
 
 def weigh_error(tracker: Any, counted: int | None) -> None:

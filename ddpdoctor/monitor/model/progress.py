@@ -17,6 +17,12 @@ their queue) and, on GPUs, the process's GPU utilization (ddpdoctor/monitor/foll
 
 With fewer samples the state is unknown (None): the rules then fall back to what they did before
 this model, so an old runtime, or a rank that just started, is judged as it always was.
+
+Heartbeats are the rank's word; where the watcher sees the process itself (its own host) it also
+looks at the process's CPU (HostProbes, for the ranks others wait on), and that look wins: a
+process the watcher sees using CPU is busy whatever its heartbeats say. Once a rank's heartbeats
+are disputed (numbered out of order: another stream writes its file, own_lines.own_beat) they
+cannot make it blocked at all; only the watcher's own looks can, two idle in a row.
 """
 
 from __future__ import annotations
@@ -94,6 +100,13 @@ class ProgressTrack:
         self.child_t: float | None = None
         self.gpu_util_pct: float | None = None
         self.gpu_t: float | None = None
+        # The watcher's own looks at the process's CPU (same host): the latest percent, when,
+        # and since when the looks have seen it idle (None: the latest was not idle)
+        self.own_cpu_pct: float | None = None
+        self.own_t: float | None = None
+        self.own_idle_since: float | None = None
+        self.own_idle_looks = 0
+        self.disputed = False  # its heartbeats are not all its process's (own_lines.own_beat)
         self._judged: Judgement | None = None
         self._dirty = False
         self._adopted_reports = False
@@ -120,6 +133,17 @@ class ProgressTrack:
         self.child_cpu_pct, self.child_t = cpu_pct, t
         self._dirty = True
 
+    def set_own(self, t: float, cpu_pct: float | None, since: float | None) -> None:
+        """The watcher's own look at the process's CPU between `since` and `t`."""
+        self.own_cpu_pct, self.own_t = cpu_pct, t
+        if cpu_pct is None or cpu_pct >= 100 * BUSY_CPU:
+            self.own_idle_since, self.own_idle_looks = None, 0
+        else:
+            self.own_idle_looks += 1
+            if self.own_idle_since is None:
+                self.own_idle_since = since if since is not None else t
+        self._dirty = True
+
     def set_gpu(self, t: float, util_pct: float | None) -> None:
         self.gpu_util_pct, self.gpu_t = util_pct, t
         self._dirty = True
@@ -132,13 +156,29 @@ class ProgressTrack:
 
     def judge(self) -> Judgement | None:
         if self._dirty:
-            self._judged = judge(
+            judged = judge(
                 list(self.samples),
                 child_cpu_pct=self._fresh(self.child_cpu_pct, self.child_t),
                 gpu_util_pct=self._fresh(self.gpu_util_pct, self.gpu_t),
             )
+            self._judged = self._as_seen(judged)
             self._dirty = False
         return self._judged
+
+    def _as_seen(self, judged: Judgement | None) -> Judgement | None:
+        """The heartbeats' judgement, checked against the watcher's own looks at the process."""
+        own = self._fresh(self.own_cpu_pct, self.own_t)
+        if own is not None and own >= 100 * BUSY_CPU and self.own_t is not None:
+            if judged is None or judged.state is ActivityState.BLOCKED:
+                since = self.own_t if judged is None else judged.since_t
+                return _seen(judged, ActivityState.BUSY, since, own)
+            return judged
+        if not self.disputed or judged is None or judged.state is not ActivityState.BLOCKED:
+            return judged
+        # disputed heartbeats say blocked: only two idle looks of the watcher's own can
+        if own is not None and self.own_idle_looks >= BLOCKED_INTERVALS:
+            return _seen(judged, ActivityState.BLOCKED, self.own_idle_since or judged.since_t, own)
+        return None
 
     def _fresh(self, value: float | None, t: float | None) -> float | None:
         if value is None or t is None or not self.samples:
@@ -188,6 +228,12 @@ def judge(
     if idle_run >= BLOCKED_INTERVALS:
         return judged(ActivityState.BLOCKED, samples[-1 - idle_run].t)
     return None
+
+
+def _seen(judged: Judgement | None, state: ActivityState, since: float, cpu: float) -> Judgement:
+    if judged is None:
+        return Judgement(state, since, cpu_pct=cpu, where=None, frame=None)
+    return judged._replace(state=state, since_t=since, cpu_pct=cpu)
 
 
 def _cpu_pct(samples: list[ProgressSample]) -> float | None:

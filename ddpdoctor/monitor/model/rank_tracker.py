@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from ddpdoctor.monitor.model import own_lines
 from ddpdoctor.monitor.model.call_events import (
     collective_end,
     collective_start,
     open_from_heartbeat,
 )
 from ddpdoctor.monitor.model.event_fields import integer, median, num, text
-from ddpdoctor.monitor.model.own_lines import contradict, error_event, exit_event, weigh_error
 from ddpdoctor.monitor.model.pipeline_view import PipelineView, from_event, with_position
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
 from ddpdoctor.monitor.model.replicas import ReplicaTrack
@@ -92,6 +92,8 @@ class RankTracker:
         self.view_version = -1
         self.view_until = 0.0  # ... until when its state cannot change without a new record
         self.view_key: tuple[float, ...] = ()  # ... under these thresholds
+        self.beats_disputed: str | None = None  # why its heartbeats were disputed (own_lines)
+        self.disputed_beats = 0
         self._reset_progress()
 
     def _reset_progress(self) -> None:
@@ -160,6 +162,7 @@ class RankTracker:
         self.ray_call: str | None = None  # ... the call that runs (train_fn, a method's name)
         self._calls_key: int | None = None
         self.progress = ProgressTrack()
+        self.beat_seq: int | None = None  # the last heartbeat number of its process
         self.pipeline: PipelineView | None = None  # its pipeline schedule and position
         self.replicas = ReplicaTrack()  # its replica digests (replicas.py)
 
@@ -196,6 +199,7 @@ class RankTracker:
             self.error_lines.clear()
             self.agent_exit_code = None
         self.pid = pid if pid is not None else self.pid
+        self.beat_seq = None  # a runtime says hello before it beats, numbering from 1
         self.host = text(e.get("host")) or self.host
         self.local_rank = integer(e.get("local_rank"))
         self.ppid = integer(e.get("ppid"))
@@ -231,6 +235,7 @@ class RankTracker:
             self.ray_call = text(e.get("call")) if self.ray_busy else None
 
     def _heartbeat(self, e: dict[str, Any], t: float | None, where) -> None:
+        own = own_lines.own_beat(self, e)
         if t is not None:
             if self.last_heartbeat_t is not None and 0 < t - self.last_heartbeat_t < 30:
                 gap = t - self.last_heartbeat_t
@@ -262,11 +267,12 @@ class RankTracker:
             )
         if "errors" in e:
             self.counts_errors = True
-        if self.error_unconfirmed:
-            weigh_error(self, integer(e.get("errors")))
+        if self.error_unconfirmed and own:
+            own_lines.weigh_error(self, integer(e.get("errors")))
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
-        open_from_heartbeat(self, e, t)
+        if own:
+            open_from_heartbeat(self, e, t)
         if "pipeline" in e:
             self.pipeline = with_position(e.get("pipeline"), self.pipeline)
 
@@ -342,7 +348,7 @@ class RankTracker:
 
     def exit_contradicted(self, why: str) -> None:
         """Its exit or error line is not its process's own (ddpdoctor.monitor.model.own_lines)."""
-        contradict(self, why)
+        own_lines.contradict(self, why)
 
     # -- derived facts ---------------------------------------------------------------------
 
@@ -434,8 +440,8 @@ _HANDLERS = {
     ev.EPOCH: RankTracker._epoch,
     ev.WARNING: RankTracker._warning,
     ev.FAULT: RankTracker._fault,
-    ev.ERROR: error_event,
-    ev.EXIT: exit_event,
+    ev.ERROR: own_lines.error_event,
+    ev.EXIT: own_lines.exit_event,
     ev.RAY_CALL: RankTracker._ray_call,
     ev.PIPELINE: RankTracker._pipeline,
     ev.REPLICA_DIGEST: RankTracker._replica_digest,

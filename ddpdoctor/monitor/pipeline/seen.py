@@ -179,44 +179,58 @@ def doubt_exits(monitor: Any) -> None:
 
 
 def contradicted_findings(state: Any) -> list[Finding]:
-    """Exit and error lines a rank's own process contradicted, and calls numbered out of its
-    own order (ddpdoctor.monitor.model.rank_tracker, call_events.dispute)."""
-    found = []
-    said = [(r, t.contradicted) for r, t in sorted(state.ranks.items()) if t.contradicted]
-    if said:
-        lines = "; ".join(f"rank {rank}: {what}" for rank, what in said[:8])
-        found.append(
-            Finding(
-                "run.forged_exit",
-                Severity.WARNING,
-                f"{named_ranks(r for r, _ in said)} not ended: an exit or error line in "
-                f"{'its' if len(said) == 1 else 'their'} events is contradicted by the process "
-                f"itself ({lines})",
-                "A rank's runtime writes its exit event last, and its heartbeats count the "
-                "errors it wrote. A line appended to a rank's event file by something else (or "
-                "left from another run) is reported, never acted on.",
-            )
-        )
+    """Exit and error lines a rank's own process contradicted, and calls and heartbeats
+    numbered out of its own order (ddpdoctor.monitor.model.rank_tracker, call_events.dispute,
+    own_lines.own_beat)."""
+    ranks = sorted(state.ranks.items())
+    said = [(r, t.contradicted) for r, t in ranks if t.contradicted]
     calls = [
         (r, t.disputed + (f" and {t.disputed_calls - 1} more" if t.disputed_calls > 1 else ""))
-        for r, t in sorted(state.ranks.items())
+        for r, t in ranks
         if t.disputed
     ]
-    if calls:
-        lines = "; ".join(f"rank {rank}: {what}" for rank, what in calls[:8])
-        found.append(
-            Finding(
-                "run.forged_calls",
-                Severity.WARNING,
-                f"{named_ranks(r for r, _ in calls)}: collective lines in "
-                f"{'its' if len(calls) == 1 else 'their'} events that its own process did not "
-                f"number so ({lines}); those calls are not compared",
-                "A rank's runtime numbers the calls of each group one after another. A "
-                "collective line appended to a rank's event file by something else (or left "
-                "from another run) is reported, never acted on.",
-            )
-        )
-    return found
+    beats = [
+        (r, t.beats_disputed + (f", {t.disputed_beats} in all" if t.disputed_beats > 1 else ""))
+        for r, t in ranks
+        if t.beats_disputed
+    ]
+    found = [
+        _not_its_own(
+            "run.forged_exit", said, "{ranks} not ended: an exit or error line in {its} events "
+            "is contradicted by the process itself ({lines})",
+            "A rank's runtime writes its exit event last, and its heartbeats count the errors it "
+            "wrote. A line appended to a rank's event file by something else (or left from "
+            "another run) is reported, never acted on.",
+        ),
+        _not_its_own(
+            "run.forged_calls", calls, "{ranks}: collective lines in {its} events that its own "
+            "process did not number so ({lines}); those calls are not compared",
+            "A rank's runtime numbers the calls of each group one after another. A collective "
+            "line appended to a rank's event file by something else (or left from another run) "
+            "is reported, never acted on.",
+        ),
+        _not_its_own(
+            "run.forged_beats", beats, "{ranks}: heartbeats in {its} events that its own process "
+            "did not number so ({lines}); they decide nothing from then on",
+            "A rank's runtime numbers its heartbeats one after another. Heartbeats appended to a "
+            "rank's event file by something else are reported; the rank is judged blocked only "
+            "where ddpdoctor sees its process idle itself, an error line stands once its "
+            "process is gone.",
+        ),
+    ]  # fmt: skip
+    return [f for f in found if f is not None]
+
+
+def _not_its_own(
+    finding_id: str, said: list[tuple[int, str]], summary: str, fix: str
+) -> Finding | None:
+    """One warning for the ranks whose lines of one kind their own process contradicted."""
+    if not said:
+        return None
+    lines = "; ".join(f"rank {rank}: {what}" for rank, what in said[:8])
+    its = "its" if len(said) == 1 else "their"
+    text = summary.format(ranks=named_ranks(r for r, _ in said), its=its, lines=lines)
+    return Finding(finding_id, Severity.WARNING, text, fix)
 
 
 def vouched_by_node(monitor: Any, rank: int, tracker: Any) -> str:

@@ -8,8 +8,9 @@ import sys
 import time
 
 from ddpdoctor.monitor import Monitor
-from ddpdoctor.monitor.follow.host_probes import ChildCpu, NvmlProbe, RecordedGpuProbe
+from ddpdoctor.monitor.follow.host_probes import CpuLooks, NvmlProbe, RecordedGpuProbe
 from ddpdoctor.monitor.follow.liveness import this_host
+from ddpdoctor.monitor.model.progress import BUSY_CPU
 from ddpdoctor.monitor.model.snapshot import Verdict
 from ddpdoctor.protocol.verdicts import ActivityState
 from tests.procs import background
@@ -80,22 +81,38 @@ def test_the_same_rank_with_an_idle_gpu_is_the_culprit_of_a_hang(tmp_path):
 
 
 def test_children_cpu_tells_working_workers_from_idle_ones():
-    probe = ChildCpu()
+    probe = CpuLooks()
     with background(SPINNER) as spinner:
         time.sleep(0.3)
-        assert probe.sample(os.getpid(), time.monotonic()) is None  # the first look
+        assert probe.sample(os.getpid(), time.monotonic()).child_pct is None  # the first look
         time.sleep(1.0)
-        busy = probe.sample(os.getpid(), time.monotonic())
+        busy = probe.sample(os.getpid(), time.monotonic()).child_pct
         spinner.kill()
         spinner.wait(5)
     with background(SLEEPER):
         time.sleep(0.3)
-        probe = ChildCpu()
+        probe = CpuLooks()
         probe.sample(os.getpid(), time.monotonic())
         time.sleep(1.0)
-        idle = probe.sample(os.getpid(), time.monotonic())
+        idle = probe.sample(os.getpid(), time.monotonic()).child_pct
     assert busy is not None and busy > 5.0
     assert idle is not None and idle < 5.0
+
+
+def test_the_watchers_own_look_tells_a_spinning_process_from_a_sleeping_one():
+    probe = CpuLooks()
+    with background(SPINNER) as spinner, background(SLEEPER) as sleeper:
+        time.sleep(1.5)  # both past their start-up (imports: CPU)
+        for proc in (spinner, sleeper):
+            assert probe.sample(proc.pid, time.monotonic()).own_pct is None  # the first look
+        # a look too soon after the last says nothing (CPU time moves in ticks)
+        assert probe.sample(spinner.pid, time.monotonic()).own_pct is None
+        time.sleep(1.0)
+        busy = probe.sample(spinner.pid, time.monotonic()).own_pct
+        idle = probe.sample(sleeper.pid, time.monotonic()).own_pct
+    # the threshold the judgement uses (BUSY_CPU of a core, its CPU wait counted)
+    assert busy is not None and busy > 100 * BUSY_CPU
+    assert idle is not None and idle < 100 * BUSY_CPU
 
 
 def test_nvml_probe_without_a_gpu_answers_nothing():

@@ -14,7 +14,8 @@ must agree, among which ranks, and when every rank of them is at the same point 
 - ZeRO-1/2 (torch's ZeroRedundancyOptimizer): every rank holds every parameter; each updates the
   partition it owns and broadcasts it at the end of its step. Digested: every parameter of the
   optimizer, before its step (what that step's forward and backward used), compared across the
-  optimizer's process group. A write on some ranks therefore lasts until the next step, when the
+  optimizer's process group — unless a DDP model digested among the same ranks holds them all
+  (the usual DDP + ZeRO-1 job): its digest at the forward covers them, once. A write on some ranks therefore lasts until the next step, when the
   owners' broadcasts overwrite it with a mix of the ranks' parameters: the replicas agree again
   but the model is wrong. The call counts that travel with every digest (replica_calls.py) are
   what find that (monitor/judge/rules/replicas.py: `replicas.updates_differ`).
@@ -88,12 +89,29 @@ def zero_of(optimizer: Any) -> tuple[str, list[int] | None, replicas.Source] | N
     if not params:
         return None
     known: dict[int, str] = {}
+    digested: set[int] = set()  # ... of those, the ones a DDP digest among the same ranks covers
+    covering = []
+    peers = replicas.group_ranks(getattr(optimizer, "process_group", None))
+    mine = {id(p) for p in params}
     for state in replicas._STATES:  # the DDP models this rank trains: their parameters' names
         model = state.model() if state.kind == "ddp" else None
         if model is not None:
-            known.update((id(p), n) for n, p in model.module.named_parameters())
+            named = list(model.module.named_parameters())
+            known.update((id(p), n) for n, p in named)
+            if state.peers == peers and any(id(p) in mine for _, p in named):
+                digested.update(id(p) for n, p in named if n not in state.ignored)
+                covering.append(state)
+    if all(id(p) in digested for p in params):
+        # A ZeRO optimizer over a DDP model: the model's digest at its forward already sums the
+        # same parameters among the same ranks, with the same calls, at the same step (nothing
+        # writes them between that forward and this step but the user's code, which the next
+        # forward's digest sees). Digesting them twice would double the cost for nothing; the
+        # model's digests say from now on that ZeRO updates them (its partitions heal each
+        # step, so the watcher compares the calls too: replicas.updates_differ).
+        for state in covering:
+            state.kind = "zero"
+        return None
     names = [known.get(id(p)) or f"param[{i}] {tuple(p.shape)}" for i, p in enumerate(params)]
-    peers = replicas.group_ranks(getattr(optimizer, "process_group", None))
 
     def source(_owner: Any) -> tuple[list[str], list[Any]]:
         return names, params

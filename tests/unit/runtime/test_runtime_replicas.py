@@ -129,19 +129,37 @@ def test_off_by_environment(tmp_path, monkeypatch, world):
         deactivate()
 
 
-def test_a_zero_optimizer_digests_its_parameters_before_its_step(recording, world, monkeypatch):
-    """ZeroRedundancyOptimizer: every parameter, named after the DDP model that holds it,
-    digested in the optimizer's pre-step hook at the due steps (replica_sources.py)."""
+def test_a_zero_optimizer_over_a_ddp_model_is_digested_once(recording, world, monkeypatch):
+    """ZeroRedundancyOptimizer over a DDP model's parameters: the model's digest at its forward
+    sums the same parameters at the same step; the optimizer adds no second digest."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     monkeypatch.setattr(replicas, "MAX_EVERY", replicas.MIN_EVERY)
     model = make_model()
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
     train(model, opt, 10)
+    digests = [d for d in events(recording, "replica_digest") if not d["final"]]
+    assert [d["step"] for d in digests] == [0, 1, 8] and len({d["model"] for d in digests}) == 1
+    # the model's digests from the optimizer's first step on: its parameters are ZeRO's
+    assert [d["replica"] for d in digests] == ["ddp", "zero", "zero"]
+
+
+def test_a_zero_optimizer_digests_its_parameters_before_its_step(recording, world, monkeypatch):
+    """ZeroRedundancyOptimizer over parameters no DDP digest covers (gradients averaged by
+    hand): every parameter, digested in the optimizer's pre-step hook at the due steps, named
+    after its module's parameters where one is known, else by position."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    monkeypatch.setattr(replicas, "MAX_EVERY", replicas.MIN_EVERY)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = ZeroRedundancyOptimizer(module.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    for step in range(10):
+        opt.zero_grad()
+        module(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        recording.steps.steps_done = step + 1
     mine = [d for d in events(recording, "replica_digest") if d["replica"] == "zero"]
     assert [d["step"] for d in mine] == [0, 1, 8]
-    assert mine[0]["names"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert mine[0]["names"] == ["param[0] (8, 4)", "param[1] (8,)", "param[2] (1, 8)",
+                                "param[3] (1,)"]  # fmt: skip
     assert "peers" not in mine[0]  # every rank holds them
-    ddp = [d for d in events(recording, "replica_digest") if d["replica"] == "ddp"]
-    assert ddp[0]["digests"] == mine[0]["digests"]  # the same parameters, the same step
-    assert mine[0]["model"] != ddp[0]["model"]

@@ -13,7 +13,9 @@ without the step they happened at). `DeepSpeedEngine.forward` is wrapped:
 - under `no_grad` / `inference_mode`, an evaluation: phase "eval" (ddpdoctor's own guess, as for
   an FSDP model), and the step in progress is not continued by it.
 
-One attribute lookup and a clock read per engine forward.
+At a synced training forward whose replica digest is due, the engine's replicated parameters
+(ZeRO stage 0-2) are digested (replica_sources.py). Two attribute lookups, a clock read and an
+integer compare per engine forward.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ddpdoctor.runtime import core
+from ddpdoctor.runtime import core, replica_sources
 from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
@@ -42,6 +44,8 @@ def on_engine_forward(rt: core.Runtime, engine: Any, args: Any, kwargs: Any) -> 
         boundary = getattr(engine, "is_gradient_accumulation_boundary", None)
         synced = bool(boundary()) if callable(boundary) else True
         rt.steps.on_forward(rt.mono_clock(), True, synced, batch_size_of(args, kwargs), training)
+        if synced and training:  # its replicated parameters may be due for a digest
+            replica_sources.on_deepspeed_forward(rt, engine)
     else:
         if rt.auto_phase and rt.phase != core.AUTO_EVAL:
             rt.set_phase(core.AUTO_EVAL, auto=True)

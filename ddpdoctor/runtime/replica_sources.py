@@ -20,8 +20,16 @@ must agree, among which ranks, and when every rank of them is at the same point 
   but the model is wrong. The call counts that travel with every digest (replica_calls.py) are
   what find that (monitor/judge/rules/replicas.py: `replicas.updates_differ`).
 
-Cost per step: the FSDP root's forward pays one dict look-up and a compare (replicas.py does the
-rest at a due step); a ZeRO optimizer's step pays one pre-hook call.
+- DeepSpeed's engine (ZeRO stage 0, 1 or 2): every rank of its data-parallel group holds the
+  whole module; at stages 1 and 2 each updates the partition it owns and all-gathers the
+  updated parameters at the end of its step, as torch's ZeRO does (kind "zero": the call counts
+  are compared too); at stage 0 the averaged gradients keep them identical (kind "ddp").
+  Digested: the module's parameters at the engine's synced training forward, compared across
+  the data-parallel group. Stage 3 partitions the parameters themselves: nothing is replicated.
+
+Cost per step: the FSDP root's forward and DeepSpeed's engine forward pay one dict look-up and
+a compare (replicas.py does the rest at a due step); a ZeRO optimizer's step pays one pre-hook
+call.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ddpdoctor.runtime import core, replicas
+from ddpdoctor.runtime import core, replica_calls, replicas
 from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
@@ -117,6 +125,40 @@ def zero_of(optimizer: Any) -> tuple[str, list[int] | None, replicas.Source] | N
         return names, params
 
     return "zero", peers, source
+
+
+def deepspeed_of(engine: Any) -> tuple[str, list[int] | None, replicas.Source] | None:
+    """A DeepSpeed engine's replicated module parameters (ZeRO stage 0, 1 or 2) and its
+    data-parallel group's ranks; None at stage 3 or where the stage cannot be read."""
+    stage_of = getattr(engine, "zero_optimization_stage", None)
+    stage = stage_of() if callable(stage_of) else None
+    module = getattr(engine, "module", None)
+    if stage not in (0, 1, 2) or module is None:
+        return None
+    named = [(n, p) for n, p in module.named_parameters()]
+    if not named:
+        return None
+    try:
+        module.__dict__[replica_calls.MODULE_MARK] = True  # a reload into it is counted
+    except Exception:  # noqa: BLE001 - only the citation of a load into it is lost
+        pass
+    names = [n for n, _ in named]
+    params = [p for _, p in named]
+    peers = replicas.group_ranks(getattr(engine, "data_parallel_group", None))
+
+    def source(_owner: Any) -> tuple[list[str], list[Any]]:
+        return names, params
+
+    return ("zero" if stage else "ddp"), peers, source
+
+
+def on_deepspeed_forward(rt: core.Runtime, engine: Any) -> None:
+    """From deepspeed_hooks at a synced training forward of the engine: digest its replicated
+    parameters if their due step has come (the first time: find them)."""
+    digests = engine.__dict__.get(replicas.STATE_ATTR)
+    if digests is False or (digests and rt.steps.steps_done < digests.next_step):
+        return
+    replicas.due_other(engine, rt, deepspeed_of)
 
 
 def _zero_pre_step(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -11,7 +11,9 @@ HSDP (FSDP2 over a (replicate, shard) mesh) and ZeRO-1 (torch's ZeroRedundancyOp
 the same way: an HSDP replicate group whose LR scheduler one rank steps diverges, a ZeRO job whose
 scheduler one rank steps keeps identical replicas (each rank broadcasts the partition it owns)
 but is found by its calls (`replicas.updates_differ`), and healthy jobs of both get no finding.
-Four-rank HSDP (2x2: two replicate groups) compares each group apart.
+Four-rank HSDP (2x2: two replicate groups) compares each group apart. DeepSpeed's ZeRO-2 engine
+heals like ZeRO-1: rank 0's restore of its "best" weights is found by its call, the same job
+without it gets nothing.
 
 The quick tier runs one job (a reload on rank 0 in a helper); the others are `slow`.
 """
@@ -51,6 +53,7 @@ DIVERGING = {  # script -> (culprit ranks, the line cited, the step of the call)
 HEALTHY = ["healthy_seeds.py", "hsdp_healthy.py", "zero_healthy.py"]
 ZERO_SCHED = "zero_sched_rank0.py"
 HSDP_ZERO = ["hsdp_sched_rank0.py", "hsdp_healthy.py", ZERO_SCHED, "zero_healthy.py"]
+DS_RELOAD = "ds_reload_rank0.py"  # DeepSpeed ZeRO-2; --healthy: without the restore
 # 4 ranks, HSDP 2x2: replicate groups {0, 2} and {1, 3}, each holding its own shards
 FOUR_RANKS = {
     "hsdp4_sched": ("hsdp_sched_rank0.py", ("--mesh", "2x2"), {}),
@@ -240,3 +243,48 @@ def test_stop_on_divergence_stops_the_job_when_asked(tmp_path):
     assert proc.returncode == 1, doc
     assert doc["verdict"] == "mismatch" and doc["job"]["stopped_for"] == "mismatch"
     assert "replicas.diverged" in [f["id"] for f in doc["findings"]]
+
+
+@pytest.fixture(scope="module")
+def deepspeed_zero(tmp_path_factory) -> dict[str, JsonRun]:
+    """DeepSpeed ZeRO-2 (its optimizer from the config), rank 0 restoring its "best" weights
+    alone at step 13, and the same job without the restore."""
+    pytest.importorskip("deepspeed")
+    base = tmp_path_factory.mktemp("replicas_deepspeed")
+    env = {"DS_ACCELERATOR": "cpu"}
+    starts = {
+        "ds-reload": functools.partial(_start, DS_RELOAD, base, name="ds-reload", env=env),
+        "ds-healthy": functools.partial(
+            _start, DS_RELOAD, base, name="ds-healthy", args=("--healthy",), env=env
+        ),
+    }
+    return _run_all(base, [], parallel=2, starts=starts)
+
+
+@pytest.mark.slow
+def test_a_deepspeed_zero2_restore_on_rank_0_alone_is_named_at_its_line(deepspeed_zero):
+    """ZeRO-2 all-gathers the owners' partitions after every step: the replicas agree again, the
+    model is a mix. The engine's digests carry the calls: rank 0's load_state_dict, its line,
+    its step."""
+    r = deepspeed_zero["ds-reload"]
+    doc = r.document()
+    context = r.stderr[-3000:]
+    assert r.returncode == 1 and doc["verdict"] == "mismatch" and doc["culprits"] == [0], context
+    assert doc["job"]["stopped_for"] is None
+    finding = doc["findings"][0]
+    assert finding["id"] == "replicas.updates_differ" and finding["severity"] == "error"
+    summary = finding["summary"]
+    assert "rank 0 called Sequential.load_state_dict at ds_reload_rank0.py:35" in summary, summary
+    assert "at step 13 (rank 1 never did)" in summary, summary
+    assert {d["replica"] for d in r.events(1, "replica_digest")} == {"zero"}
+
+
+@pytest.mark.slow
+def test_a_healthy_deepspeed_zero2_job_has_no_replica_finding(deepspeed_zero):
+    r = deepspeed_zero["ds-healthy"]
+    doc = r.document()
+    assert r.returncode == 0 and doc["verdict"] == "healthy", r.stderr[-3000:]
+    assert not [f for f in doc["findings"] if f["id"].startswith("replicas.")]
+    assert len([d for d in r.events(0, "replica_digest") if not d["final"]]) >= 2
+    code, found = explain(r.run_dir)
+    assert code == 0 and "replicas.agreed" in [f["id"] for f in found], found

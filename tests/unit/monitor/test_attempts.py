@@ -78,6 +78,25 @@ def test_a_failure_with_restarts_left_is_a_warning_and_never_a_stop():
     assert "attempt 1 of 3" in status_line(snap)
 
 
+def test_a_restart_whose_ranks_do_not_join_says_so_with_the_likely_cause_never_a_stop():
+    """torchrun's c10d rendezvous shares its store across restarts: the next attempt's ranks can
+    wait in init_process_group for peers of the last one (a stack shows gloo's
+    connectFullMesh). Two minutes after the failure with no rank of it heard, the warning says
+    so, with the variable that gives each attempt its own store; the job is never stopped."""
+    s = Stream()
+    attempt(s, 0, 0.0)
+    t = s.steps(10)
+    fail(s, t)
+    soon = judged(s, t + 30.0)
+    assert "joined" not in soon.findings[0].summary
+    late = judged(s, t + 150.0)
+    assert late.verdict is Verdict.RUNNING and not late.confirmed
+    head = late.findings[0]
+    assert head.id == "run.restarting" and head.severity is Severity.WARNING
+    assert "no rank of the next attempt has joined a process group" in head.summary
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in head.fix
+
+
 def test_the_next_attempt_is_the_same_ranks_and_a_recovered_run_is_healthy():
     s = Stream()
     attempt(s, 0, 0.0)

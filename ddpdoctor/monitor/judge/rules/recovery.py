@@ -37,6 +37,18 @@ _FIX = (
     "that a restart loses little."
 )
 
+# After a failure, the seconds until the next attempt's ranks are said to be slow to join: start-up
+# (importing torch again, the rendezvous) takes seconds to a minute on a loaded machine.
+RESTART_SLOW_S = 120.0
+_RESTART_SLOW_FIX = (
+    "If the new attempt's processes wait in init_process_group (a stack shows "
+    "ProcessGroupGloo / connectFullMesh, or NCCL's init): torchrun's c10d rendezvous shares "
+    "one TCPStore with the ranks and keeps it across restarts, so the next attempt may read "
+    "the previous attempt's addresses and wait for peers that are gone, until the process "
+    "group's timeout (30 min for gloo). Set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in "
+    "torchrun's environment: each attempt's ranks then get a store of their own."
+)
+
 
 def first_failure(attempt: Attempt) -> RankEnding | None:
     """The failure that ended the attempt: the earliest that echoes no other (a peer's
@@ -78,12 +90,23 @@ def _restarting(snap: Snapshot, crash: RuleOutcome, attempts: Attempts) -> Findi
     left = attempts.restarts_left
     restarts = f"{left} restart{'s' if left != 1 else ''} left" if left is not None else ""
     why = head.summary if head is not None else "a rank failed"
+    summary = (
+        f"{attempts.label()} failed — {why}; the launcher restarts the ranks ({restarts}): "
+        "the job is recovering, not stopped"
+    )
+    fix = _FIX
+    failed = [v.failed_t for v in snap.ranks if v.failed_t is not None and v.rank in crash.culprits]
+    waited = snap.taken_t - min(failed) if failed else 0.0
+    if waited >= RESTART_SLOW_S:
+        # the next attempt's ranks have not said hello: they are starting, or they wait in
+        # init_process_group (their runtime speaks once the group exists)
+        summary += f"; {fmt_s(waited)} later no rank of the next attempt has joined a process group"
+        fix = _RESTART_SLOW_FIX + " " + _FIX
     return Finding(
         "run.restarting",
         Severity.WARNING,
-        f"{attempts.label()} failed — {why}; the launcher restarts the ranks ({restarts}): "
-        "the job is recovering, not stopped",
-        _FIX,
+        summary,
+        fix,
         tuple(sorted(crash.culprits)),
         head.evidence if head is not None else (),
     )

@@ -247,7 +247,14 @@ def due(ddp: Any, rt: core.Runtime) -> None:
         setattr(ddp, STATE_ATTR, False)
         return
     if not state:
-        peers = group_ranks(getattr(ddp, "process_group", None))
+        group = getattr(ddp, "process_group", None)
+        if group_size(group) == 1:
+            # a DDP over a one-rank group holds no replica of another rank's: torchft's DDP
+            # (its dummy group; the Manager averages across replica groups, which may be at
+            # other steps and heal from each other) or a DDP made on a rank's own subgroup
+            setattr(ddp, STATE_ATTR, False)
+            return
+        peers = group_ranks(group)
         state = ModelState(ddp, len(_STATES), "ddp", peers)
         _STATES.append(state)
         setattr(ddp, STATE_ATTR, state)
@@ -281,6 +288,21 @@ def due(ddp: Any, rt: core.Runtime) -> None:
                 state.next_step = NEVER
 
     handle = ddp.module.register_forward_pre_hook(after_buffer_sync)
+
+
+def group_size(group: Any) -> int | None:
+    """How many ranks a process group other than the default one has (None: unknown, or the
+    default group, whose ranks are every rank the watcher reads)."""
+    if group is None:
+        return None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and group is dist.distributed_c10d._get_default_group():
+            return None
+        return int(group.size())
+    except Exception:  # noqa: BLE001 - a group that cannot say: compared as before
+        return None
 
 
 def group_ranks(group: Any) -> list[int] | None:

@@ -163,3 +163,14 @@ def test_a_zero_optimizer_digests_its_parameters_before_its_step(recording, worl
     assert mine[0]["names"] == ["param[0] (8, 4)", "param[1] (8,)", "param[2] (1, 8)",
                                 "param[3] (1,)"]  # fmt: skip
     assert "peers" not in mine[0]  # every rank holds them
+
+
+def test_a_ddp_over_a_group_of_one_rank_is_not_digested(recording, world):
+    """torchft's DDP runs over a dummy group of one rank (its Manager averages across replica
+    groups that may be at other steps): no replica of another rank's to compare."""
+    import torch.distributed as dist
+
+    solo = dist.new_group([0])
+    model = make_model(process_group=solo)
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    assert events(recording, "replica_digest") == []

@@ -25,6 +25,7 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.gone_claims import GoneClaims
 from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.node_publisher import Publisher
+from ddpdoctor.monitor.follow.row_claims import RowClaims
 from ddpdoctor.monitor.follow.row_reader import CallRecords, NodeRows, apply_rows
 from ddpdoctor.monitor.model.launchers import proc_children
 from ddpdoctor.protocol.node_records import NodeRecord
@@ -58,6 +59,7 @@ class _Seen:
     pid: int | None = None  # its writer (a launcher started again counts its summaries anew)
     changed_t: float | None = None  # when this watcher last saw it change (its own clock)
     ranks: tuple[int, ...] = ()
+    said: Any = None  # what the summary said (rows, calls, events, gone), to tell a rewrite
 
 
 class SummaryFeed:
@@ -69,6 +71,9 @@ class SummaryFeed:
         self.own_node = own_node
         self.seen: dict[int, _Seen] = {}
         self.due: dict[int, float] = {}  # node -> when to look at its summary again
+        # node -> how two of its writes disagreed: one write number twice, or going back (a
+        # launcher numbers its summaries one after another: row_claims)
+        self.disputes: dict[int, str] = {}
 
     def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, NodeSummary]]:
         """The (node, summary) of every summary that changed since the last poll."""
@@ -86,8 +91,16 @@ class SummaryFeed:
                 continue
             seen.stamp = stamp
             summary = read_node_summary(self.run, node)
-            if summary is None or (summary.seq, summary.pid) == (seen.seq, seen.pid):
+            if summary is None:
                 continue
+            said = (summary.rows, summary.calls, summary.ranks, summary.gone)
+            if (summary.seq, summary.pid) == (seen.seq, seen.pid):
+                if said != seen.said:
+                    self.disputes.setdefault(node, f"two different writes numbered #{summary.seq}")
+                continue
+            if summary.pid == seen.pid and seen.seq is not None and summary.seq < seen.seq:
+                self.disputes.setdefault(node, f"write #{summary.seq} read after #{seen.seq}")
+            seen.said = said
             if seen.seq is None and now >= summary.t:
                 # First sight (a watcher started late): as old as its writer says, up to the
                 # point where its files are read instead; its launcher is named only once this
@@ -180,6 +193,8 @@ class NodeMerge:
         self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
         self.gone = GoneClaims()
+        self.claims = RowClaims()  # the calls other nodes' rows name, borne out or disputed
+        self._now = 0.0  # (the merge's time: when the summaries it applies were read)
         self.follower = own_node is not None and own_node > 0
         # Whether other nodes' summaries are read. A follower whose view a person looks at (its
         # TUI, its live terminal view) reads them from the start, as node 0 does: otherwise the
@@ -206,7 +221,12 @@ class NodeMerge:
         if not self.active:
             self._hold_others(nodes)
             return
+        self._now = now
         changed = self.feed.poll(now, nodes) if nodes else []
+        if self.feed.disputes:
+            for node, why in self.feed.disputes.items():
+                self.claims.dispute(node, why)
+            self.feed.disputes.clear()
         standing = self.feed.standing(now, nodes) if self.feed.seen else set()
         if standing:
             # (the ranks not followed yet: this runs every poll, over 1000s of followed ones)
@@ -284,9 +304,9 @@ class NodeMerge:
                 targets.append((i, tracker))
                 continue
             behind.append(i)  # not heard of yet, or a new process: its events first
+        records = CallRecords(summary.calls, self.calls.get(node))
+        self.calls[node] = records
         if targets:
-            records = CallRecords(summary.calls, self.calls.get(node))
-            self.calls[node] = records
             steps = {tracker.rank: tracker.step for _, tracker in targets}
             applied = apply_rows(targets, rows, records)
             for tracker in applied:
@@ -301,6 +321,10 @@ class NodeMerge:
                     behind.append(i)
             if applied:
                 self.state.add_waits(summary.waits)
+        # the calls no later write of the node bore out: not compared yet (row_claims)
+        rowed = [ranks[r] for r in rows.ranks if r in self.rowed and self.via.get(r) == node]
+        for tracker in self.claims.bear(node, rows, records, rowed, self._now):
+            self.state.row_applied(tracker, stepped=False)
         for i in behind:
             rank = rows.ranks[i]
             have = self._unrow(rank) if rank in self.rowed else self.applied.get(rank, 0)
@@ -383,9 +407,17 @@ class NodeMerge:
         self.publisher.maybe_publish(now, own, force=force, trackers=self.state.ranks)
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
-        return (self.feed.stale_findings(now, nodes) if self.feed.seen else []) + (
-            self.gone.findings()
+        return (
+            (self.feed.stale_findings(now, nodes) if self.feed.seen else [])
+            + self.gone.findings()
+            + self.claims.findings(self.via)
         )
+
+    def disputed_ranks(self) -> set[int]:
+        """The ranks followed through a node whose summary is disputed (their rows stop
+        nothing: row_claims)."""
+        disputed = self.claims.disputed
+        return {rank for rank, node in self.via.items() if node in disputed} if disputed else set()
 
 
 def ranks_of_children(pid: int) -> dict[int, int]:

@@ -22,15 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.event_claims import EventClaims
 from ddpdoctor.monitor.follow.gone_claims import GoneClaims
 from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.node_publisher import Publisher
-from ddpdoctor.monitor.follow.row_claims import RowClaims
+from ddpdoctor.monitor.follow.row_claims import RowClaims, write_order
 from ddpdoctor.monitor.follow.row_reader import CallRecords, NodeRows, apply_rows
 from ddpdoctor.monitor.model.launchers import proc_children
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.node_summary import (
     NodeSummary,
+    RankEvents,
     read_node_summary,
     summary_stamp,
     valid_event,
@@ -94,12 +96,11 @@ class SummaryFeed:
             if summary is None:
                 continue
             said = (summary.rows, summary.calls, summary.ranks, summary.gone)
+            disputed = write_order(summary, said, seen.seq, seen.pid, seen.said)
+            if disputed is not None:
+                self.disputes.setdefault(node, disputed)
             if (summary.seq, summary.pid) == (seen.seq, seen.pid):
-                if said != seen.said:
-                    self.disputes.setdefault(node, f"two different writes numbered #{summary.seq}")
                 continue
-            if summary.pid == seen.pid and seen.seq is not None and summary.seq < seen.seq:
-                self.disputes.setdefault(node, f"write #{summary.seq} read after #{seen.seq}")
             seen.said = said
             if seen.seq is None and now >= summary.t:
                 # First sight (a watcher started late): as old as its writer says, up to the
@@ -194,6 +195,7 @@ class NodeMerge:
         self.publisher = Publisher(run, own_node) if own_node is not None else None
         self.gone = GoneClaims()
         self.claims = RowClaims()  # the calls other nodes' rows name, borne out or disputed
+        self.events = EventClaims(self.claims)  # ... and the call starts their events carry
         self._now = 0.0  # (the merge's time: when the summaries it applies were read)
         self.follower = own_node is not None and own_node > 0
         # Whether other nodes' summaries are read. A follower whose view a person looks at (its
@@ -265,6 +267,7 @@ class NodeMerge:
         digest, the summary's second line, parsed only then. A row is copied onto a rank whose
         record has its events up to its current process's hello (rank_rows)."""
         self._full = None
+        self.events.read(node, self._now)
         for entry in summary.ranks:
             rank = entry.rank
             if not self._takes(rank, node, standing, entry.last):
@@ -273,12 +276,16 @@ class NodeMerge:
             if rank in self.rowed:  # its events again: from its whole digest, afresh
                 have = self._unrow(rank)
             if have < entry.after:
-                self._from_digest(rank, summary, have, entry.last)
+                self._from_digest(node, rank, summary, have, entry.last)
             else:
-                applied = self._apply_events(rank, entry.events, have)
+                applied = self._apply_events(node, rank, entry.events, have)
                 self.applied[rank] = max(applied, entry.last)
         if summary.rows is not None:
             self._apply_rows(node, summary, standing)
+        # the call starts earlier summaries carried, weighed against this one (event_claims)
+        full = lambda: [RankEvents(r, e) for r, e in self._digests(summary).items()]  # noqa: E731
+        self.events.bear(node, summary.ranks, full)
+        self.events.mark(node, self.via, self.rowed, self.state.ranks)
         self._full = None
         # its node saw the process end: checked before it ends the rank (gone_claims)
         self.gone.claim(node, summary, self.state, is_local, lambda r: self.via.get(r) == node)
@@ -328,7 +335,7 @@ class NodeMerge:
         for i in behind:
             rank = rows.ranks[i]
             have = self._unrow(rank) if rank in self.rowed else self.applied.get(rank, 0)
-            self._from_digest(rank, summary, have, rows.last[i])
+            self._from_digest(node, rank, summary, have, rows.last[i])
 
     def _unrow(self, rank: int) -> int:
         """A rank whose record rows made: a fresh record, for its events (returns 0, the line
@@ -338,16 +345,22 @@ class NodeMerge:
         self.applied[rank] = 0
         return 0
 
-    def _from_digest(self, rank: int, summary: NodeSummary, have: int, last: int) -> None:
+    def _from_digest(
+        self, node: int, rank: int, summary: NodeSummary, have: int, last: int
+    ) -> None:
         """Apply the rank's events after line `have` from the summary's whole digest."""
-        if self._full is None:
-            self._full = {r.rank: r.events for r in summary.full() or ()}
-        if rank not in self._full:
+        full = self._digests(summary)
+        if rank not in full:
             return  # the second line torn or missing: the next summary has it
-        applied = self._apply_events(rank, self._full[rank], have)
+        applied = self._apply_events(node, rank, full[rank], have)
         self.applied[rank] = max(applied, last)
 
-    def _apply_events(self, rank: int, events: list, last: int) -> int:
+    def _digests(self, summary: NodeSummary) -> dict[int, list]:
+        if self._full is None:
+            self._full = {r.rank: r.events for r in summary.full() or ()}
+        return self._full
+
+    def _apply_events(self, node: int, rank: int, events: list, last: int) -> int:
         """Apply, in order, the rank's summary events after line `last`; the last line applied."""
         rel = f"events/rank-{rank}.jsonl"
         for pair in events:
@@ -357,6 +370,7 @@ class NodeMerge:
                 valid = valid_event(pair, rank)
                 if valid is not None:
                     self.state.apply(valid[1], (rel, valid[0]))
+                    self.events.claim(node, rank, valid[0], valid[1])
                     last = valid[0]
         return last
 
@@ -394,6 +408,7 @@ class NodeMerge:
     def _from_file(self, rank: int) -> None:
         """Read the rank's own file again, from its start, into a fresh record."""
         self.via.pop(rank, None)
+        self.events.forget(rank)
         self.rowed.discard(rank)
         self.held.discard(rank)
         self.applied[rank] = 0
@@ -412,12 +427,6 @@ class NodeMerge:
             + self.gone.findings()
             + self.claims.findings(self.via)
         )
-
-    def disputed_ranks(self) -> set[int]:
-        """The ranks followed through a node whose summary is disputed (their rows stop
-        nothing: row_claims)."""
-        disputed = self.claims.disputed
-        return {rank for rank, node in self.via.items() if node in disputed} if disputed else set()
 
 
 def ranks_of_children(pid: int) -> dict[int, int]:

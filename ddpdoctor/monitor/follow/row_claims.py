@@ -110,7 +110,7 @@ class RowClaims:
     ) -> list[RankTracker]:
         """Another write of node's summary, read at `now`: its rows' calls weighed against its
         earlier writes, and the records its rows made (`rowed`) told which of their calls are
-        not borne out (RankTracker.unborne: a live view leaves them out of the comparison, as
+        not borne out (RankTracker.claimed: a live view leaves them out of the comparison, as
         a start line its process has not borne out yet). Returns the records changed."""
         pids = tuple(rows.value("pid", i) for i in range(len(rows.ranks)))
         known = self.weigh(node, named_calls(rows, records), pids, now).calls
@@ -123,8 +123,8 @@ class RowClaims:
                 unborne = shared[id(recent)] = _unborne(recent, known)
             if tracker.opens:
                 unborne = unborne | _unborne(tracker.opens.values(), known)
-            if tracker.unborne != unborne:
-                tracker.unborne = set(unborne)
+            if tracker.claimed != unborne:
+                tracker.claimed = set(unborne)
                 tracker.version += 1
                 changed.append(tracker)
         return changed
@@ -150,6 +150,21 @@ class RowClaims:
                 )
             )
         return found
+
+
+def write_order(
+    summary: Any, said: Any, seq: int | None, pid: int | None, before: Any
+) -> str | None:
+    """How a node's summary just read disagrees with the one read before it (`said`: what it
+    says, `before`: what that one said, `seq` and `pid`: its number and writer), if it does:
+    the launcher numbers its writes one after another, each once."""
+    if summary.pid != pid or seq is None:
+        return None  # (a launcher started again numbers its summaries anew)
+    if summary.seq == seq and said != before:
+        return f"two different writes numbered #{seq}"
+    if summary.seq < seq:
+        return f"write #{summary.seq} read after #{seq}"
+    return None
 
 
 def _unborne(calls: Iterable[CollectiveView], known: Mapping[CallKey, _Claim]) -> set[CallKey]:

@@ -119,6 +119,9 @@ class RankTracker:
         self.denials: dict[tuple[str, int], int] = {}  # (call_events.deny_unended)
         # calls whose start line nothing of the process has borne out yet (call_events.bear)
         self.unborne: set[tuple[str, int]] = set()
+        # the same for a rank of another node: calls its node's summary named that no later
+        # write of it bore out yet (ddpdoctor.monitor.follow.row_claims)
+        self.claimed: set[tuple[str, int]] = set()
         self.reports_calls = False  # its heartbeats say which call it is in
         self.recent: deque[CollectiveView] = deque(maxlen=RECENT_COLLECTIVES)
         # The same, when a row of its node made this record (rank_rows): its node's ranks
@@ -359,8 +362,9 @@ class RankTracker:
         """The oldest collective still open (the one the rank waits in); `borne`: of those its
         process has borne out (call_events.bear), as a live rank's view shows them."""
         opens = self.opens
-        if borne and self.unborne:
-            opens = {key: call for key, call in opens.items() if key not in self.unborne}
+        if borne and (self.unborne or self.claimed):
+            unborne, claimed = self.unborne, self.claimed
+            opens = {k: c for k, c in opens.items() if k not in unborne and k not in claimed}
         if not opens:
             return None
         if len(opens) == 1:
@@ -386,9 +390,12 @@ class RankTracker:
         """Its latest calls that its process has borne out (call_events.bear): a start line
         alone, with nothing of the process after it, may be another process's."""
         calls = self.latest_calls()
-        if not self.unborne:
+        if not self.unborne and not self.claimed:
             return calls
-        return tuple(c for c in calls if (c.group, c.seq) not in self.unborne)
+        unborne, claimed = self.unborne, self.claimed
+        return tuple(
+            c for c in calls if (c.group, c.seq) not in unborne and (c.group, c.seq) not in claimed
+        )
 
     def latest_calls(self) -> tuple[CollectiveView, ...]:
         """Its latest calls, oldest first (what RankView.recent_collectives holds)."""

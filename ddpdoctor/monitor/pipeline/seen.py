@@ -274,9 +274,10 @@ def undisputed(diagnosis: Diagnosis, merge: Any) -> Diagnosis:
     calls another node's rows name may be a rewritten summary's), or culprits that ranks of such
     a node are (ddpdoctor.monitor.follow.row_claims). The final verdict reads every rank's own
     events, rows of no node."""
-    if not diagnosis.confirmed or not merge.claims.disputed:
+    disputed = merge.claims.disputed
+    if not diagnosis.confirmed or not disputed:
         return diagnosis
-    ranks = merge.disputed_ranks()
+    ranks = {rank for rank, node in merge.via.items() if node in disputed}
     if ranks and (diagnosis.verdict is Verdict.MISMATCH or diagnosis.culprits & ranks):
         return replace(diagnosis, confirmed=False)
     return diagnosis

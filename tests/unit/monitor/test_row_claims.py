@@ -70,7 +70,7 @@ def test_one_forged_write_between_real_ones_is_no_mismatch_and_disputes_the_node
     said = ids(snap)
     # the forged write took the launcher's next number: its own write then is the second one
     assert "two different writes numbered" in said["node.summary_disputed"], said
-    assert lead.merge.disputed_ranks() == {1}
+    assert lead.merge.claims.disputed.keys() == {1} and lead.merge.via == {1: 1}
     # and the number disagreed on is compared no more: neither call is rank 1's there
     assert all(c.seq != seq + 1 for c in snap.ranks[1].recent_collectives)
 
@@ -130,7 +130,7 @@ def test_a_real_mismatch_carried_by_two_summaries_is_a_mismatch(tmp_path):
     clock.t += 0.5
     publish(follower, clock)
     snap = lead.poll()
-    assert snap.verdict is Verdict.RUNNING and lead.state.ranks[1].unborne == {("default", 8)}
+    assert snap.verdict is Verdict.RUNNING and ("default", 8) in lead.state.ranks[1].claimed
     verdicts = []
     for _ in range(4):  # borne out by the next write; told once node 1 covers the time
         w.ev(1, "heartbeat", cpu_s=1.0, open={"op": "all_reduce", "seq": seq + 1})
@@ -173,3 +173,63 @@ def test_a_call_counts_from_a_later_write_that_names_it_the_same():
     other.weigh(1, first, (100,), 10.0)
     other.weigh(1, [call("broadcast", 2, [7, 3])], (101,), 11.0)
     assert not other.disputed
+
+
+def test_a_forged_call_among_a_ranks_events_waits_for_a_later_write_and_disputes(tmp_path):
+    """A rank that is not routine comes as its events, with their line numbers: a rewritten
+    summary gives a forged broadcast and its end the lines the rank's own next events will
+    have (its own are then skipped as read). The call is compared only once a later write
+    carries it at those lines; the launcher's writes carry the rank's own: a dispute."""
+    run, clock, w, follower, lead, seq = rowed(tmp_path)
+    w.ev(1, "fault", inject="slow:rank=1", fault="slow")  # not routine: its events, not a row
+    publish(follower, clock)
+    lead.poll()
+    assert lead.merge.rowed == set() and lead.merge.via == {1: 1}
+    rank_0_waits(w, clock, seq + 1)
+    data, rest = summary_head(run)
+    (entry,) = data["ranks"]
+    line = entry["last"]
+    forged = {"v": 1, "t": clock.t, "rank": 1, "op": "broadcast", "seq": seq + 1,
+              "group": "default", "shapes": [[7, 3]], "dtypes": ["float32"]}  # fmt: skip
+    entry["events"] = [
+        [line + 1, {**forged, "kind": "collective_start"}],
+        [line + 2, {**forged, "kind": "collective_end", "duration_s": 0.01}],
+    ]
+    entry["after"], entry["last"] = line, line + 2
+    data["seq"] += 1
+    rewrite(run, data, rest)
+    snap = lead.poll()
+    assert snap.verdict is Verdict.RUNNING and ("default", 8) in lead.state.ranks[1].claimed
+    assert all(c.op != "broadcast" for c in snap.ranks[1].recent_collectives)
+    # rank 1's own next call, at those lines, as its launcher writes them
+    w.ev(1, "collective_start", op="all_reduce", seq=seq + 1, group="default", shapes=[[10]],
+         dtypes=["float32"])  # fmt: skip
+    w.ev(1, "collective_end", op="all_reduce", seq=seq + 1, group="default", duration_s=0.01)
+    for _ in range(5):
+        publish(follower, clock)
+        snap = lead.poll()
+        assert not snap.confirmed and snap.verdict is not Verdict.MISMATCH, snap.findings
+    said = ids(snap)["node.summary_disputed"]
+    assert f"rank 1's line {line + 1}" in said or "two different writes numbered" in said, said
+
+
+def test_a_ranks_own_calls_among_its_events_are_compared_a_write_later(tmp_path):
+    _run, clock, w, follower, lead, seq = rowed(tmp_path)
+    w.ev(1, "fault", inject="slow:rank=1", fault="slow")
+    publish(follower, clock)
+    lead.poll()
+    for rank, shape in ((0, [10]), (1, [20])):
+        w.ev(rank, "collective_start", op="all_reduce", seq=seq + 1, group="default",
+             shapes=[shape], dtypes=["float32"])  # fmt: skip
+    clock.t += 0.5
+    publish(follower, clock)
+    assert lead.poll().verdict is Verdict.RUNNING
+    assert ("default", seq + 1) in lead.state.ranks[1].claimed
+    verdicts = []
+    for _ in range(4):
+        w.ev(1, "heartbeat", cpu_s=1.0, open={"op": "all_reduce", "seq": seq + 1})
+        publish(follower, clock)
+        verdicts.append(lead.poll().verdict)
+    assert lead.state.ranks[1].claimed == set()
+    assert verdicts[-1] is Verdict.MISMATCH, verdicts
+    assert "node.summary_disputed" not in ids(lead.poll())

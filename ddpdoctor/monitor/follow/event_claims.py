@@ -1,0 +1,133 @@
+"""Another node's events as claims: a call start a node's summary carries (a rank that is not
+routine comes as its events, with their line numbers) is compared only once a later write of
+the node carries the same event at the same line.
+
+The per-rank numbering check (ddpdoctor.monitor.model.call_events) catches a forged call whose
+number the rank's own next call repeats. Through a summary it is not enough: a rewritten
+summary sets the line numbers too, and a forged call given the lines the rank's own next events
+will have, with its end line, is read as borne out, while the rank's own events at those lines
+are then skipped as read already. So, as for rows (ddpdoctor.monitor.follow.row_claims):
+
+- a `collective_start` read from a summary is left out of the comparison (RankTracker.unborne)
+  until a write of its node read BEAR_AFTER_S or more later carries the same event at the same
+  line (its head, else its second line, every rank's digest, read only then);
+- a later write with another event at that line disputes the node (row_claims).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+from ddpdoctor.monitor.follow.row_claims import BEAR_AFTER_S, RowClaims
+from ddpdoctor.monitor.model.event_fields import p2p_group, text
+from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS
+from ddpdoctor.protocol import events as ev
+
+MAX_PENDING = 4096  # call starts not borne out yet, kept per node
+
+Line = tuple[int, int]  # (rank, line number in its file)
+
+
+def call_key(event: dict[str, Any]) -> tuple[str, Any]:
+    """(group, number) of a collective_start, as its rank's record keys it (call_events)."""
+    op = text(event.get("op")) or "collective"
+    group = text(event.get("group")) or ev.DEFAULT_GROUP
+    if event.get("p2p") or op in POINT_TO_POINT_OPS:
+        group = p2p_group(group, event.get("peer"))
+    return group, event.get("seq")
+
+
+class EventClaims:
+    """The call starts other nodes' summaries carried and no later write bore out yet."""
+
+    def __init__(self, claims: RowClaims) -> None:
+        self.claims = claims  # (where a node's writes that disagree are noted)
+        # node -> (rank, line) -> (the event, the write that carried it, when it was read)
+        self.pending: dict[int, dict[Line, tuple[dict[str, Any], int, float]]] = {}
+        self.writes: dict[int, int] = {}  # node -> its summaries read (each another write)
+        self.now = 0.0
+
+    def read(self, node: int, now: float) -> None:
+        """Another write of node's summary, read at `now`."""
+        self.writes[node] = self.writes.get(node, 0) + 1
+        self.now = now
+
+    def claim(self, node: int, rank: int, line: int, event: dict[str, Any]) -> None:
+        """An event of node's summary applied to rank's record."""
+        if event.get("kind") != ev.COLLECTIVE_START:
+            return
+        pending = self.pending.setdefault(node, {})
+        if len(pending) >= MAX_PENDING:
+            del pending[next(iter(pending))]
+        pending[(rank, line)] = (event, self.writes.get(node, 0), self.now)
+
+    def bear(self, node: int, heads: Any, full: Callable[[], Any]) -> None:
+        """Weigh node's pending call starts against this write: its head's events (`heads`,
+        its RankEvents), then, for those still pending and old enough, its digests (`full`)."""
+        pending = self.pending.get(node)
+        if not pending:
+            return
+        self._weigh(node, pending, heads)
+        write = self.writes.get(node, 0)
+        if any(w != write and self.now - t >= BEAR_AFTER_S for _, w, t in pending.values()):
+            self._weigh(node, pending, full() or ())
+
+    def _weigh(self, node: int, pending: dict, entries: Any) -> None:
+        write = self.writes.get(node, 0)
+        ranks = {rank for rank, _ in pending}
+        for entry in entries:
+            if entry.rank not in ranks or not isinstance(entry.events, list):
+                continue
+            for pair in entry.events:
+                if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int:
+                    continue
+                claim = pending.get((entry.rank, pair[0]))
+                if claim is None:
+                    continue
+                event, first, t = claim
+                if pair[1] != event:
+                    self.claims.dispute(
+                        node,
+                        f"rank {entry.rank}'s line {pair[0]}: {_said(event)} in one write, "
+                        f"{_said(pair[1])} in another",
+                    )
+                    continue  # (stays pending: never compared)
+                if first != write and self.now - t >= BEAR_AFTER_S:
+                    del pending[(entry.rank, pair[0])]
+
+    def mark(
+        self, node: int, via: Mapping[int, int], rowed: Container[int], trackers: Mapping
+    ) -> None:
+        """Tell the records of node's ranks followed through their events (`via`: rank -> its
+        node, `rowed`: those its rows make) which of their calls are not borne out
+        (RankTracker.claimed: a live view leaves them out of the comparison)."""
+        for rank, of in via.items():
+            tracker = trackers.get(rank)
+            if of != node or rank in rowed or tracker is None:
+                continue
+            claimed = self.unborne(node, rank)
+            if tracker.claimed != claimed:
+                tracker.claimed = claimed
+                tracker.version += 1
+
+    def unborne(self, node: int, rank: int) -> set[tuple[str, Any]]:
+        """The keys of rank's call starts from node's summaries not borne out yet."""
+        pending = self.pending.get(node)
+        if not pending:
+            return set()
+        return {call_key(event) for (r, _), (event, _, _) in pending.items() if r == rank}
+
+    def forget(self, rank: int) -> None:
+        """Rank's record is read from its own file again: its summary's claims are moot."""
+        for pending in self.pending.values():
+            for key in [k for k in pending if k[0] == rank]:
+                del pending[key]
+
+
+def _said(event: Any) -> str:
+    if not isinstance(event, dict):
+        return "something else"
+    kind = text(event.get("kind")) or "an event"
+    op, seq = text(event.get("op")), event.get("seq")
+    return f"{kind} {op} #{seq}" if op else kind

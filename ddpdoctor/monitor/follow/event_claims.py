@@ -46,6 +46,7 @@ class EventClaims:
         # node -> (rank, line) -> (the event, the write that carried it, when it was read)
         self.pending: dict[int, dict[Line, tuple[dict[str, Any], int, float]]] = {}
         self.writes: dict[int, int] = {}  # node -> its summaries read (each another write)
+        self.marked: dict[int, set[int]] = {}  # node -> its ranks whose records say claims
         self.now = 0.0
 
     def read(self, node: int, now: float) -> None:
@@ -102,14 +103,22 @@ class EventClaims:
         """Tell the records of node's ranks followed through their events (`via`: rank -> its
         node, `rowed`: those its rows make) which of their calls are not borne out
         (RankTracker.claimed: a live view leaves them out of the comparison)."""
-        for rank, of in via.items():
+        pending = self.pending.get(node) or {}
+        marked = self.marked.get(node, set())
+        if not pending and not marked:
+            return  # (the usual case: every rank of the node a row; this runs per summary)
+        now_marked = set()
+        for rank in {rank for rank, _ in pending} | marked:
             tracker = trackers.get(rank)
-            if of != node or rank in rowed or tracker is None:
+            if via.get(rank) != node or rank in rowed or tracker is None:
                 continue
             claimed = self.unborne(node, rank)
+            if claimed:
+                now_marked.add(rank)
             if tracker.claimed != claimed:
                 tracker.claimed = claimed
                 tracker.version += 1
+        self.marked[node] = now_marked
 
     def unborne(self, node: int, rank: int) -> set[tuple[str, Any]]:
         """The keys of rank's call starts from node's summaries not borne out yet."""

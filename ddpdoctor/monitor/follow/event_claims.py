@@ -8,15 +8,16 @@ summary sets the line numbers too, and a forged call given the lines the rank's 
 will have, with its end line, is read as borne out, while the rank's own events at those lines
 are then skipped as read already. So, as for rows (ddpdoctor.monitor.follow.row_claims):
 
-- a `collective_start` read from a summary is left out of the comparison (RankTracker.unborne)
+- a `collective_start` read from a summary is left out of the comparison (RankTracker.claimed)
   until a write of its node read BEAR_AFTER_S or more later carries the same event at the same
-  line (its head, else its second line, every rank's digest, read only then);
+  line, or says it carried that line before (its head's `after`: the launcher publishes a line
+  once, in its head; its second line, every rank's digest, is not parsed for this);
 - a later write with another event at that line disputes the node (row_claims).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from ddpdoctor.monitor.follow.row_claims import BEAR_AFTER_S, RowClaims
@@ -25,6 +26,7 @@ from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS
 from ddpdoctor.protocol import events as ev
 
 MAX_PENDING = 4096  # call starts not borne out yet, kept per node
+DISPUTED = -1  # (in place of the write that carried a call start two writes disagreed on)
 
 Line = tuple[int, int]  # (rank, line number in its file)
 
@@ -63,18 +65,19 @@ class EventClaims:
             del pending[next(iter(pending))]
         pending[(rank, line)] = (event, self.writes.get(node, 0), self.now)
 
-    def bear(self, node: int, heads: Any, full: Callable[[], Any]) -> None:
-        """Weigh node's pending call starts against this write: its head's events (`heads`,
-        its RankEvents), then, for those still pending and old enough, its digests (`full`)."""
+    def bear(self, node: int, heads: Any, full: Any = None) -> None:
+        """Weigh node's pending call starts against this write: the events its head carries
+        (`heads`, its RankEvents), and the lines its head says an earlier write of it carried
+        already (`after`: the launcher publishes each line once, in its head, then keeps it in
+        its digests only); and its digests (`full`) where this watcher read them anyway."""
         pending = self.pending.get(node)
         if not pending:
             return
-        self._weigh(node, pending, heads)
-        write = self.writes.get(node, 0)
-        if any(w != write and self.now - t >= BEAR_AFTER_S for _, w, t in pending.values()):
-            self._weigh(node, pending, full() or ())
+        self._weigh(node, pending, heads, published=True)
+        if full:
+            self._weigh(node, pending, full, published=False)
 
-    def _weigh(self, node: int, pending: dict, entries: Any) -> None:
+    def _weigh(self, node: int, pending: dict, entries: Any, *, published: bool) -> None:
         write = self.writes.get(node, 0)
         ranks = {rank for rank, _ in pending}
         for entry in entries:
@@ -83,8 +86,9 @@ class EventClaims:
             for pair in entry.events:
                 if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int:
                     continue
-                claim = pending.get((entry.rank, pair[0]))
-                if claim is None:
+                key = (entry.rank, pair[0])
+                claim = pending.get(key)
+                if claim is None or claim[1] == DISPUTED:
                     continue
                 event, first, t = claim
                 if pair[1] != event:
@@ -93,9 +97,14 @@ class EventClaims:
                         f"rank {entry.rank}'s line {pair[0]}: {_said(event)} in one write, "
                         f"{_said(pair[1])} in another",
                     )
-                    continue  # (stays pending: never compared)
-                if first != write and self.now - t >= BEAR_AFTER_S:
-                    del pending[(entry.rank, pair[0])]
+                    pending[key] = (event, DISPUTED, t)  # never compared
+                elif first != write and self.now - t >= BEAR_AFTER_S:
+                    del pending[key]
+            if published and type(entry.after) is int:
+                for key in [k for k in pending if k[0] == entry.rank and k[1] <= entry.after]:
+                    _, first, t = pending[key]
+                    if first not in (write, DISPUTED) and self.now - t >= BEAR_AFTER_S:
+                        del pending[key]
 
     def mark(
         self, node: int, via: Mapping[int, int], rowed: Container[int], trackers: Mapping

@@ -99,9 +99,9 @@ class SummaryFeed:
             disputed = write_order(summary, said, seen.seq, seen.pid, seen.said)
             if disputed is not None:
                 self.disputes.setdefault(node, disputed)
-            if (summary.seq, summary.pid) == (seen.seq, seen.pid):
-                continue
-            seen.said = said
+            if said == seen.said and (summary.seq, summary.pid) == (seen.seq, seen.pid):
+                continue  # the same write again (its file touched, or read twice)
+            seen.said = said  # (one number twice: both are read, and weighed: row_claims)
             if seen.seq is None and now >= summary.t:
                 # First sight (a watcher started late): as old as its writer says, up to the
                 # point where its files are read instead; its launcher is named only once this
@@ -283,7 +283,7 @@ class NodeMerge:
         if summary.rows is not None:
             self._apply_rows(node, summary, standing)
         # the call starts earlier summaries carried, weighed against this one (event_claims)
-        full = lambda: [RankEvents(r, e) for r, e in self._digests(summary).items()]  # noqa: E731
+        full = [RankEvents(r, e) for r, e in self._full.items()] if self._full else None
         self.events.bear(node, summary.ranks, full)
         self.events.mark(node, self.via, self.rowed, self.state.ranks)
         self._full = None
@@ -349,16 +349,12 @@ class NodeMerge:
         self, node: int, rank: int, summary: NodeSummary, have: int, last: int
     ) -> None:
         """Apply the rank's events after line `have` from the summary's whole digest."""
-        full = self._digests(summary)
-        if rank not in full:
-            return  # the second line torn or missing: the next summary has it
-        applied = self._apply_events(node, rank, full[rank], have)
-        self.applied[rank] = max(applied, last)
-
-    def _digests(self, summary: NodeSummary) -> dict[int, list]:
         if self._full is None:
             self._full = {r.rank: r.events for r in summary.full() or ()}
-        return self._full
+        if rank not in self._full:
+            return  # the second line torn or missing: the next summary has it
+        applied = self._apply_events(node, rank, self._full[rank], have)
+        self.applied[rank] = max(applied, last)
 
     def _apply_events(self, node: int, rank: int, events: list, last: int) -> int:
         """Apply, in order, the rank's summary events after line `last`; the last line applied."""

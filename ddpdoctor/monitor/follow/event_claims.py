@@ -114,14 +114,19 @@ class EventClaims:
         (RankTracker.claimed: a live view leaves them out of the comparison)."""
         pending = self.pending.get(node) or {}
         marked = self.marked.get(node, set())
-        if not pending and not marked:
+        disputed = node in self.claims.disputed
+        if not pending and not marked and not disputed:
             return  # (the usual case: every rank of the node a row; this runs per summary)
         now_marked = set()
-        for rank in {rank for rank, _ in pending} | marked:
+        ranks = {r for r, n in via.items() if n == node} if disputed else set()
+        for rank in {rank for rank, _ in pending} | marked | ranks:
             tracker = trackers.get(rank)
             if via.get(rank) != node or rank in rowed or tracker is None:
                 continue
             claimed = self.unborne(node, rank)
+            if disputed:  # a disputed node's calls are compared no more (row_claims)
+                calls = (*tracker.latest_calls(), *tracker.opens.values())
+                claimed |= {(c.group, c.seq) for c in calls}
             if claimed:
                 now_marked.add(rank)
             if tracker.claimed != claimed:

@@ -13,9 +13,11 @@ name (their latest calls and the ones they are in, by group and number):
   the launcher's own, which carries the rank's real call at that number;
 - two writes that disagree (the same group and number, another call; two different summaries
   with one write number; a write number going back) dispute the node: a warning
-  (`node.summary_disputed`), and from then on its rows explain (they are still shown and
-  compared) but decide no stop (ddpdoctor.monitor.pipeline.seen.undisputed). The call they
-  disagree on is compared no more: which write was the launcher's, the file cannot tell.
+  (`node.summary_disputed`), and from then on its rows explain (the ranks' state, step and
+  activity are still shown) but decide nothing: their calls are compared no more (which write
+  was the launcher's, the file cannot tell), and a verdict whose culprits are its ranks is told,
+  never stopped on (ddpdoctor.monitor.pipeline.seen.undisputed). The final verdict of a run
+  reads every rank's own event file, no summary.
 
 The cost: a rank of another node's latest call is compared a second later than before.
 """
@@ -114,6 +116,8 @@ class RowClaims:
         a start line its process has not borne out yet). Returns the records changed."""
         pids = tuple(rows.value("pid", i) for i in range(len(rows.ranks)))
         known = self.weigh(node, named_calls(rows, records), pids, now).calls
+        if node in self.disputed:
+            known = {}  # (none borne out: a disputed node's calls are compared no more)
         changed = []
         shared: dict[int, set[CallKey]] = {}  # (the ranks of a node share their latest calls)
         for tracker in rowed:
@@ -140,12 +144,12 @@ class RowClaims:
                     "node.summary_disputed",
                     Severity.WARNING,
                     f"node {node}'s summary{whose} is disputed: two of its writes disagree "
-                    f"({why}); its rows are shown but stop nothing",
+                    f"({why}); its ranks' calls are no longer compared, and nothing it says "
+                    "stops the job",
                     "A node's summary is written by its own launcher once a second, each write "
-                    "numbered. Another process of the job rewrote it: the calls it claims are "
-                    "compared only once the launcher's own later writes bear them out, and a "
-                    "problem they show is told, never acted on. The final verdict reads every "
-                    "rank's own event file.",
+                    "numbered. Another process of the job rewrote it: from then on its ranks are "
+                    "shown as it says, but a mismatch or a culprit among them is never acted "
+                    "on. The final verdict reads every rank's own event file.",
                     ranks=ranks,
                 )
             )

@@ -359,6 +359,8 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_run_claims.py::test_forged_gone_and_network_look_stop_neither_node",
     "test_run_claims.py::test_forged_calls_errors_and_steps_neither_stop_nor_fail",
     "test_run_claims.py::test_forged_calls_errors_and_another_nodes_look_stop_neither_node",
+    # a node's summary rewritten with a row naming another call, once and again and again
+    "test_run_claims.py::test_a_rewritten_node_summary_stops_neither_node",
     # the pods' doctors behind a DNS server that never answers (the late name is the quick one)
     "test_pod_doctor.py::test_a_dns_server_that_never_answers_costs_the_timeout_not_more",
     # the sample scripts beyond a healthy one and a hang (their shared runs are slow=True)

@@ -206,3 +206,42 @@ def test_forged_calls_errors_and_another_nodes_look_stop_neither_node(tmp_path):
     assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
     assert doc["stopped_for"] is None, explain
     assert job_processes(run_dir) == []
+
+
+@pytest.mark.parametrize("style", ["rows", "rowsloop"])
+def test_a_rewritten_node_summary_stops_neither_node(tmp_path, style):
+    """Two `ddpdoctor run --nnodes 2` launchers on this host: rank 0 rewrites node 1's summary
+    (its launcher's host and pid, the next write number), its rank's row naming a broadcast of
+    [7, 3] at the number of its next all_reduce: once, just after the launcher wrote it, or
+    for 8 s (each launcher's write at once, and its own every 0.3 s). Before, the loop got a
+    mismatch across the nodes, and both stopped."""
+    run_dir = tmp_path / "run"
+    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(tmp_path / "cache")})
+    common = [
+        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), "--nproc", "1",
+    ]  # fmt: skip
+    job = ["--", str(FORGER), "--forge", style, "--seconds", "12"]
+    cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node), *job) for node in (0, 1)]
+    ended = []
+    with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
+        for proc in (first, second):
+            try:
+                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                out, err = "", "still running"
+            ended.append((proc.returncode, out, err))
+    explain = "\n".join(f"--- node {i}\n{o[-3000:]}\n{e[-1500:]}" for i, (_, o, e) in
+                        enumerate(ended))  # fmt: skip
+    forged = json.loads((run_dir / "forged-rows.json").read_text())
+    assert forged["writes"] >= (1 if style == "rows" else 5), forged
+    assert [code for code, _, _ in ended] == [0, 0], explain
+    for _, out, _ in ended:
+        assert "verdict: healthy (exit code 0)" in out, explain
+        assert "MISMATCH" not in out and "stopped the job" not in out, explain
+    said = ended[0][1]  # node 0's launcher reads node 1's summary
+    assert "node.summary_disputed" in said, explain
+    doc = json.loads((run_dir / "diagnosis.json").read_text())
+    assert doc["verdict"] == "healthy" and doc["culprits"] == [], explain
+    assert doc["stopped_for"] is None, explain
+    assert job_processes(run_dir) == []

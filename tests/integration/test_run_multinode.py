@@ -134,6 +134,7 @@ def test_a_healthy_run_never_shows_a_problem_on_its_way(healthy):
     assert {verdict for verdict, _ in SHOWN} <= {"running", "healthy"}, SHOWN
     for node in nodes:
         assert not re.findall(r"^(HANG|CRASH|MISMATCH)\b", node.stdout, re.M), node.stdout
+        assert "node.summary_disputed" not in node.stdout, node.stdout  # (the launchers' own)
 
 
 def test_both_launchers_exit_0_and_every_rank_left_events(healthy):

@@ -20,6 +20,11 @@ directory that ddpdoctor must check against what it sees before they may stop an
            in the next all_reduce, and rank 1's next call is forged as a broadcast
   beats    with stallcall: while rank 1 computes, a stream of heartbeats forged into its events
            every 0.05 s (numbered far ahead, the same CPU seconds and frame: "blocked")
+  rows     (two nodes) node 1's summary, rewritten once, just after its launcher wrote it: its
+           rank's row names one call more, a broadcast of [7, 3] numbered as its own next
+           all_reduce will be (its launcher's host and pid, the write number after the one read)
+  rowsloop the same for 8 s: each write of the launcher forged at once, and the forged file
+           written again every 0.3 s, numbered on (the forged call kept at its number)
   peernet  (two nodes) the other node's network.json: its number and host, a link from it to
            this node that carries nothing and a probe of this node that timed out, rewritten
            during a stall of every rank
@@ -149,6 +154,74 @@ def forge_gone(run: Path, ppids: list[int]) -> None:
         time.sleep(0.5)
 
 
+def forge_row(data: dict, key: list | None) -> list | None:
+    """The first row in a summary's head, made to name one more call: a broadcast of [7, 3] at
+    `key` (group, number), by default the number after its latest call. Returns the key, or
+    None where the summary has no row (yet)."""
+    rows, calls = data.get("rows"), data.get("calls")
+    if not isinstance(rows, dict) or not isinstance(calls, list) or not rows["rank"]:
+        return None
+    i = 0
+    column = rows["same"] if "recent" in rows["same"] else None
+    recent = column["recent"] if column is not None else rows["each"]["recent"][i]
+    if not recent:
+        return None
+    latest = calls[recent[-1]]
+    if key is None:
+        key = [latest[1], latest[2] + 1]
+    what = json.loads(latest[5])
+    what[0] = [[7, 3]]  # its shapes
+    calls.append(["broadcast", key[0], key[1], time.time(), 0.0, json.dumps(what)])
+    forged = [n for n in recent if calls[n][1:3] != key] + [len(calls) - 1]
+    if column is not None:
+        column["recent"] = forged
+    else:
+        rows["each"]["recent"][i] = forged
+    rows["last"][i] += 1  # (a row read already, by its line, is not read again)
+    return key
+
+
+def forge_rows(run: Path, seconds: float) -> None:
+    """Rewrite node 1's summary (the one node 0's launcher reads) just after its launcher wrote
+    it (its host and pid, the next write number), its rank's row naming a forged call: once
+    (`seconds` 0), or
+    for `seconds`: each write of the launcher at once (a 20 ms look), and its own again every
+    0.3 s, numbered on. Writes run/forged-rows.json: the call, how many writes."""
+    path = run / "nodes" / "node-1" / "summary.json"
+    end = time.monotonic() + seconds
+    key, mine, writes, first, written = None, None, 0, None, 0.0
+    while True:
+        try:
+            head, _, rest = path.read_text().partition("\n")
+            data = json.loads(head)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        if first is None:
+            first = head  # wait for the launcher's next write: forge it at once
+        if head == first:
+            time.sleep(0.02)
+            continue
+        if head != mine:  # the launcher's: forged anew, at once
+            key = forge_row(data, key)
+            if key is None:
+                time.sleep(0.05)
+                continue
+        elif time.monotonic() - written < 0.3:
+            time.sleep(0.02)
+            continue
+        else:  # its own, 0.3 s on: again, numbered on
+            data["rows"]["last"] = [n + 1 for n in data["rows"]["last"]]
+        data["seq"] = int(data["seq"]) + 1
+        mine = json.dumps(data)
+        replace(path, mine + "\n" + rest)
+        written = time.monotonic()
+        writes += 1
+        (run / "forged-rows.json").write_text(json.dumps({"call": key, "writes": writes}))
+        if written >= end:
+            return
+
+
 def forge_network(run: Path, seconds: float) -> None:
     """This node's network.json, written again and again while every rank stalls."""
     node = node_of(run, os.getppid())
@@ -249,6 +322,9 @@ def main() -> None:
                 forge_steps(run)
             if "gone" in forges:
                 threading.Thread(target=forge_gone, args=(run, ppids), daemon=True).start()
+            for style, seconds in (("rows", 0.0), ("rowsloop", 8.0)):
+                if style in forges:
+                    threading.Thread(target=forge_rows, args=(run, seconds), daemon=True).start()
         if i == rounds // 2 and args.stall:
             if rank == 0 and "network" in forges:
                 threading.Thread(target=forge_network, args=(run, args.stall), daemon=True).start()

@@ -22,14 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
+from ddpdoctor.monitor.follow.event_claims import EventClaims
 from ddpdoctor.monitor.follow.gone_claims import GoneClaims
 from ddpdoctor.monitor.follow.liveness import is_local
 from ddpdoctor.monitor.follow.node_publisher import Publisher
+from ddpdoctor.monitor.follow.row_claims import RowClaims, write_order
 from ddpdoctor.monitor.follow.row_reader import CallRecords, NodeRows, apply_rows
 from ddpdoctor.monitor.model.launchers import proc_children
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.node_summary import (
     NodeSummary,
+    RankEvents,
     read_node_summary,
     summary_stamp,
     valid_event,
@@ -58,6 +61,7 @@ class _Seen:
     pid: int | None = None  # its writer (a launcher started again counts its summaries anew)
     changed_t: float | None = None  # when this watcher last saw it change (its own clock)
     ranks: tuple[int, ...] = ()
+    said: Any = None  # what the summary said (rows, calls, events, gone), to tell a rewrite
 
 
 class SummaryFeed:
@@ -69,6 +73,9 @@ class SummaryFeed:
         self.own_node = own_node
         self.seen: dict[int, _Seen] = {}
         self.due: dict[int, float] = {}  # node -> when to look at its summary again
+        # node -> how two of its writes disagreed: one write number twice, or going back (a
+        # launcher numbers its summaries one after another: row_claims)
+        self.disputes: dict[int, str] = {}
 
     def poll(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[tuple[int, NodeSummary]]:
         """The (node, summary) of every summary that changed since the last poll."""
@@ -86,8 +93,15 @@ class SummaryFeed:
                 continue
             seen.stamp = stamp
             summary = read_node_summary(self.run, node)
-            if summary is None or (summary.seq, summary.pid) == (seen.seq, seen.pid):
+            if summary is None:
                 continue
+            said = (summary.rows, summary.calls, summary.ranks, summary.gone)
+            disputed = write_order(summary, said, seen.seq, seen.pid, seen.said)
+            if disputed is not None:
+                self.disputes.setdefault(node, disputed)
+            if said == seen.said and (summary.seq, summary.pid) == (seen.seq, seen.pid):
+                continue  # the same write again (its file touched, or read twice)
+            seen.said = said  # (one number twice: both are read, and weighed: row_claims)
             if seen.seq is None and now >= summary.t:
                 # First sight (a watcher started late): as old as its writer says, up to the
                 # point where its files are read instead; its launcher is named only once this
@@ -180,6 +194,9 @@ class NodeMerge:
         self.held: set[int] = set()  # other nodes' ranks a follower does not follow (yet)
         self.publisher = Publisher(run, own_node) if own_node is not None else None
         self.gone = GoneClaims()
+        self.claims = RowClaims()  # the calls other nodes' rows name, borne out or disputed
+        self.events = EventClaims(self.claims)  # ... and the call starts their events carry
+        self._now = 0.0  # (the merge's time: when the summaries it applies were read)
         self.follower = own_node is not None and own_node > 0
         # Whether other nodes' summaries are read. A follower whose view a person looks at (its
         # TUI, its live terminal view) reads them from the start, as node 0 does: otherwise the
@@ -206,7 +223,12 @@ class NodeMerge:
         if not self.active:
             self._hold_others(nodes)
             return
+        self._now = now
         changed = self.feed.poll(now, nodes) if nodes else []
+        if self.feed.disputes:
+            for node, why in self.feed.disputes.items():
+                self.claims.dispute(node, why)
+            self.feed.disputes.clear()
         standing = self.feed.standing(now, nodes) if self.feed.seen else set()
         if standing:
             # (the ranks not followed yet: this runs every poll, over 1000s of followed ones)
@@ -245,6 +267,7 @@ class NodeMerge:
         digest, the summary's second line, parsed only then. A row is copied onto a rank whose
         record has its events up to its current process's hello (rank_rows)."""
         self._full = None
+        self.events.read(node, self._now)
         for entry in summary.ranks:
             rank = entry.rank
             if not self._takes(rank, node, standing, entry.last):
@@ -253,12 +276,16 @@ class NodeMerge:
             if rank in self.rowed:  # its events again: from its whole digest, afresh
                 have = self._unrow(rank)
             if have < entry.after:
-                self._from_digest(rank, summary, have, entry.last)
+                self._from_digest(node, rank, summary, have, entry.last)
             else:
-                applied = self._apply_events(rank, entry.events, have)
+                applied = self._apply_events(node, rank, entry.events, have)
                 self.applied[rank] = max(applied, entry.last)
         if summary.rows is not None:
             self._apply_rows(node, summary, standing)
+        # the call starts earlier summaries carried, weighed against this one (event_claims)
+        full = [RankEvents(r, e) for r, e in self._full.items()] if self._full else None
+        self.events.bear(node, summary.ranks, full)
+        self.events.mark(node, self.via, self.rowed, self.state.ranks)
         self._full = None
         # its node saw the process end: checked before it ends the rank (gone_claims)
         self.gone.claim(node, summary, self.state, is_local, lambda r: self.via.get(r) == node)
@@ -284,9 +311,9 @@ class NodeMerge:
                 targets.append((i, tracker))
                 continue
             behind.append(i)  # not heard of yet, or a new process: its events first
+        records = CallRecords(summary.calls, self.calls.get(node))
+        self.calls[node] = records
         if targets:
-            records = CallRecords(summary.calls, self.calls.get(node))
-            self.calls[node] = records
             steps = {tracker.rank: tracker.step for _, tracker in targets}
             applied = apply_rows(targets, rows, records)
             for tracker in applied:
@@ -301,10 +328,14 @@ class NodeMerge:
                     behind.append(i)
             if applied:
                 self.state.add_waits(summary.waits)
+        # the calls no later write of the node bore out: not compared yet (row_claims)
+        rowed = [ranks[r] for r in rows.ranks if r in self.rowed and self.via.get(r) == node]
+        for tracker in self.claims.bear(node, rows, records, rowed, self._now):
+            self.state.row_applied(tracker, stepped=False)
         for i in behind:
             rank = rows.ranks[i]
             have = self._unrow(rank) if rank in self.rowed else self.applied.get(rank, 0)
-            self._from_digest(rank, summary, have, rows.last[i])
+            self._from_digest(node, rank, summary, have, rows.last[i])
 
     def _unrow(self, rank: int) -> int:
         """A rank whose record rows made: a fresh record, for its events (returns 0, the line
@@ -314,16 +345,18 @@ class NodeMerge:
         self.applied[rank] = 0
         return 0
 
-    def _from_digest(self, rank: int, summary: NodeSummary, have: int, last: int) -> None:
+    def _from_digest(
+        self, node: int, rank: int, summary: NodeSummary, have: int, last: int
+    ) -> None:
         """Apply the rank's events after line `have` from the summary's whole digest."""
         if self._full is None:
             self._full = {r.rank: r.events for r in summary.full() or ()}
         if rank not in self._full:
             return  # the second line torn or missing: the next summary has it
-        applied = self._apply_events(rank, self._full[rank], have)
+        applied = self._apply_events(node, rank, self._full[rank], have)
         self.applied[rank] = max(applied, last)
 
-    def _apply_events(self, rank: int, events: list, last: int) -> int:
+    def _apply_events(self, node: int, rank: int, events: list, last: int) -> int:
         """Apply, in order, the rank's summary events after line `last`; the last line applied."""
         rel = f"events/rank-{rank}.jsonl"
         for pair in events:
@@ -333,6 +366,7 @@ class NodeMerge:
                 valid = valid_event(pair, rank)
                 if valid is not None:
                     self.state.apply(valid[1], (rel, valid[0]))
+                    self.events.claim(node, rank, valid[0], valid[1])
                     last = valid[0]
         return last
 
@@ -370,6 +404,7 @@ class NodeMerge:
     def _from_file(self, rank: int) -> None:
         """Read the rank's own file again, from its start, into a fresh record."""
         self.via.pop(rank, None)
+        self.events.forget(rank)
         self.rowed.discard(rank)
         self.held.discard(rank)
         self.applied[rank] = 0
@@ -383,8 +418,10 @@ class NodeMerge:
         self.publisher.maybe_publish(now, own, force=force, trackers=self.state.ranks)
 
     def findings(self, now: float, nodes: Mapping[int, NodeRecord]) -> list[Finding]:
-        return (self.feed.stale_findings(now, nodes) if self.feed.seen else []) + (
-            self.gone.findings()
+        return (
+            (self.feed.stale_findings(now, nodes) if self.feed.seen else [])
+            + self.gone.findings()
+            + self.claims.findings(self.via)
         )
 
 

@@ -121,6 +121,8 @@ class RankTracker:
         self.denials: dict[tuple[str, int], int] = {}  # (call_events.deny_unended)
         # calls whose start line nothing of the process has borne out yet (call_events.bear)
         self.unborne: set[tuple[str, int]] = set()
+        # ... of another node's rank: calls its summary named, no later write bore out (row_claims)
+        self.claimed: set[tuple[str, int]] = set()
         self.reports_calls = False  # its heartbeats say which call it is in
         self.recent: deque[CollectiveView] = deque(maxlen=RECENT_COLLECTIVES)
         # The same, when a row of its node made this record (rank_rows): its node's ranks
@@ -365,8 +367,9 @@ class RankTracker:
         """The oldest collective still open (the one the rank waits in); `borne`: of those its
         process has borne out (call_events.bear), as a live rank's view shows them."""
         opens = self.opens
-        if borne and self.unborne:
-            opens = {key: call for key, call in opens.items() if key not in self.unborne}
+        if borne and (self.unborne or self.claimed):
+            held = self.unborne | self.claimed
+            opens = {k: c for k, c in opens.items() if k not in held}
         if not opens:
             return None
         if len(opens) == 1:
@@ -392,9 +395,8 @@ class RankTracker:
         """Its latest calls that its process has borne out (call_events.bear): a start line
         alone, with nothing of the process after it, may be another process's."""
         calls = self.latest_calls()
-        if not self.unborne:
-            return calls
-        return tuple(c for c in calls if (c.group, c.seq) not in self.unborne)
+        held = self.unborne | self.claimed if self.unborne or self.claimed else None
+        return tuple(c for c in calls if (c.group, c.seq) not in held) if held else calls
 
     def latest_calls(self) -> tuple[CollectiveView, ...]:
         """Its latest calls, oldest first (what RankView.recent_collectives holds)."""

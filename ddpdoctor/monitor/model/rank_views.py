@@ -131,7 +131,7 @@ class RankViews:
         finished = state in _FINISHED
         # a live rank's calls as its process bore them out (call_events.bear); what a rank
         # that ended left stands as it is
-        borne = live and not finished and bool(tracker.unborne)
+        borne = live and not finished and bool(tracker.unborne or tracker.claimed)
         collective = tracker.current_collective(borne=borne)
         if collective is None and finished and tracker.failed_collective is not None:
             collective = tracker.failed_collective  # what it waited in when it failed
@@ -178,7 +178,7 @@ class RankViews:
             "activity": doing,
             "reports_progress": tracker.progress.reports,
         }
-        if tracker.unborne and not borne:  # ended, or read after the fact: every call
+        if (tracker.unborne or tracker.claimed) and not borne:  # ended, or read later: all
             now_fields["recent_collectives"] = tracker.latest_calls()
         if reported:  # its settled fields were made for this view alone: completed in place
             settled.update(now_fields)

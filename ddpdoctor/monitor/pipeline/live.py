@@ -51,6 +51,7 @@ from ddpdoctor.monitor.pipeline.seen import (
     contradicted_findings,
     doubt_exits,
     look_vouched,
+    undisputed,
     vouch,
 )
 from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
@@ -309,6 +310,7 @@ class Monitor(FollowedRun):
         if live:
             extra.extend(self.merge.findings(now, self.nodes))
         diagnosis = keep_said(diagnose(snap, extra_findings=extra, held=self._held), self._said)
+        diagnosis = undisputed(diagnosis, self.merge)
         primary = diagnosis.primary
         # (replicas that diverged are never confirmed, yet stopped on with --stop-on-divergence)
         if primary is not None and (diagnosis.confirmed or primary.rule == "replicas"):

@@ -19,9 +19,10 @@ from typing import Any
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.liveness import is_local, pid_alive
 from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED, holds_file
+from ddpdoctor.monitor.judge.diagnose import Diagnosis
 from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
 from ddpdoctor.monitor.judge.rules import RuleOutcome
-from ddpdoctor.monitor.model.snapshot import Snapshot
+from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
 from ddpdoctor.rank_ranges import named_ranks
 
 # A rank of another host is refused when its node's launcher has not counted it among its ranks
@@ -280,3 +281,17 @@ def launcher_pids(monitor: Any) -> set[int]:
         local = isinstance(host, str) and is_local(host, monitor.local_host)
         pid = monitor._launcher_pid = found if type(found) is int and local else 0
     return {p for p in (*pids, pid) if isinstance(p, int) and p > 0}
+
+
+def undisputed(diagnosis: Diagnosis, merge: Any) -> Diagnosis:
+    """A verdict that rests on a disputed node's rows is told, never acted on: a mismatch (the
+    calls another node's rows name may be a rewritten summary's), or culprits that ranks of such
+    a node are (ddpdoctor.monitor.follow.row_claims). The final verdict reads every rank's own
+    events, rows of no node."""
+    disputed = merge.claims.disputed
+    if not diagnosis.confirmed or not disputed:
+        return diagnosis
+    ranks = {rank for rank, node in merge.via.items() if node in disputed}
+    if ranks and (diagnosis.verdict is Verdict.MISMATCH or diagnosis.culprits & ranks):
+        return replace(diagnosis, confirmed=False)
+    return diagnosis

@@ -76,7 +76,11 @@ def test_node_0_follows_node_1_through_its_summary_and_finds_the_hang(tmp_path):
     assert tail_offset(lead, 1) == paused_at
     # node 1's rank stopped progressing: node 1 pulled node 0's summary, and sees the same
     assert follower.merge.active and follower.merge.via == {0: 0}
-    seen_by_follower = follower.poll()
+    # (the call rank 0 is in counts once node 0's next summary bears it out: row_claims)
+    for _ in range(8):  # (+ node 0's two summaries after the verdict: node_coverage)
+        wait(w, clock, seq + 1, fault_t, 0.5)
+        lead.poll()
+        seen_by_follower = follower.poll()
     assert seen_by_follower.verdict is Verdict.HANG and seen_by_follower.culprits == {1}
     assert not [f for f in snap.findings if f.id == "node.stale"]
     # node 1's launcher stops publishing: its rank is read from its file again, then named

@@ -82,6 +82,11 @@ def test_a_routine_rank_comes_as_a_row_and_reads_as_its_events(tmp_path):
     assert summary is not None and summary.ranks == () and summary.row_ranks() == [1]
     snap = lead.poll()
     assert lead.merge.rowed == {1} and lead.merge.feed.seen[1].ranks == (1,)
+    # the calls its node's previous write named count; those first named by this one, once a
+    # later write bears them out (row_claims)
+    assert [c.seq for c in snap.ranks[1].recent_collectives] == [1, 2, 3, 4]
+    publish(_follower, clock)
+    snap = lead.poll()
     mine, truth = snap.ranks[1], from_files(run, clock.t).ranks[1]
     assert mine.step == seq == 7
     assert {k: getattr(mine, k) for k in COMPARED} == {k: getattr(truth, k) for k in COMPARED}
@@ -183,7 +188,10 @@ def test_calls_that_differ_across_nodes_are_a_mismatch_through_the_rows(tmp_path
     w.ev(1, "heartbeat", cpu_s=10.0)
     publish(follower, clock)
     assert read_node_summary(run, 1).row_ranks() == [1]  # type: ignore[union-attr]
-    assert lead.poll().verdict is Verdict.RUNNING  # until node 1 covers the time
+    assert lead.poll().verdict is Verdict.RUNNING  # node 1's word alone: not compared yet
+    publish(follower, clock)
+    # its next write bears the call out (row_claims): compared, held until node 1 covers the time
+    assert lead.poll().verdict is Verdict.RUNNING
     publish(follower, clock)
     publish(follower, clock)
     snap = lead.poll()

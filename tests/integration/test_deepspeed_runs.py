@@ -11,9 +11,7 @@ rank 1's training all-gathers of the same size, and that is reported with both l
 step it happened at, before the job ends.
 
 DeepSpeed on CPU loads a shared-memory op it compiles once into ~/.cache/torch_extensions; the
-fixture builds it first (minutes, once per machine) with the interpreter every job uses: the op
-is rebuilt whenever DeepSpeed is imported from another path (a venv reached through a symlink),
-and the `deepspeed` launcher starts its ranks with its own interpreter's path.
+fixture builds it first, in the jobs' own environment (tests/deepspeed_env.py says why).
 """
 
 from __future__ import annotations
@@ -22,16 +20,15 @@ import functools
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.deepspeed_env import PYTHON, VENV_BIN, build_shared_memory_op, deepspeed_env
 from tests.procs import (
     REPO,
     JsonRun,
     assert_healthy_unless_aborted_at_exit,
-    clean_env,
     exited_cleanly_then_aborted,
     free_port,
     job_processes,
@@ -43,31 +40,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 CORPUS = REPO / "tests" / "corpus" / "deepspeed"
 MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
-# the venv's own path, not a symlink to it: the path the `deepspeed` launcher's ranks import from
-VENV_BIN = Path(sys.prefix).resolve() / "bin"
-PYTHON = str(VENV_BIN / "python")
 PARALLEL = 2
 RUN_TIMEOUT_S = 420
-BUILD_TIMEOUT_S = 1800
 HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 PAIRED = {job["name"]: job for job in MANIFEST["paired_by_chance"]}
-
-
-def _env() -> dict[str, str]:
-    return clean_env({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
-
-
-def _build_shared_memory_op() -> None:
-    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
-    try:
-        done = subprocess.run(
-            [PYTHON, "-c", code], env=_env(), capture_output=True, text=True,
-            timeout=BUILD_TIMEOUT_S, start_new_session=True,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"DeepSpeed's CPU op did not build within {BUILD_TIMEOUT_S} s")
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _start(job: dict, base: Path) -> subprocess.Popen:
@@ -86,7 +63,7 @@ def _start(job: dict, base: Path) -> subprocess.Popen:
         cmd,
         stdout=open(work / "stdout", "w"),
         stderr=open(work / "stderr", "w"),
-        env=_env(),
+        env=deepspeed_env(),
         cwd=work,
         start_new_session=True,
     )
@@ -94,7 +71,7 @@ def _start(job: dict, base: Path) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, JsonRun]:
-    _build_shared_memory_op()
+    build_shared_memory_op()
     base = tmp_path_factory.mktemp("deepspeed")
     jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"], *MANIFEST["paired_by_chance"]]
     starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}

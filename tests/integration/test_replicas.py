@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deepspeed_env import build_shared_memory_op, deepspeed_env
 from tests.procs import (
     REPO,
     JsonRun,
@@ -251,7 +252,8 @@ def deepspeed_zero(tmp_path_factory) -> dict[str, JsonRun]:
     alone at step 13, and the same job without the restore."""
     pytest.importorskip("deepspeed")
     base = tmp_path_factory.mktemp("replicas_deepspeed")
-    env = {"DS_ACCELERATOR": "cpu"}
+    build_shared_memory_op()  # once, in the jobs' environment (tests/deepspeed_env.py)
+    env = {"PATH": deepspeed_env()["PATH"], "DS_ACCELERATOR": "cpu"}
     starts = {
         "ds-reload": functools.partial(_start, DS_RELOAD, base, name="ds-reload", env=env),
         "ds-healthy": functools.partial(

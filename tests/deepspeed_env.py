@@ -1,0 +1,44 @@
+"""DeepSpeed on CPU for the tests: the jobs' environment and its CPU op, built once.
+
+DeepSpeed on CPU (`DS_ACCELERATOR=cpu`) loads a shared-memory op it compiles into
+~/.cache/torch_extensions with the first `ninja` on PATH. The system's ninja (1.11) and the
+venv's (1.13) discard each other's build log, so an op built by one is rebuilt by the other:
+minutes in every job on a loaded machine. Every DeepSpeed job of the suite therefore runs with
+the venv's `bin` first on PATH, and the op is built once, with that environment, before the
+first job (minutes the first time on a machine, then a no-op). The venv's own path, not a
+symlink to it: the `deepspeed` launcher starts its ranks with its interpreter's path, and the op
+is rebuilt whenever DeepSpeed is imported from another path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.procs import clean_env
+
+VENV_BIN = Path(sys.prefix).resolve() / "bin"
+PYTHON = str(VENV_BIN / "python")
+BUILD_TIMEOUT_S = 1800
+
+
+def deepspeed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = clean_env({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(extra or {})})
+    env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
+    return env
+
+
+def build_shared_memory_op() -> None:
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    try:
+        done = subprocess.run(
+            [PYTHON, "-c", code], env=deepspeed_env(), capture_output=True, text=True,
+            timeout=BUILD_TIMEOUT_S, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"DeepSpeed's CPU op did not build within {BUILD_TIMEOUT_S} s")
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -197,6 +197,8 @@ def main() -> int:
     faulty = chosen(false_alarms.faulty_jobs()) if args.set != "healthy" else []
     if not healthy and not faulty:
         parser.error("no job matches --only " + " ".join(args.only))
+    if not false_alarms.build_deepspeed_op([*healthy, *faulty]):
+        return 1
     ok = True
     hang_medians: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-alarm-rates-") as tmp:

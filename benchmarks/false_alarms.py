@@ -98,6 +98,32 @@ def _env(job: Job | None = None) -> dict[str, str]:
     return env
 
 
+def build_deepspeed_op(jobs: Sequence[Job], timeout_s: float = 1800.0) -> bool:
+    """DeepSpeed on CPU compiles a shared-memory op into $TORCH_EXTENSIONS_DIR (default
+    ~/.cache/torch_extensions) the first time a rank imports it: minutes on a loaded machine that
+    would count as a job's time, and two jobs' ranks would wait on each other's build. Built here
+    once, before the first DeepSpeed job, with the environment the jobs get; True when none is
+    needed or it built."""
+    needed = [job for job in jobs if ("DS_ACCELERATOR", "cpu") in job.env]
+    if not needed:
+        return True
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=_env(needed[0]), capture_output=True, text=True,
+            timeout=timeout_s, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        print(f"DeepSpeed's CPU op: not built within {timeout_s:.0f} s", flush=True)
+        return False
+    if done.returncode != 0:
+        print(f"DeepSpeed's CPU op: failed to build\n{done.stderr[-2000:]}", flush=True)
+        return False
+    print(f"DeepSpeed's CPU op: ready after {time.monotonic() - started:.0f} s", flush=True)
+    return True
+
+
 def _start(job: Job, work: Path) -> subprocess.Popen:
     work.mkdir(parents=True)
     cmd = [
@@ -253,6 +279,8 @@ def main() -> int:
     faulty = chosen(faulty_jobs()) if args.set in ("faulty", "both") else []
     if not healthy and not faulty:
         parser.error("no job matches --only " + " ".join(args.only))
+    if not build_deepspeed_op([*healthy, *faulty]):
+        return 1
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-false-alarms-") as tmp:
         print(f"healthy set: {len(healthy)} jobs, faulty set: {len(faulty)} jobs, x{args.runs}")
         h = run_all(healthy, args.runs, args.parallel, Path(tmp) / "healthy")

@@ -110,3 +110,15 @@ def test_every_replica_script_is_a_job_with_the_expectations_of_its_integration_
 def test_only_picks_a_new_corpus_by_its_prefix_and_nothing_else(prefix):
     picked = [n for n in EVERY if prefix in n]
     assert picked and all(n.startswith(prefix) for n in picked), picked
+
+
+def test_deepspeed_op_is_built_only_when_a_deepspeed_job_is_chosen(monkeypatch):
+    def no_build(*args, **kwargs):
+        raise AssertionError("built without a DeepSpeed job")
+
+    monkeypatch.setattr(bench.subprocess, "run", no_build)
+    assert bench.build_deepspeed_op(
+        [HEALTHY["replica-seeds"], FAULTY["mismatch-fsdp2-unit-run-on-rank0"]]
+    )
+    with pytest.raises(AssertionError, match="built without"):
+        bench.build_deepspeed_op([HEALTHY["replica-deepspeed-zero2"]])

@@ -4,9 +4,11 @@ fault class, on a quiet and on a loaded machine, beside what a user has without 
     python benchmarks/alarm_rates.py [--runs 1] [--parallel 2] [--load 0,2] [--only NAME]...
                                      [--watchdog] [--set healthy|faulty|both]
 
-The jobs are false_alarms.py's (the whole corpus: the run corpus, the frameworks, FSDP2, Ray,
-recoveries, pipelines and DeepSpeed where present, the broken samples and the reference job's
-injected faults), run the same way (`ddpdoctor run --no-tui --no-doctor --json`, torchrun, gloo, the
+The jobs are corpus_jobs.py's, as false_alarms.py runs them (the whole corpus: the run corpus,
+the frameworks, FSDP2, pipelines, Ray, DeepSpeed, the mismatch corpus, the replica corpus (any
+`replicas.*` finding on a healthy job is a false alarm), recoveries and torchft, the broken samples
+and the reference job's injected faults; `--only ds- --only mismatch- --only replica-` picks
+corpora by their names' prefix), run the same way (`ddpdoctor run --no-tui --no-doctor --json`, torchrun, gloo, the
 adaptive hang threshold). `--load` lists machine loads to run the sets under, one pass each:
 0 is the machine as it is; N starts N processes that spin on a core for the whole pass (killed at
 its end), so the ranks, the watcher and the heartbeats all compete for the CPU.
@@ -195,6 +197,8 @@ def main() -> int:
     faulty = chosen(false_alarms.faulty_jobs()) if args.set != "healthy" else []
     if not healthy and not faulty:
         parser.error("no job matches --only " + " ".join(args.only))
+    if not false_alarms.build_deepspeed_op([*healthy, *faulty]):
+        return 1
     ok = True
     hang_medians: list[float] = []
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-alarm-rates-") as tmp:

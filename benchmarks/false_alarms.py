@@ -1,29 +1,17 @@
 """False alarms on healthy jobs against detection on faulty ones, side by side.
 
-Runs real jobs (`ddpdoctor run --no-tui --no-doctor --nproc 2 --json`, torchrun, gloo, the default
-adaptive hang threshold) and reads each one's final JSON document:
+Runs real jobs (`ddpdoctor run --no-tui --no-doctor --json`, torchrun or the job's own launcher,
+gloo, the default adaptive hang threshold) and reads each one's final JSON document. The jobs are
+corpus_jobs.py's: every corpus of tests/corpus (run, frameworks, FSDP, pipelines, Ray, DeepSpeed,
+mismatch, replicas, recoveries, torchft), sample_jobs' broken scripts and the reference job with
+injected faults, in a healthy and a faulty set.
 
-    healthy set: the run corpus's healthy jobs (tests/corpus/run/corpus.json: pytorch/examples' DDP
-                 scripts adapted to the CPU, and tutorial recipes where rank 0 downloads, evaluates
-                 or checkpoints while the others wait) and the framework corpus's
-                 (tests/corpus/frameworks/corpus.json: Lightning, accelerate, the HF Trainer, run as
-                 `ddpdoctor run ... -- COMMAND`), the FSDP corpus's (tests/corpus/fsdp/corpus.json:
-                 FSDP2 on 1-D and 2x2 HSDP meshes, TP+DP on a 2x2 mesh, DDP accumulation), the
-                 pipeline corpus's (tests/corpus/pipelines/corpus.json: pipelining GPipe / 1F1B
-                 and a send/recv pipeline written by hand) and the
-                 Ray corpus's (tests/corpus/ray/corpus.json: Ray Train's TorchTrainer and actors
-                 that join a process group, each on a local cluster its `ray.init()` starts). A
-                 false alarm is a hang / mismatch / crash verdict, a finding of severity warning or
-                 error, a stopped job or a non-zero exit. The torchft corpus's (tests/corpus/torchft/
-                 corpus.json: a lighthouse and two replica groups, healthy, and with a replica
-                 killed once that heals) and the recovery corpus's jobs
-                 (tests/corpus/recover/corpus.json: torchrun --max-restarts, a rank failing once)
-                 recover: for them a warning is expected (run.recovered), an error finding, a
-                 problem verdict, a stop or a non-zero exit is a false alarm.
-    faulty set:  the run corpus's faulty jobs, the framework corpus's, the Ray corpus's and the
-                 torchft corpus's planted faults, sample_jobs' broken scripts, the FSDP corpus's planted SPMD breaks, and
-                 the reference job with `--inject hang|crash|mismatch|exit` on
-                 rank 1. Detection latency is the monitor's `detected_after_s` (problem start ->
+    healthy set: a false alarm is a hang / mismatch / crash verdict, a finding of severity
+                 warning or error (any `replicas.*` divergence included) that the job does not
+                 expect, a stopped job or a non-zero exit. Jobs that recover (torchrun
+                 --max-restarts, a torchft replica killed once) expect a warning: for them an
+                 error finding, a problem verdict, a stop or a non-zero exit is a false alarm.
+    faulty set:  detection latency is the monitor's `detected_after_s` (problem start ->
                  verdict); a detection is right when the verdict and the culprit ranks are the
                  expected ones.
 
@@ -35,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,40 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO / "tests" / "corpus" / "run"
-FRAMEWORKS = REPO / "tests" / "corpus" / "frameworks"
-FSDP = REPO / "tests" / "corpus" / "fsdp"
-RAY = REPO / "tests" / "corpus" / "ray"
-PIPELINES = REPO / "tests" / "corpus" / "pipelines"
-RECOVER = REPO / "tests" / "corpus" / "recover"
-TORCHFT = REPO / "tests" / "corpus" / "torchft"
-SAMPLES = REPO / "sample_jobs"
-RUN_TIMEOUT_S = 240.0
-RAY_TIMEOUT_S = 600.0  # a local Ray cluster takes minutes to start on a loaded 2-core machine
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpus_jobs import RUN_TIMEOUT_S, Job, faulty_jobs, healthy_jobs
+
+__all__ = ["RUN_TIMEOUT_S", "Job", "Outcome", "faulty_jobs", "healthy_jobs", "run_all", "summary"]
+
 ALARM_VERDICTS = {"hang", "mismatch", "crash"}
 TEARDOWN_ABORT = "terminate called without an active exception"  # what torch's abort prints
-REFERENCE = ("--steps", "8")
-
-
-@dataclass(frozen=True)
-class Job:
-    name: str
-    args: tuple[
-        str, ...
-    ]  # after `ddpdoctor run ... --json`: a script after `--`, or reference flags
-    verdicts: frozenset[str] = frozenset({"healthy"})  # the right verdicts
-    culprits: tuple[int, ...] = ()
-    # every rank fails alike (GPU code on a CPU machine): naming the first one torchrun saw is right
-    culprits_any: bool = False
-    # before `--json`: torchrun's size for a script; a COMMAND (the framework corpus) starts its
-    # own processes
-    flags: tuple[str, ...] = ("--nproc", "2", "--backend", "gloo")
-    timeout_s: float = RUN_TIMEOUT_S
-    recovers: bool = False  # fails once and is restarted by its launcher: warnings expected
-    # warnings that are the right answer for a job that recovers (a replica that died and
-    # healed is named at warning severity): not an alarm
-    expected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -125,169 +86,7 @@ class Outcome:
         return self.culprits == self.job.culprits
 
 
-def framework_command(words: Sequence[str], folder: Path = FRAMEWORKS) -> tuple[str, ...]:
-    """A framework corpus command: its script made absolute, `python` / `torchrun` /
-    `accelerate` taken from this interpreter's environment."""
-    words = [str(folder / w) if (folder / w).is_file() else w for w in words]
-    if words[0] == "python":
-        return (sys.executable, *words[1:])
-    tool = Path(sys.executable).parent / words[0]
-    return (str(tool) if tool.exists() else words[0], *words[1:])
-
-
-def framework_jobs(kind: str) -> list[Job]:
-    manifest = json.loads((FRAMEWORKS / "corpus.json").read_text())
-    return [
-        Job(
-            f"fw-{j['name']}",
-            ("--", *framework_command(j["command"])),
-            frozenset({j.get("verdict", "healthy")}),
-            tuple(j.get("culprits", ())),
-            culprits_any=bool(j.get("culprits_any")),
-            flags=(),
-        )
-        for j in manifest[kind]
-    ]
-
-
-def fsdp_jobs(kind: str, corpus: Path = FSDP, prefix: str = "fsdp") -> list[Job]:
-    """The FSDP corpus (FSDP2, HSDP and TP+DP meshes, DDP accumulation), each at its own size;
-    or another corpus of scripts in the same form (the pipeline corpus)."""
-    manifest = json.loads((corpus / "corpus.json").read_text())
-    return [
-        Job(
-            f"{prefix}-{j['name']}",
-            ("--", str(corpus / j["script"]), *j["args"]),
-            frozenset({j.get("verdict", "healthy")}),
-            tuple(j.get("culprits", ())),
-            flags=("--nproc", str(j["nproc"]), "--backend", "gloo"),
-        )
-        for j in manifest[kind]
-    ]
-
-
-def ray_jobs(kind: str) -> list[Job]:
-    """The Ray corpus (tests/corpus/ray/corpus.json): TorchTrainer and actor jobs, each on a
-    local cluster its `ray.init()` starts."""
-    manifest = json.loads((RAY / "corpus.json").read_text())
-    return [
-        Job(
-            j["name"],
-            ("--", sys.executable, str(RAY / j["command"][1]), *j["command"][2:]),
-            frozenset({j.get("verdict", "healthy")}),
-            tuple(j.get("culprits", ())),
-            flags=(),
-            timeout_s=RAY_TIMEOUT_S,
-        )
-        for j in manifest[kind]
-    ]
-
-
-def recover_jobs(kind: str) -> list[Job]:
-    """The recovery corpus (tests/corpus/recover/corpus.json): a user's torchrun with
-    --max-restarts and a c10d rendezvous on a free port."""
-    manifest = json.loads((RECOVER / "corpus.json").read_text())
-    jobs = []
-    for j in manifest[kind]:
-        port = str(_free_port())
-        words = [w.replace("{port}", port) for w in j["command"]]
-        jobs.append(
-            Job(
-                f"recover-{j['name']}",
-                ("--", *framework_command(words, RECOVER)),
-                frozenset({j.get("verdict", "healthy")}),
-                tuple(j.get("culprits", ())),
-                flags=(),
-                # several attempts, each importing torch again (Ray: starting a cluster too)
-                timeout_s=RAY_TIMEOUT_S if j.get("ray") else 2 * RUN_TIMEOUT_S,
-                recovers=bool(j.get("recovers")),
-            )
-        )
-    return jobs
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def torchft_jobs(kind: str) -> list[Job]:
-    """The torchft corpus (tests/corpus/torchft/corpus.json): a lighthouse and two replica
-    groups, each its own torchrun, started by one driver; "recovering": a replica killed once
-    that heals (healthy, its death a warning)."""
-    manifest = json.loads((TORCHFT / "corpus.json").read_text())
-    return [
-        Job(
-            j["name"],
-            # the driver's path made absolute; the script it starts is its own argument
-            ("--", j["command"][0], str(TORCHFT / j["command"][1]), *j["command"][2:]),
-            frozenset({j.get("verdict", "healthy")}),
-            tuple(j.get("culprits", ())),
-            flags=(),
-            timeout_s=RAY_TIMEOUT_S,
-            expected=frozenset(j.get("warnings", ())),
-        )
-        for j in manifest[kind]
-    ]
-
-
-def healthy_jobs() -> list[Job]:
-    manifest = json.loads((CORPUS / "corpus.json").read_text())
-    return (
-        [Job(j["name"], ("--", str(CORPUS / j["script"]), *j["args"])) for j in manifest["healthy"]]
-        + framework_jobs("healthy")
-        + fsdp_jobs("healthy")
-        + fsdp_jobs("healthy", PIPELINES, "pp")
-        + ray_jobs("healthy")
-        + recover_jobs("healthy")
-        + torchft_jobs("healthy")
-        + torchft_jobs("recovering")
-    )
-
-
-def faulty_jobs() -> list[Job]:
-    manifest = json.loads((CORPUS / "corpus.json").read_text())
-    jobs = [
-        Job(
-            j["name"],
-            ("--", str(CORPUS / j["script"]), *j["args"]),
-            frozenset({j["verdict"]}),
-            tuple(j["culprits"]),
-        )
-        for j in manifest["faulty"]
-    ]
-    jobs += framework_jobs("faulty")
-    jobs += fsdp_jobs("faulty")
-    jobs += fsdp_jobs("faulty", PIPELINES, "pp")
-    jobs += ray_jobs("faulty")
-    jobs += recover_jobs("faulty")
-    jobs += torchft_jobs("faulty")
-    samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects
-        ("rank0_only_barrier", {"mismatch"}, (0,)),
-        ("uneven_data", {"mismatch", "hang"}, (1,)),
-        ("stuck_dataloader", {"hang"}, (1,)),
-        ("exception_on_one_rank", {"crash"}, (1,)),
-        ("allreduce_size_mismatch", {"mismatch"}, (0,)),
-    ]
-    jobs += [
-        Job(f"sample-{name}", ("--", str(SAMPLES / f"{name}.py")), frozenset(verdicts), culprits)
-        for name, verdicts, culprits in samples
-    ]
-    injected = [("hang", "hang"), ("crash", "crash"), ("mismatch", "mismatch"), ("exit", "crash")]
-    jobs += [
-        Job(
-            f"inject-{kind}",
-            (*REFERENCE, "--inject", f"{kind}:rank=1,step=4"),
-            frozenset({verdict}),
-            (1,),
-        )
-        for kind, verdict in injected
-    ]
-    return jobs
-
-
-def _env() -> dict[str, str]:
+def _env(job: Job | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPDOCTOR_", "NCCL_"))}
     env.pop("RAY_ADDRESS", None)  # the Ray jobs start a local cluster of their own
     # ... whose raylet may take longer than Ray's 60 s to register on a loaded machine
@@ -295,7 +94,34 @@ def _env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(job.env if job else ())
     return env
+
+
+def build_deepspeed_op(jobs: Sequence[Job], timeout_s: float = 1800.0) -> bool:
+    """DeepSpeed on CPU compiles a shared-memory op into $TORCH_EXTENSIONS_DIR (default
+    ~/.cache/torch_extensions) the first time a rank imports it: minutes on a loaded machine that
+    would count as a job's time, and two jobs' ranks would wait on each other's build. Built here
+    once, before the first DeepSpeed job, with the environment the jobs get; True when none is
+    needed or it built."""
+    needed = [job for job in jobs if ("DS_ACCELERATOR", "cpu") in job.env]
+    if not needed:
+        return True
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=_env(needed[0]), capture_output=True, text=True,
+            timeout=timeout_s, start_new_session=True,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        print(f"DeepSpeed's CPU op: not built within {timeout_s:.0f} s", flush=True)
+        return False
+    if done.returncode != 0:
+        print(f"DeepSpeed's CPU op: failed to build\n{done.stderr[-2000:]}", flush=True)
+        return False
+    print(f"DeepSpeed's CPU op: ready after {time.monotonic() - started:.0f} s", flush=True)
+    return True
 
 
 def _start(job: Job, work: Path) -> subprocess.Popen:
@@ -306,7 +132,7 @@ def _start(job: Job, work: Path) -> subprocess.Popen:
     ]  # fmt: skip
     with open(work / "stdout", "w") as out, open(work / "stderr", "w") as err:
         return subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=_env(), cwd=work, start_new_session=True
+            cmd, stdout=out, stderr=err, env=_env(job), cwd=work, start_new_session=True
         )
 
 
@@ -453,6 +279,8 @@ def main() -> int:
     faulty = chosen(faulty_jobs()) if args.set in ("faulty", "both") else []
     if not healthy and not faulty:
         parser.error("no job matches --only " + " ".join(args.only))
+    if not build_deepspeed_op([*healthy, *faulty]):
+        return 1
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-false-alarms-") as tmp:
         print(f"healthy set: {len(healthy)} jobs, faulty set: {len(faulty)} jobs, x{args.runs}")
         h = run_all(healthy, args.runs, args.parallel, Path(tmp) / "healthy")

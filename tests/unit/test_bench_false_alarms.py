@@ -121,7 +121,7 @@ def test_the_torchft_corpus_recovering_jobs_are_healthy_with_their_warning_expec
     assert recovering.verdicts == {"healthy"} and recovering.flags == ()
     assert recovering.args[1:] == (
         "python",
-        str(bench.TORCHFT / "launch.py"),
+        str(sys.modules["corpus_jobs"].TORCHFT / "launch.py"),
         "train_manual.py",
         "sigkill",
     )

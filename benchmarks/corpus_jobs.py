@@ -160,6 +160,8 @@ def recover_jobs(kind: str) -> list[Job]:
                 # several attempts, each importing torch again (Ray: starting a cluster too)
                 timeout_s=RAY_TIMEOUT_S if j.get("ray") else 2 * RUN_TIMEOUT_S,
                 recovers=bool(j.get("recovers")),
+                # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a store per attempt (docs/recovery.md)
+                env=tuple(sorted((j.get("env") or {}).items())),
             )
         )
     return jobs

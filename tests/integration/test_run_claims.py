@@ -137,17 +137,16 @@ def test_a_forged_network_look_on_one_node_is_not_read(tmp_path):
     assert "carries nothing" not in done.stdout + done.stderr
 
 
-def test_forged_gone_and_network_look_stop_neither_node(tmp_path):
-    """Two `ddpdoctor run --nnodes 2` launchers on this host: rank 0 rewrites the summary of
-    rank 1's node with `"gone": [1]` all along, and writes its own node's network.json during
-    a 40 s stall of every rank."""
+def _two_nodes(tmp_path: Path, forger_args: list[str]) -> tuple[Path, list, str]:
+    """Two `ddpdoctor run --nnodes 2` launchers on this host, one rank each, running the forger
+    with `forger_args`: (the run directory, each node's (exit code, stdout, stderr), context)."""
     run_dir = tmp_path / "run"
     env = clean_env({"DDPDOCTOR_CACHE_DIR": str(tmp_path / "cache")})
     common = [
         "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), "--nproc", "1",
     ]  # fmt: skip
-    job = ["--", str(FORGER), "--forge", "gone,network", "--seconds", "12", "--stall", "40"]
+    job = ["--", str(FORGER), *forger_args]
     cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node), *job) for node in (0, 1)]
     ended = []
     with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
@@ -157,8 +156,18 @@ def test_forged_gone_and_network_look_stop_neither_node(tmp_path):
             except subprocess.TimeoutExpired:
                 out, err = "", "still running"
             ended.append((proc.returncode, out, err))
-    explain = "\n".join(f"--- node {i}\n{o[-2500:]}\n{e[-1500:]}" for i, (_, o, e) in
+    explain = "\n".join(f"--- node {i}\n{o[-3000:]}\n{e[-1500:]}" for i, (_, o, e) in
                         enumerate(ended))  # fmt: skip
+    return run_dir, ended, explain
+
+
+def test_forged_gone_and_network_look_stop_neither_node(tmp_path):
+    """Two `ddpdoctor run --nnodes 2` launchers on this host: rank 0 rewrites the summary of
+    rank 1's node with `"gone": [1]` all along, and writes its own node's network.json during
+    a 40 s stall of every rank."""
+    run_dir, ended, explain = _two_nodes(
+        tmp_path, ["--forge", "gone,network", "--seconds", "12", "--stall", "40"]
+    )
     assert [code for code, _, _ in ended] == [0, 0], explain
     for _, out, _ in ended:
         assert "verdict: healthy (exit code 0)" in out, explain
@@ -175,25 +184,9 @@ def test_forged_calls_errors_and_another_nodes_look_stop_neither_node(tmp_path):
     and a fatal error to rank 1's events (rank 1 runs under node 1's launcher), and writes node
     1's network.json, plausible (node 1's number and host, a silent link from rank 1 to this
     host, a probe of it that timed out), during a 40 s stall of every rank."""
-    run_dir = tmp_path / "run"
-    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(tmp_path / "cache")})
-    common = [
-        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), "--nproc", "1",
-    ]  # fmt: skip
-    job = ["--", str(FORGER), "--forge", "collective,error,peernet", "--seconds", "12",
-           "--stall", "40"]  # fmt: skip
-    cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node), *job) for node in (0, 1)]
-    ended = []
-    with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
-        for proc in (first, second):
-            try:
-                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                out, err = "", "still running"
-            ended.append((proc.returncode, out, err))
-    explain = "\n".join(f"--- node {i}\n{o[-3000:]}\n{e[-1500:]}" for i, (_, o, e) in
-                        enumerate(ended))  # fmt: skip
+    run_dir, ended, explain = _two_nodes(
+        tmp_path, ["--forge", "collective,error,peernet", "--seconds", "12", "--stall", "40"]
+    )
     assert (run_dir / "forged-peernet.json").exists(), "the forger never wrote node 1's look"
     assert [code for code, _, _ in ended] == [0, 0], explain
     for _, out, _ in ended:
@@ -215,24 +208,7 @@ def test_a_rewritten_node_summary_stops_neither_node(tmp_path, style):
     [7, 3] at the number of its next all_reduce: once, just after the launcher wrote it, or
     for 8 s (each launcher's write at once, and its own every 0.3 s). Before, the loop got a
     mismatch across the nodes, and both stopped."""
-    run_dir = tmp_path / "run"
-    env = clean_env({"DDPDOCTOR_CACHE_DIR": str(tmp_path / "cache")})
-    common = [
-        "run", "--no-tui", "--no-doctor", "--nnodes", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), "--nproc", "1",
-    ]  # fmt: skip
-    job = ["--", str(FORGER), "--forge", style, "--seconds", "12"]
-    cmds = [ddpdoctor_cmd(*common, "--node-rank", str(node), *job) for node in (0, 1)]
-    ended = []
-    with background(cmds[0], env=env) as first, background(cmds[1], env=env) as second:
-        for proc in (first, second):
-            try:
-                out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                out, err = "", "still running"
-            ended.append((proc.returncode, out, err))
-    explain = "\n".join(f"--- node {i}\n{o[-3000:]}\n{e[-1500:]}" for i, (_, o, e) in
-                        enumerate(ended))  # fmt: skip
+    run_dir, ended, explain = _two_nodes(tmp_path, ["--forge", style, "--seconds", "12"])
     forged = json.loads((run_dir / "forged-rows.json").read_text())
     assert forged["writes"] >= (1 if style == "rows" else 5), forged
     assert [code for code, _, _ in ended] == [0, 0], explain

@@ -13,6 +13,11 @@ without the step they happened at). `DeepSpeedEngine.forward` is wrapped:
 - under `no_grad` / `inference_mode`, an evaluation: phase "eval" (ddpdoctor's own guess, as for
   an FSDP model), and the step in progress is not continued by it.
 
+DeepSpeed's pipeline engine runs a whole batch in `train_batch()` (`eval_batch()`): its micro-batch
+forwards are never at a gradient accumulation boundary, so the batch itself is the step. Both are
+wrapped: `train_batch` opens a synced, trained step (closed by the next one, or at exit), and
+`eval_batch` is an evaluation; the engine forwards inside them add nothing.
+
 At a synced training forward whose replica digest is due, the engine's replicated parameters
 (ZeRO stage 0-2) are digested (replica_sources.py). Two attribute lookups, a clock read and an
 integer compare per engine forward.
@@ -27,6 +32,8 @@ from ddpdoctor.runtime import core, replica_sources
 from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
+IN_BATCH = "_ddpdoctor_pipe_batch"  # set on a pipeline engine while its batch runs
+
 
 def batch_size_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     first = args[0] if args else next(iter(kwargs.values()), None)
@@ -37,6 +44,8 @@ def batch_size_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
 def on_engine_forward(rt: core.Runtime, engine: Any, args: Any, kwargs: Any) -> None:
     import torch
 
+    if engine.__dict__.get(IN_BATCH):  # a micro-batch of a pipeline batch: the batch is the step
+        return
     if torch.is_grad_enabled():
         training = bool(getattr(engine, "training", True))
         if training and rt.auto_phase and rt.phase != core.AUTO_TRAIN:
@@ -70,12 +79,55 @@ def wrap_engine(runtime: core.Runtime, cls: Any) -> None:
     patch(runtime, cls, "forward", forward, original)
 
 
+def on_pipe_batch(rt: core.Runtime, engine: Any, training: bool) -> None:
+    if not training:
+        if rt.auto_phase and rt.phase != core.AUTO_EVAL:
+            rt.set_phase(core.AUTO_EVAL, auto=True)
+        rt.steps.on_forward(rt.mono_clock(), False, False, None)
+        return
+    if rt.auto_phase and rt.phase != core.AUTO_TRAIN:
+        rt.set_phase(core.AUTO_TRAIN, auto=True)
+    micro, count = getattr(engine, "train_micro_batch_size_per_gpu", None), engine.micro_batches
+    samples = micro() * count if callable(micro) and isinstance(count, int) else None
+    rt.steps.on_forward(rt.mono_clock(), True, True, samples, True)
+
+
+def wrap_pipe_batch(runtime: core.Runtime, cls: Any, name: str, training: bool) -> None:
+    original = vars(cls).get(name)
+    if original is None or hasattr(original, WRAPPED_MARK):
+        return
+
+    @functools.wraps(original)
+    def batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = core._active
+        if rt is None or self.__dict__.get(IN_BATCH):
+            return original(self, *args, **kwargs)
+        try:
+            on_pipe_batch(rt, self, training)
+        except Exception:  # noqa: BLE001 - recording must never break training
+            pass
+        self.__dict__[IN_BATCH] = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.__dict__[IN_BATCH] = False
+
+    patch(runtime, cls, name, batch, original)
+
+
 def install(runtime: core.Runtime) -> None:
-    """Wrap the engine once the script imports DeepSpeed's (now, if it has)."""
+    """Wrap the engines once the script imports DeepSpeed's (now, if it has)."""
 
     def imported(module: Any) -> None:
         cls = getattr(module, "DeepSpeedEngine", None)
         if cls is not None and core.active() is runtime:
             wrap_engine(runtime, cls)
 
+    def pipe_imported(module: Any) -> None:
+        cls = getattr(module, "PipelineEngine", None)
+        if cls is not None and core.active() is runtime:
+            wrap_pipe_batch(runtime, cls, "train_batch", True)
+            wrap_pipe_batch(runtime, cls, "eval_batch", False)
+
     when_imported("deepspeed.runtime.engine", imported)
+    when_imported("deepspeed.runtime.pipe.engine", pipe_imported)

@@ -1,5 +1,6 @@
 """The DeepSpeed corpus (tests/corpus/deepspeed/corpus.json): ZeRO-2 and ZeRO-3 jobs on CPU
-(`DS_ACCELERATOR=cpu`, a plain torch optimizer), two scripts in two styles, run for real under
+(`DS_ACCELERATOR=cpu`, a plain torch optimizer), two scripts in two styles, and a 2-stage
+pipeline-engine job (ds_pipe.py: `PipelineModule`, `train_batch()`), run for real under
 DeepSpeed's own launcher (`ddpdoctor run -- deepspeed --num_gpus 2 SCRIPT`) and under torchrun
 (`ddpdoctor run --nproc 2 -- SCRIPT`).
 

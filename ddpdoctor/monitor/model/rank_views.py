@@ -237,6 +237,7 @@ class RankViews:
             "avg_compute_time_s": compute,
             "avg_comm_wait_s": comm,
             "avg_steps": n,
+            "runq_share": tracker.progress.runq_share(),
             "error_at": tracker.error_at,
             "error_line": tracker.error_line,
             "error_lines": tuple(tracker.error_lines),

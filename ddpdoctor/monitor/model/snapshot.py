@@ -117,11 +117,14 @@ class CollectiveView:
     def signature(self) -> tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]:
         """What must agree across ranks for this call: op, plus shapes and dtypes for the ops whose
         tensors have the same shape on every rank (object collectives, gather/scatter and all_to_all
-        legitimately differ)."""
+        legitimately differ). A shape counts by its layout, without dimensions of size 1: the
+        backend sees a flat buffer, so [] and [1] (a norm reduced as a scalar on one rank, a
+        one-element tensor on another) agree, while [4, 3] and [3, 4] do not."""
         sig = self.__dict__.get("_signature")
         if sig is None:  # computed once per call record; the monitor compares it every poll
             if self.op in SHAPE_AGREEING_OPS:
-                sig = (self.op, self.shapes, self.dtypes)
+                layouts = tuple(tuple(d for d in shape if d != 1) for shape in self.shapes)
+                sig = (self.op, layouts, self.dtypes)
             else:
                 sig = (self.op, (), ())
             object.__setattr__(self, "_signature", sig)
@@ -245,6 +248,7 @@ class RankView:
     avg_compute_time_s: float | None = None
     avg_comm_wait_s: float | None = None
     avg_steps: int = 0  # how many recent steps those means cover
+    runq_share: float | None = None  # recent wall time its main thread waited for a CPU
     error_at: tuple[str, int] | None = None  # (file, line) of its error event
     error_line: str | None = None  # "train.py:17 in main": where in the user's code it raised
     error_lines: tuple[LogLine, ...] = ()  # its latest warn/error log lines (stderr, NCCL)

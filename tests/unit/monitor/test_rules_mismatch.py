@@ -34,6 +34,22 @@ def test_same_op_different_shapes():
     assert "all_reduce #41 of [11] float32" in out.findings[0].summary
 
 
+def test_shapes_that_differ_only_in_dimensions_of_size_1_agree():
+    """DeepSpeed's pipeline engine reduces a gradient norm held as a scalar on one stage and as
+    a one-element tensor on the other: the backend sees one float each, and the job is healthy.
+    A transposed tensor is another layout and still a mismatch."""
+    scalar = [
+        at(0, coll("all_reduce", 41, 1.0, shapes=((),))),
+        at(1, coll("all_reduce", 41, 1.0, shapes=((1,),))),
+    ]
+    assert mismatch.detect(snap(scalar)) is None
+    transposed = [
+        at(0, coll("all_reduce", 41, 1.0, shapes=((4, 3),))),
+        at(1, coll("all_reduce", 41, 1.0, shapes=((3, 4),))),
+    ]
+    assert mismatch.detect(snap(transposed)) is not None
+
+
 def test_same_op_different_dtypes():
     ranks = [
         at(0, coll("all_reduce", 41, 1.0, dtypes=("float32",))),

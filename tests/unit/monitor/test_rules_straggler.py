@@ -74,3 +74,74 @@ def test_one_long_step_of_rank_0_evaluating_does_not_make_it_a_straggler():
         )  # fmt: skip
     data, compute, _comm, n = tracker.own_work_means()
     assert n == 10 and data == 0.0 and compute == 0.002
+
+
+def test_a_host_with_more_runnable_threads_than_cores_makes_no_straggler():
+    """4 ranks on 2 busy cores: every main thread waits for a CPU about half its time, and the
+    scheduler gave rank 0 more of that wait in this window (131 against 80 ms of own work, as
+    measured with two CPU hogs). Without the wait, rank 0's work is the others'."""
+    ranks = [
+        work(0, 0.0, 0.131, 0.01, runq_share=0.5),
+        *(work(r, 0.0, 0.080, 0.06, runq_share=0.3) for r in (1, 2, 3)),
+    ]
+    assert straggler.detect(snap(ranks)) is None
+
+
+def test_a_rank_that_alone_waits_for_a_cpu_is_still_a_straggler():
+    """Another process takes rank 1's cores: only rank 1 queues for a CPU, the others wait for
+    it in the all-reduce. That is a straggler, whatever the cause."""
+    ranks = [
+        work(0, 0.0, 0.08, 0.07, runq_share=0.01),
+        work(1, 0.0, 0.15, 0.0, runq_share=0.45),
+        work(2, 0.0, 0.08, 0.07, runq_share=0.0),
+    ]
+    finding = straggler.detect(snap(ranks)).findings[0]
+    assert finding.ranks == (1,) and "mostly compute" in finding.summary
+
+
+def test_shared_cpu_wait_does_not_hide_a_rank_that_computes_much_more():
+    """Every rank queues for a CPU, but rank 2 does three times the work besides: still a
+    straggler."""
+    ranks = [
+        work(0, 0.0, 0.10, 0.25, runq_share=0.3),
+        work(1, 0.0, 0.10, 0.25, runq_share=0.3),
+        work(2, 0.0, 0.34, 0.01, runq_share=0.3),
+    ]
+    assert straggler.detect(snap(ranks)).findings[0].ranks == (2,)
+
+
+def test_the_run_queue_share_comes_from_the_heartbeats():
+    from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
+
+    track = ProgressTrack()
+    for t in range(6):
+        track.add(ProgressSample(float(t), cpu_s=0.5 * t, runq_s=0.25 * t))
+    assert track.runq_share() == 0.25
+    track.disputed = True  # a stream that is not all its process's says nothing of its queue
+    assert track.runq_share() is None
+
+
+def test_pipeline_stages_are_compared_only_with_their_own_stage():
+    """Stage 0 embeds and stage 1 computes the loss: their work differs by design. Two replicas
+    of each stage; stage 1's rank 3 is slower than its replica rank 1."""
+    from ddpdoctor.monitor.model.pipeline_view import PipelineView
+
+    def stage(rank, s, compute, comm):
+        return work(rank, 0.0, compute, comm, pipeline=PipelineView(stages=(s,)))
+
+    balanced = [stage(0, 0, 0.10, 0.30), stage(2, 0, 0.10, 0.30),
+                stage(1, 1, 0.40, 0.01), stage(3, 1, 0.40, 0.01)]  # fmt: skip
+    assert straggler.detect(snap(balanced)) is None
+    slow = [stage(0, 0, 0.10, 0.35), stage(2, 0, 0.10, 0.35),
+            stage(1, 1, 0.40, 0.25), stage(3, 1, 0.70, 0.01)]  # fmt: skip
+    assert straggler.detect(snap(slow)).findings[0].ranks == (3,)
+
+
+def test_a_rank_that_sends_and_receives_without_a_known_stage_is_compared_with_nobody():
+    from ddpdoctor.monitor.model.snapshot import CollectiveView
+
+    recv = CollectiveView(
+        op="recv", seq=4, group="default", shapes=((8, 64),), dtypes=("float32",), waiting_s=0.0
+    )
+    ranks = [work(0, 0.0, 0.40, 0.01, recent_collectives=(recv,)), work(1, 0.0, 0.25, 0.2)]
+    assert straggler.detect(snap(ranks)) is None

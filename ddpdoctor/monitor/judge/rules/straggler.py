@@ -2,7 +2,15 @@
 
 DDP step times synchronize: every rank waits for the slowest in the gradient all-reduce, so the
 straggler does not show a longer step. It shows as the rank whose own work is largest while the
-others' time waiting inside the all-reduce grows by about the same amount.
+others' time waiting inside the all-reduce grows by about the same amount. The stages of a
+pipeline do different work by design: a pipeline rank is compared only with the ranks of its
+own stage (its data-parallel replicas).
+
+On a host with more runnable threads than cores, every rank's own work includes time its main
+thread was ready but waited for a CPU, and the scheduler spreads that wait unevenly from one
+window to the next. Where the others wait for a CPU about as much as the candidate does (the
+contention is the host's, not this rank's), that wait is taken out of its own work before it is
+called a straggler; a rank that alone waits for a CPU (another process on its cores) still is.
 """
 
 from __future__ import annotations
@@ -12,12 +20,14 @@ import statistics
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
-from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
+from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
 
 MIN_STEPS = 5  # steps averaged before a rank is judged
 RATIO = 1.5  # own work this many times the others' median...
 MIN_EXCESS_S = 0.05  # ...and at least this much more per step (noise at tiny steps)
 COMM_SHARE = 0.5  # the others' comm wait covers at least this share of the excess
+SHARED_RUNQ = 0.5  # the others' run-queue share is at least this much of the candidate's
+MIN_RUNQ = 0.05  # a run-queue share below this explains nothing
 MAX_FINDINGS = 8  # a job with many slow ranks needs the worst few, not a list of hundreds
 
 FIX_DATA = (
@@ -75,6 +85,16 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         view = snap.rank(rank)
         assert view is not None
         others_views = [snap.rank(r) for r in own if r != rank]
+        stage = _stage(view)
+        if stage is not None:  # a pipeline stage: only its own stage's ranks do its work
+            peers = [v for v in others_views if v is not None and _stage(v) == stage]
+            if stage == () or not peers:
+                continue
+            others_views = list(peers)
+            median = statistics.median(own[v.rank] for v in peers)
+            excess = work - median
+            if work < RATIO * median or excess < MIN_EXCESS_S:
+                continue
         comms = [v.avg_comm_wait_s for v in others_views if v and v.avg_comm_wait_s is not None]
         own_comm = view.avg_comm_wait_s
         if comms:
@@ -83,12 +103,52 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
                 continue  # the others do not wait for it: not what slows the job
             if own_comm is not None and own_comm > others_comm:
                 continue  # it waits more than they do: it is not the one they wait for
+        if _scheduler_made(view, [v for v in others_views if v is not None], own, work):
+            continue
         findings.append(_finding(snap, view, median, excess, comms))
         if len(findings) >= MAX_FINDINGS:
             break
     if not findings:
         return None
     return RuleOutcome(rule="straggler", findings=tuple(findings))
+
+
+def _stage(view: RankView) -> tuple[int, ...] | None:
+    """The pipeline stages a rank runs: None for a rank that sends and receives nothing (every
+    rank does the same work), () for one that does but whose stage is not known (DeepSpeed's
+    pipeline engine, a hand-written send/recv exchange): it is compared with nobody."""
+    if view.pipeline is not None and view.pipeline.stages:
+        return view.pipeline.stages
+    if any(c.op in POINT_TO_POINT_OPS for c in view.recent_collectives):
+        return ()
+    return None
+
+
+def _runq_per_step(view: RankView, work: float) -> float:
+    """Seconds of its own work per step that its main thread spent waiting for a CPU (the
+    wait falls in its own work: in a collective the thread sleeps, it does not queue)."""
+    share = view.runq_share or 0.0
+    step = work + (view.avg_comm_wait_s or 0.0)
+    return min(work, share * step)
+
+
+def _scheduler_made(
+    view: RankView, others: list[RankView], own: dict[int, float], work: float
+) -> bool:
+    """Whether the excess is the host's CPU contention: the others wait for a CPU about as much
+    as this rank, and without that wait its own work is no longer a straggler's."""
+    share = view.runq_share
+    if share is None or share < MIN_RUNQ:
+        return False
+    shares = [v.runq_share for v in others if v.runq_share is not None]
+    if not shares or statistics.median(shares) < SHARED_RUNQ * share:
+        return False  # it alone waits for a CPU: something takes its cores
+    net = work - _runq_per_step(view, work)
+    nets = [own[v.rank] - _runq_per_step(v, own[v.rank]) for v in others if v.rank in own]
+    if not nets:
+        return False
+    median = statistics.median(nets)
+    return net < RATIO * median or net - median < MIN_EXCESS_S
 
 
 def _finding(

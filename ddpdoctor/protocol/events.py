@@ -17,7 +17,8 @@ heartbeat          seq (heartbeat counter), step, epoch, phase, rss_bytes, gpu_m
                    collectives_started, collectives_done (per-process counters, all groups)
 collective_start   op, seq (per process and group, starting at 1), group (name: "default" for the
                    world group), group_size, group_ranks [int] | null, shapes [[int]], dtypes [str],
-                   numel (sum), async (bool), bucket (int, DDP gradient buckets only)
+                   numel (sum), async (bool), bucket (int, DDP gradient buckets only),
+                   step (the training step it was made in; absent before the first)
 collective_end     op, seq, group, duration_s, ok (bool), error (str | null)
 step               step (1-based training steps done on this rank), epoch, loss, batch_size,
                    step_time_s, data_time_s, compute_time_s, comm_wait_s, samples_per_s

@@ -123,6 +123,9 @@ class CollectiveTracker:
         self._counted: list[CountedCalls] = []
         self.started = 0
         self.done = 0
+        # The training step a call is made in (the runtime's StepTracker.current): a call is
+        # reported at the step it was made, not at the rank's step when a rule looked at it.
+        self.step_of: Callable[[], int] | None = None
 
     def describe(
         self,
@@ -174,7 +177,10 @@ class CollectiveTracker:
             rec = OpenCollective(desc, seq, wall_t, now)
             self._open[rec] = None
             self.started += 1
-        self._record((records.collective_start, wall_t, now, desc, seq, site), desc.immediate)
+        step = self.step_of() if self.step_of is not None else 0
+        self._record(
+            (records.collective_start, wall_t, now, desc, seq, site, step), desc.immediate
+        )
         return rec
 
     def end(
@@ -242,7 +248,10 @@ class CollectiveTracker:
                     continue
                 self._seqs[desc.seq_key] = seq
             now, wall_t = self._mono(), self._wall()
-            self._record((records.collective_start, wall_t, now, desc, seq, counted.site), False)
+            step = self.step_of() if self.step_of is not None else 0
+            self._record(
+                (records.collective_start, wall_t, now, desc, seq, counted.site, step), False
+            )
             self._record(
                 (records.collective_end, wall_t, now, desc, seq, 0.0, None, "count"), False
             )

@@ -144,6 +144,8 @@ class Runtime:
         self._finishing = False
         self.collectives = CollectiveTracker(self.record, mono_clock, wall_clock)
         self.steps = StepTracker(self.record, mono_clock, wall_clock)
+        steps = self.steps
+        self.collectives.step_of = lambda: steps.current
         self._lock = threading.RLock()
         self._writer: EventWriter | None = None
         self._early: list[dict[str, Any] | Record] = []

@@ -135,9 +135,12 @@ class CollectiveDesc:
 
 def collective_start(record: Record, rank: int) -> str:
     """`site` (call_sites.py: the user's line and the framework frames that issued the call) is
-    JSON text made once per distinct site, or None (a gradient bucket, no user frame)."""
-    _, t, mono, desc, seq, site = record
+    JSON text made once per distinct site, or None (a gradient bucket, no user frame); `step`
+    the training step it was made in (0: none yet, left out)."""
+    _, t, mono, desc, seq, site, step = record
     line = f'{_START % (t, mono, rank)},"op":{desc.op_text},"seq":{seq},{desc.start_tail}'
+    if step:
+        line = f'{line},"step":{step}'
     return f"{line},{site}}}" if site else line + "}"
 
 

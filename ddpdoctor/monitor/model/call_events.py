@@ -152,6 +152,7 @@ def collective_start(tracker: CallRecord, e: dict[str, Any], t: float | None, wh
         group_ranks=ints(e.get("group_ranks")),
         site=call_site(e.get("site")),
         peers=peers_of(e) if p2p else (),
+        step=integer(e.get("step")),
     )
     if not p2p:
         last = tracker.start_seqs.get(group)
@@ -251,6 +252,7 @@ def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, wher
             group_ranks=opened.group_ranks,
             site=opened.site,
             peers=opened.peers,
+            step=opened.step,
         )
     tracker.collectives_done += 1
     duration = num(e.get("duration_s"))
@@ -268,6 +270,7 @@ def collective_end(tracker: CallRecord, e: dict[str, Any], t: float | None, wher
                 group_ranks=view.group_ranks,
                 done=True,
                 site=view.site,
+                step=view.step,
             )
             break
     tracker.last_event = f"collective_end {op} #{seq}"

@@ -151,6 +151,7 @@ class RankViews:
                 collective.group_ranks,
                 site=collective.site,
                 peers=collective.peers,
+                step=collective.step,
             )
         hb_age = None
         if tracker.last_heartbeat_t is not None:

@@ -109,6 +109,7 @@ class CollectiveView:
     done: bool = False  # completed on this rank (recent_collectives keep finished ones too)
     site: CallSite | None = None  # where the rank called it (explicit collectives, not buckets)
     peers: tuple[int, ...] = ()  # point-to-point: the global ranks it sends to / receives from
+    step: int | None = None  # the training step the rank made it in (a runtime that says)
 
     def same_call(self, other: CollectiveView) -> bool:
         """Whether two ranks' calls at one sequence number agree (op, and shapes/dtypes where known)."""

@@ -149,7 +149,7 @@ def test_hot_path_records_are_encoded_with_the_writers_rank_in_order(tmp_path):
         is_async=True,
         bucket=1,
     )
-    writer.enqueue((records.collective_start, 100.5, 7.25, desc, 4, None))
+    writer.enqueue((records.collective_start, 100.5, 7.25, desc, 4, None, 0))
     writer.enqueue({"rank": 3, "kind": "metrics", "loss": 0.5})
     writer.write((records.collective_end, 100.75, 7.5, desc, 4, 0.25, 'Err: "x"\n', "future"))
     lines = lines_of(path)

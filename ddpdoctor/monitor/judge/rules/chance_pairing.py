@@ -8,7 +8,8 @@ from then on, and the job hangs or mixes up tensors later, at a call that has no
 the cause. The call sites tell it when it happens (call_sites.first_divergence): at #K one side
 called from a site the others never called from, while the others' #K is a call the first side
 makes too. When the two calls have the same op, shapes and dtypes, that is a chance pairing: a
-warning naming both sites and the step, never a verdict (healthy code can reach the same
+warning naming both sites and the step the call was made in (as the runtime stamped it: the
+rank may be steps further by the time the rule sees it), never a verdict (healthy code can reach the same
 collective from two lines; the warning says what to check).
 """
 
@@ -56,7 +57,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if call.signature() != other.signature() or not call.shapes:
         return None  # another op or size: the mismatch rule's, not a silent pairing
     culprit = snap.rank(divergence.culprits[0])
-    step = f" at step {culprit.step}" if culprit is not None and culprit.step is not None else ""
+    made_in = call.step if call.step is not None else culprit.step if culprit is not None else None
+    step = f" at step {made_in}" if made_in is not None else ""
     assert call.site is not None and other.site is not None
     summary = (
         f"{named_ranks(list(divergence.culprits))} called {call.describe()} from "

@@ -178,9 +178,7 @@ class CollectiveTracker:
             self._open[rec] = None
             self.started += 1
         step = self.step_of() if self.step_of is not None else 0
-        self._record(
-            (records.collective_start, wall_t, now, desc, seq, site, step), desc.immediate
-        )
+        self._record((records.collective_start, wall_t, now, desc, seq, site, step), desc.immediate)
         return rec
 
     def end(

@@ -195,10 +195,10 @@ def torchft_jobs(kind: str) -> list[Job]:
 
 def deepspeed_jobs(kind: str) -> list[Job]:
     """The DeepSpeed corpus (tests/corpus/deepspeed/corpus.json) on CPU: under DeepSpeed's own
-    launcher (`ddpdoctor run -- deepspeed --num_gpus 2 SCRIPT`) or torchrun (`--nproc 2`), its
-    ds_config.json read from the corpus. "paired_by_chance": rank 0 evaluates alone under
-    ZeRO-3, its all-gathers pair with rank 1's training ones: a healthy run whose warning
-    (collective.chance_pairing) is the right answer."""
+    launcher (`ddpdoctor run -- deepspeed --num_gpus N SCRIPT`) or torchrun (`--nproc N`; N the
+    entry's "nproc", else 2), its JSON config read from the corpus. "paired_by_chance": rank 0
+    evaluates alone under ZeRO-3, its all-gathers pair with rank 1's training ones: a healthy
+    run whose warning (collective.chance_pairing) is the right answer."""
     manifest = json.loads((DEEPSPEED / "corpus.json").read_text())
     # the venv's own path, not a symlink to it: DeepSpeed rebuilds its CPU op for another path
     venv_bin = Path(sys.prefix).resolve() / "bin"
@@ -206,12 +206,13 @@ def deepspeed_jobs(kind: str) -> list[Job]:
     for j in manifest[kind]:
         script = str(DEEPSPEED / j["script"])
         args = [str(DEEPSPEED / a) if a.endswith(".json") else a for a in j["args"]]
+        nproc = str(j.get("nproc", 2))  # 4: a pipeline of 2 stages x 2 replicas
         if j["launcher"] == "deepspeed":
-            launcher = (str(venv_bin / "deepspeed"), "--num_gpus", "2")
+            launcher = (str(venv_bin / "deepspeed"), "--num_gpus", nproc)
             words = (*launcher, "--master_port", str(_free_port()), script, *args)
             flags: tuple[str, ...] = ()
         else:
-            words, flags = (script, *args), ("--nproc", "2")
+            words, flags = (script, *args), ("--nproc", nproc)
         jobs.append(
             Job(
                 f"ds-{j['name']}",

@@ -16,7 +16,10 @@ without the step they happened at). `DeepSpeedEngine.forward` is wrapped:
 DeepSpeed's pipeline engine runs a whole batch in `train_batch()` (`eval_batch()`): its micro-batch
 forwards are never at a gradient accumulation boundary, so the batch itself is the step. Both are
 wrapped: `train_batch` opens a synced, trained step (closed by the next one, or at exit), and
-`eval_batch` is an evaluation; the engine forwards inside them add nothing.
+`eval_batch` is an evaluation; the engine forwards inside them add nothing, nor do the DataLoader
+fetches of its micro-batches (the engine's own loader of `training_data=`, or the script's
+`RepeatingLoader`): they are the batch's data time, not iterations of their own. The first batch
+writes the engine's stage (`stage_id` of `num_stages`) as a `pipeline` event.
 
 At a synced training forward whose replica digest is due, the engine's replicated parameters
 (ZeRO stage 0-2) are digested (replica_sources.py). Two attribute lookups, a clock read and an
@@ -28,11 +31,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ddpdoctor.protocol.events import PIPELINE
 from ddpdoctor.runtime import core, replica_sources
 from ddpdoctor.runtime.import_hooks import when_imported
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
 IN_BATCH = "_ddpdoctor_pipe_batch"  # set on a pipeline engine while its batch runs
+DESCRIBED = "_ddpdoctor_pipe_described"  # set on a pipeline engine once its stage is written
 
 
 def batch_size_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -79,17 +84,43 @@ def wrap_engine(runtime: core.Runtime, cls: Any) -> None:
     patch(runtime, cls, "forward", forward, original)
 
 
+def integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def describe_pipeline(rt: core.Runtime, engine: Any) -> None:
+    """The engine's stage, once, as the `pipeline` event a torch pipelining schedule writes at
+    its first step: the straggler rule compares a rank only with the ranks of its own stage (the
+    stages do different work by design) and a hang names the culprit's stage. The engine's
+    send/recv alone cannot say it: point-to-point calls are not among a rank's latest
+    collectives, so without it each rank was compared with every other stage."""
+    if engine.__dict__.get(DESCRIBED):
+        return
+    engine.__dict__[DESCRIBED] = True
+    stage = integer(getattr(engine, "stage_id", None))
+    rt.emit(
+        PIPELINE,
+        schedule="TrainSchedule",  # what train_batch() runs (DeepSpeed's 1F1B)
+        microbatches=integer(getattr(engine, "micro_batches", None)),
+        num_stages=integer(getattr(engine, "num_stages", None)),
+        stages=[] if stage is None else [stage],
+        site=None,
+        stage_site=None,
+    )
+
+
 def on_pipe_batch(rt: core.Runtime, engine: Any, training: bool) -> None:
+    describe_pipeline(rt, engine)
     if not training:
         if rt.auto_phase and rt.phase != core.AUTO_EVAL:
             rt.set_phase(core.AUTO_EVAL, auto=True)
-        rt.steps.on_forward(rt.mono_clock(), False, False, None)
+        rt.steps.on_batch(rt.mono_clock(), False, None)
         return
     if rt.auto_phase and rt.phase != core.AUTO_TRAIN:
         rt.set_phase(core.AUTO_TRAIN, auto=True)
     micro, count = getattr(engine, "train_micro_batch_size_per_gpu", None), engine.micro_batches
     samples = micro() * count if callable(micro) and isinstance(count, int) else None
-    rt.steps.on_forward(rt.mono_clock(), True, True, samples, True)
+    rt.steps.on_batch(rt.mono_clock(), True, samples)
 
 
 def wrap_pipe_batch(runtime: core.Runtime, cls: Any, name: str, training: bool) -> None:
@@ -111,6 +142,7 @@ def wrap_pipe_batch(runtime: core.Runtime, cls: Any, name: str, training: bool) 
             return original(self, *args, **kwargs)
         finally:
             self.__dict__[IN_BATCH] = False
+            rt.steps.on_batch_end()
 
     patch(runtime, cls, name, batch, original)
 

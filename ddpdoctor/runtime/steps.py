@@ -94,6 +94,9 @@ class StepTracker:
         self.epoch: int | None = None
         self._ddp_forwards = False  # a DDP forward was seen: only forwards open steps
         self._last_end: float | None = None  # where the last step closed
+        # a framework's whole-batch call runs (DeepSpeed's pipeline `train_batch()`): the
+        # DataLoader fetches its engine makes inside it are the batch's own, not new iterations
+        self.in_batch = False
         # the script (ddpdoctor.log(epoch=...)) or a framework's hooks gave the epoch: it wins
         # over the epoch of the loader that fetched last (which may be a validation loader)
         self._epoch_given = False
@@ -111,6 +114,12 @@ class StepTracker:
 
     def on_fetch(self, t0: float, t1: float, exhausted: bool, epoch: int | None) -> None:
         """A DataLoader `__next__` that ran from t0 to t1 (exhausted: it raised StopIteration)."""
+        if self.in_batch:  # one of the micro-batches of the batch in progress: its data time
+            step = self._open
+            if step is not None and not step.stale and not exhausted:
+                step.data_s += t1 - t0
+                self._fetch_epoch = epoch
+            return
         closed = None
         with self._lock:
             step = self._open
@@ -168,6 +177,21 @@ class StepTracker:
                     self.epoch = self._fetch_epoch
         if closed is not None:
             self.sink(closed)
+
+    def on_batch(self, t: float, training: bool, samples: int | None) -> None:
+        """A framework's whole-batch call begins (DeepSpeed's pipeline `train_batch()` /
+        `eval_batch()`, which run all their micro-batches inside): a training batch is one synced,
+        trained step, an evaluation batch ends the step before it. Until `on_batch_end`, the
+        fetches of its micro-batches count as its data time: the engine fetches them from a
+        DataLoader of its own (`training_data=`) or of the script's (`RepeatingLoader`), and a
+        fetch after a trained step would otherwise close it and open another (two steps a batch)."""
+        if not training:
+            self.flush()
+        self.on_forward(t, training, training, samples, training)
+        self.in_batch = True
+
+    def on_batch_end(self) -> None:
+        self.in_batch = False
 
     def on_comm_wait(self, seconds: float) -> None:
         """Time the training thread spent blocked in a collective."""

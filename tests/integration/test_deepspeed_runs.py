@@ -1,8 +1,9 @@
 """The DeepSpeed corpus (tests/corpus/deepspeed/corpus.json): ZeRO-2 and ZeRO-3 jobs on CPU
-(`DS_ACCELERATOR=cpu`, a plain torch optimizer), two scripts in two styles, and a 2-stage
-pipeline-engine job (ds_pipe.py: `PipelineModule`, `train_batch()`), run for real under
-DeepSpeed's own launcher (`ddpdoctor run -- deepspeed --num_gpus 2 SCRIPT`) and under torchrun
-(`ddpdoctor run --nproc 2 -- SCRIPT`).
+(`DS_ACCELERATOR=cpu`, a plain torch optimizer), two scripts in two styles, and pipeline-engine
+jobs in three (`PipelineModule`, `train_batch()`: ds_pipe.py; ds_pipe_tutorial.py as DeepSpeed's
+tutorial writes it; ds_pipe_gpt.py as Megatron-DeepSpeed does), of 2 stages on 2 ranks or of 2
+stages x 2 replicas on 4 (an entry's "nproc"), run for real under DeepSpeed's own launcher
+(`ddpdoctor run -- deepspeed --num_gpus N SCRIPT`) and under torchrun (`--nproc N`).
 
 Healthy jobs end healthy without a warning, every rank at its last step (the engine's forward
 opens a step: the loops feed tensors to no DDP module). A stalled rank is a hang of that rank at
@@ -55,11 +56,12 @@ def _start(job: dict, base: Path) -> subprocess.Popen:
     args = [str(CORPUS / a) if a.endswith(".json") else a for a in job["args"]]
     head = [PYTHON, "-m", "ddpdoctor", "run", "--no-tui", "--no-doctor", "--json"]
     head += ["--run-dir", str(work / "run")]
+    nproc = str(job.get("nproc", 2))  # 4: a pipeline of 2 stages x 2 data-parallel replicas
     if job["launcher"] == "deepspeed":
-        launcher = [str(VENV_BIN / "deepspeed"), "--num_gpus", "2"]
+        launcher = [str(VENV_BIN / "deepspeed"), "--num_gpus", nproc]
         cmd = [*head, "--", *launcher, "--master_port", str(free_port()), script, *args]
     else:
-        cmd = [*head, "--nproc", "2", "--", script, *args]
+        cmd = [*head, "--nproc", nproc, "--", script, *args]
     return subprocess.Popen(
         cmd,
         stdout=open(work / "stdout", "w"),
@@ -99,11 +101,12 @@ def test_healthy_zero_job_is_healthy_without_warning_at_its_last_step(results, n
     doc = r.document()
     context = _context(name, r)
     logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
-    aborted = exited_cleanly_then_aborted(r.run_dir, logs, range(2))
+    nproc = HEALTHY[name].get("nproc", 2)
+    aborted = exited_cleanly_then_aborted(r.run_dir, logs, range(nproc))
     assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
     assert not [f for f in doc["findings"] if f["severity"] != "info"], context
     assert doc["job"]["stopped_for"] is None, context
-    assert [rank["step"] for rank in doc["ranks"]] == [12, 12], (doc["ranks"], context)
+    assert [rank["step"] for rank in doc["ranks"]] == [12] * nproc, (doc["ranks"], context)
     assert job_processes(r.run_dir) == []
 
 

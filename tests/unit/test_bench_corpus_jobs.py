@@ -79,11 +79,12 @@ def test_deepspeed_jobs_run_on_the_cpu_under_their_own_launcher_or_torchrun():
         job = EVERY["ds-" + entry["name"]]
         assert ("DS_ACCELERATOR", "cpu") in job.env
         assert bench._env(job)["DS_ACCELERATOR"] == "cpu"
+        nproc = str(entry.get("nproc", 2))
         if entry["launcher"] == "deepspeed":
             assert job.flags == () and Path(job.args[1]).name == "deepspeed", job.args
-            assert job.args[2:4] == ("--num_gpus", "2") and job.args[4] == "--master_port"
+            assert job.args[2:4] == ("--num_gpus", nproc) and job.args[4] == "--master_port"
         else:
-            assert job.flags == ("--nproc", "2") and job.args[1].endswith(entry["script"])
+            assert job.flags == ("--nproc", nproc) and job.args[1].endswith(entry["script"])
     paired = HEALTHY["ds-zero3-eval-rank0"]  # rank 0 evaluates alone: its warning is the answer
     warned = bench.Outcome(paired, 0, "healthy", (), ("collective.chance_pairing",), None, None, 9)
     assert not warned.false_alarm

@@ -41,6 +41,7 @@ MAX_VALUE = 200
 Where = tuple[str, int, str]
 Entry = tuple[str, str, "Where | None"]
 
+ROOT_UNIT = "unit (root)"  # FSDP's root unit (fsdp_hooks): there only while it keeps parameters
 _labels: dict[str, int] = {}  # kind -> how many contracts of that kind this rank compared
 
 
@@ -200,14 +201,21 @@ def describe_difference(
     for the side that added a unit or parameter or froze one, None when nothing tells, the line).
 
     The cause is named before its consequences: a unit only one side wrapped also changes the
-    parameter count of the unit above it (its parent keeps fewer parameters), so an entry only
-    one side has comes first, then a frozen parameter, then any other value."""
+    parameter count of the unit above it (its parent keeps fewer parameters, or, for the root,
+    none: the root then has no unit), so an entry only one side has comes first, then a frozen
+    parameter, then any other value."""
     mine = f"rank {other_ranks[0]}" if len(other_ranks) == 1 else f"ranks {other_ranks}"
     theirs = f"rank {ref_ranks[0]}" if len(ref_ranks) == 1 else f"ranks {ref_ranks}"
     ref_map = {key: (value, where) for key, value, where in ref}
     other_map = {key: (value, where) for key, value, where in other}
     added = [(k, v, w) for k, v, w in other if k not in ref_map]
     missing = [(k, v, w) for k, v, w in ref if k not in other_map]
+    # A unit wrapped on one side alone can take the root's last parameters: that side's root
+    # has no unit left, a consequence of the wrap, not a second difference.
+    if added and missing and all(key == ROOT_UNIT for key, _, _ in missing):
+        missing = []
+    elif added and missing and all(key == ROOT_UNIT for key, _, _ in added):
+        added = []
     if added and not missing:
         key, value, where = added[0]
         return f"{mine} has {key} ({value}) made at {place(where)}; {theirs} not", True, where

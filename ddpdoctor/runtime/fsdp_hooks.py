@@ -167,7 +167,7 @@ def contract_of_root(state: Any, module: Any) -> list[fingerprint.Entry]:
             where_by_unit[fqn] = where
             mesh = fingerprint.mesh_text(group.mesh_info.mesh)
             value = f"{mesh}, {len(group.fsdp_params)} parameters"
-            entries.append((f"unit {fqn or ROOT_NAME}", value, where))
+            entries.append((f"unit {fqn}" if fqn else fingerprint.ROOT_UNIT, value, where))
 
     def where_of(name: str) -> fingerprint.Where | None:
         prefix = name

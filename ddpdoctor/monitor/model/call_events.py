@@ -39,6 +39,7 @@ class CallRecord(Protocol):
     reports_calls: bool  # its heartbeats say which call it is in (`open`)
     disputed: str | None
     disputed_calls: int
+    sends_p2p: bool  # it made a point-to-point call
 
 
 MAX_PEERS = 16
@@ -161,6 +162,8 @@ def collective_start(tracker: CallRecord, e: dict[str, Any], t: float | None, wh
             dispute(tracker, view, last)
             return
     tracker.opens[(view.group, seq)] = view
+    if p2p:
+        tracker.sends_p2p = True
     bear(tracker, view.group, seq)
     if not p2p:
         tracker.recent.append(view)

@@ -166,6 +166,7 @@ class RankTracker:
         self.progress = ProgressTrack()
         self.beat_seq: int | None = None  # the last heartbeat number of its process
         self.pipeline: PipelineView | None = None  # its pipeline schedule and position
+        self.sends_p2p = False  # it made a point-to-point call (call_events)
         self.replicas = ReplicaTrack()  # its replica digests (replicas.py)
 
     # -- applying events -------------------------------------------------------------------

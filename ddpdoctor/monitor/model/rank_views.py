@@ -244,6 +244,7 @@ class RankViews:
             "error_lines": tuple(tracker.error_lines),
             "calls_key": tracker.calls_key(),
             "pipeline": tracker.pipeline,
+            "sends_p2p": tracker.sends_p2p,
             "replica_digests": tracker.replicas.view(),
         }
         # (a rank not yet heard of gets a fresh tracker every poll; a rank its node's rows make

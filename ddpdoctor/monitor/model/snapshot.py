@@ -27,19 +27,10 @@ T = TypeVar("T")
 # Collectives whose tensors have one shape and dtype on every rank: a difference at one sequence
 # number is a mismatch. Others (object collectives, gather/scatter roots, all_to_all splits) may differ.
 SHAPE_AGREEING_OPS = frozenset(
-    {
-        "all_reduce",
-        "broadcast",
-        "reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        # what FSDP2 and the functional collectives (DTensor, tensor parallelism) call
-        "all_gather_single",
-        "reduce_scatter_single",
-        "all_gather_tensor",
-    }
+    {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor"}
+    | {"reduce_scatter", "reduce_scatter_tensor"}
+    # what FSDP2 and the functional collectives (DTensor, tensor parallelism) call
+    | {"all_gather_single", "reduce_scatter_single", "all_gather_tensor"}
 )
 # How many of each rank's latest calls the mismatch rule compares across ranks.
 CALL_WINDOW = 8
@@ -259,6 +250,7 @@ class RankView:
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
     pipeline: PipelineView | None = None  # a pipeline rank's schedule, stages and position
+    sends_p2p: bool = False  # it made point-to-point calls (a pipeline stage, a send/recv exchange)
     # its replica digests, by model and step: replicas.ReplicaDigest (which builds on this
     # module, hence Any), compared across ranks by judge/rules/replicas.py
     replica_digests: tuple[Any, ...] = ()

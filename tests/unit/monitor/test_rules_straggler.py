@@ -138,10 +138,17 @@ def test_pipeline_stages_are_compared_only_with_their_own_stage():
 
 
 def test_a_rank_that_sends_and_receives_without_a_known_stage_is_compared_with_nobody():
-    from ddpdoctor.monitor.model.snapshot import CollectiveView
+    """A hand-written send/recv exchange: the rank's tracker saw a point-to-point call (which
+    its latest collectives never hold), so its work is compared with nobody's."""
+    from ddpdoctor.monitor.model.rank_tracker import RankTracker
 
-    recv = CollectiveView(
-        op="recv", seq=4, group="default", shapes=((8, 64),), dtypes=("float32",), waiting_s=0.0
-    )
-    ranks = [work(0, 0.0, 0.40, 0.01, recent_collectives=(recv,)), work(1, 0.0, 0.25, 0.2)]
+    tracker = RankTracker(0)
+    tracker.apply(
+        {"kind": "collective_start", "t": 1.0, "op": "recv", "seq": 1, "group": "default",
+         "p2p": True, "peer": 1, "shapes": [[8, 64]], "dtypes": ["float32"]}
+    )  # fmt: skip
+    assert tracker.sends_p2p and not tracker.recent
+    ranks = [work(0, 0.0, 0.40, 0.01, sends_p2p=True), work(1, 0.0, 0.25, 0.2)]
     assert straggler.detect(snap(ranks)) is None
+    ranks = [work(0, 0.0, 0.40, 0.01), work(1, 0.0, 0.25, 0.2)]  # the same work, no send/recv
+    assert straggler.detect(snap(ranks)) is not None

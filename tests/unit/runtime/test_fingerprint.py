@@ -115,6 +115,21 @@ def test_a_unit_one_rank_alone_wrapped_is_named_before_the_parent_count_it_chang
     assert message is not None and "[culprits 0; line /src/train.py:46;" in message
 
 
+def test_a_unit_that_takes_the_roots_last_parameters_is_the_cause_not_a_tie(stores):
+    """Rank 1 alone wraps the head, the only parameters the root held itself: its root has no
+    unit left (FSDP makes none without parameters). The root's absence follows from the wrap:
+    rank 1 is the culprit, at the head's line (it was a tie naming both ranks)."""
+    head = ("/src/train.py", 69, "main")
+    block = ("unit blocks.0", "cpu mesh [2] dims shard, 2 parameters", WRAP)
+    rank0 = [block, ("unit (root)", "cpu mesh [2] dims shard, 2 parameters", WRAP)]
+    rank1 = [block, ("unit head", "cpu mesh [2] dims shard, 2 parameters", head)]
+    message = run(stores[:2], [rank0, rank1])
+    assert message is not None and "rank 1 has unit head" in message, message
+    assert "[culprits 1; line /src/train.py:69;" in message
+    message = run(stores[:2], [rank1, rank0], label="m2")
+    assert message is not None and "[culprits 0; line /src/train.py:69;" in message
+
+
 def test_a_true_tie_names_both_sides_and_says_why(stores):
     message = run(stores[:2], [entries(nn.Linear(3, 2)), entries(nn.Linear(3, 4))])
     assert message is not None and "nothing tells which one left: both named" in message

@@ -20,7 +20,7 @@ import statistics
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
-from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
+from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
 
 MIN_STEPS = 5  # steps averaged before a rank is judged
 RATIO = 1.5  # own work this many times the others' median...
@@ -119,7 +119,7 @@ def _stage(view: RankView) -> tuple[int, ...] | None:
     pipeline engine, a hand-written send/recv exchange): it is compared with nobody."""
     if view.pipeline is not None and view.pipeline.stages:
         return view.pipeline.stages
-    if any(c.op in POINT_TO_POINT_OPS for c in view.recent_collectives):
+    if view.sends_p2p:
         return ()
     return None
 

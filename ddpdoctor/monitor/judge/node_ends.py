@@ -110,9 +110,13 @@ def _silent_nodes(
 
 
 def _starting(snap: Snapshot) -> bool:
-    """The job is still starting: no rank has said anything yet (they are in torchrun's
-    rendezvous or in init_process_group, which a rank leaves only once every rank is there)."""
-    return all(v.state is RankState.STARTING and v.last_event is None for v in snap.ranks)
+    """The job is still starting: no rank has joined a process group (they are in torchrun's
+    rendezvous, importing, or in init_process_group, which a rank leaves only once every rank
+    is there; a rank's runtime says hello before it joins) and none has failed."""
+    return all(
+        not v.joined and not v.step and v.state in (RankState.STARTING, RankState.RUNNING)
+        for v in snap.ranks
+    )
 
 
 def _theirs(

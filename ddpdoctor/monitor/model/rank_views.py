@@ -178,6 +178,7 @@ class RankViews:
             "exit_signal": exit_signal,
             "activity": doing,
             "reports_progress": tracker.progress.reports,
+            "joined": tracker.backend is not None or bool(tracker.group_seqs or tracker.step),
         }
         if (tracker.unborne or tracker.claimed) and not borne:  # ended, or read later: all
             now_fields["recent_collectives"] = tracker.latest_calls()

@@ -249,6 +249,7 @@ class RankView:
     calls_key: int = 0
     activity: Activity | None = None  # None: not known (finished, no progress facts yet)
     reports_progress: bool = False  # its heartbeats carry progress facts (cpu_s)
+    joined: bool = False  # it joined a process group (a hello with a backend, a call, a step)
     pipeline: PipelineView | None = None  # a pipeline rank's schedule, stages and position
     sends_p2p: bool = False  # it made point-to-point calls (a pipeline stage, a send/recv exchange)
     # its replica digests, by model and step: replicas.ReplicaDigest (which builds on this

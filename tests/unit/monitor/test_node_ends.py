@@ -191,6 +191,23 @@ def test_a_host_lost_while_the_job_starts_is_named_and_the_others_hang_on_it():
     assert s.verdict is Verdict.HANG and not s.culprits and "host h2 lost" in s.findings[0].summary
 
 
+def test_a_rank_that_said_hello_but_never_joined_is_still_starting():
+    """The runtime says hello as the rank starts, before init_process_group: h1's rank, alive
+    and waiting there for h2's, has not joined; h2 silent past the start-up threshold is lost
+    (it was read as a job past its start, and the job waited for torch's timeout)."""
+    from dataclasses import replace
+
+    from ddpdoctor.monitor.judge.node_ends import STARTUP_LOST_AFTER_S
+
+    hello = view(0, RankState.RUNNING, host="h1", last_event="hello", phase="init", step=0)
+    base = snap([hello, starting(1, "h2")])
+    s = across_nodes(base, nodes(), NODE_OF, {1: STARTUP_LOST_AFTER_S + 1}, own_node=0)
+    assert s.verdict is Verdict.HANG and s.culprits == {1}, s.findings
+    assert "while the job was starting" in s.findings[0].summary
+    joined = snap([replace(hello, joined=True), starting(1, "h2")])
+    assert across_nodes(joined, nodes(), NODE_OF, {1: 60.0}, own_node=0) is joined
+
+
 def test_a_silent_node_while_ranks_train_is_not_a_startup_loss():
     base = judged([view(0, host="h1"), starting(1, "h2")])
     assert across_nodes(base, nodes(), NODE_OF, {1: 60.0}, own_node=0) is base

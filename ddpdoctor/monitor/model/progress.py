@@ -181,12 +181,14 @@ class ProgressTrack:
         return None
 
     def runq_share(self) -> float | None:
-        """The share of the recent wall time its main thread was ready to run but waited for a
-        CPU (its heartbeats' run-queue seconds): high on a host with more runnable threads than
-        cores. None without two such heartbeats, or when they are disputed."""
+        """The share of the recent wall time (the last CPU_WINDOW intervals: the steps the
+        straggler rule's medians cover, not the start, when importing torch on a busy host
+        queues for seconds) its main thread was ready to run but waited for a CPU (its
+        heartbeats' run-queue seconds): high on a host with more runnable threads than cores.
+        None without two such heartbeats, or when they are disputed."""
         if self.disputed or len(self.samples) < 2:
             return None
-        first, last = self.samples[0], self.samples[-1]
+        first, last = self.samples[-min(len(self.samples), CPU_WINDOW + 1)], self.samples[-1]
         if first.runq_s is None or last.runq_s is None or last.t - first.t <= 0:
             return None
         return max(0.0, min(1.0, (last.runq_s - first.runq_s) / (last.t - first.t)))

@@ -114,9 +114,11 @@ def test_the_run_queue_share_comes_from_the_heartbeats():
     from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
 
     track = ProgressTrack()
-    for t in range(6):
-        track.add(ProgressSample(float(t), cpu_s=0.5 * t, runq_s=0.25 * t))
-    assert track.runq_share() == 0.25
+    for t in range(6):  # importing torch on a busy host: queued 60 % of the time
+        track.add(ProgressSample(float(t), cpu_s=0.3 * t, runq_s=0.6 * t))
+    for t in range(6, 10):  # then training: 25 %
+        track.add(ProgressSample(float(t), cpu_s=0.5 * t, runq_s=3.0 + 0.25 * (t - 5)))
+    assert track.runq_share() == 0.25  # the recent intervals, not the start
     track.disputed = True  # a stream that is not all its process's says nothing of its queue
     assert track.runq_share() is None
 

@@ -246,10 +246,9 @@ class CollectiveTracker:
                     continue
                 self._seqs[desc.seq_key] = seq
             now, wall_t = self._mono(), self._wall()
-            step = self.step_of() if self.step_of is not None else 0
-            self._record(
-                (records.collective_start, wall_t, now, desc, seq, counted.site, step), False
-            )
+            # (no step: counted calls are written up to 0.5 s after they were made, and the
+            # step at writing is not the step they were made in)
+            self._record((records.collective_start, wall_t, now, desc, seq, counted.site, 0), False)
             self._record(
                 (records.collective_end, wall_t, now, desc, seq, 0.0, None, "count"), False
             )

@@ -41,7 +41,8 @@ MAX_VALUE = 200
 Where = tuple[str, int, str]
 Entry = tuple[str, str, "Where | None"]
 
-ROOT_UNIT = "unit (root)"  # FSDP's root unit (fsdp_hooks): there only while it keeps parameters
+ROOT_NAME = "(root)"  # FSDP's root unit's name (fsdp_hooks)
+ROOT_UNIT = f"unit {ROOT_NAME}"  # its contract entry: there only while it keeps parameters
 _labels: dict[str, int] = {}  # kind -> how many contracts of that kind this rank compared
 
 

@@ -31,7 +31,6 @@ SITE_ATTR = "_ddpdoctor_fully_shard_site"  # on a module fully_shard wrapped: fi
 TEXT_ATTR = "_ddpdoctor_unit_site"  # on an FSDPParamGroup: its collectives' site text
 ROOT_ATTR = "_ddpdoctor_root_seen"  # on a root FSDPState: its contract was compared
 FSDP_FILE = "torch/distributed/fsdp/_fully_shard/_fully_shard.py"
-ROOT_NAME = "(root)"
 RAN_ATTR = "_ddpdoctor_ran_from"  # on an FSDPParamGroup: (user code id, line) -> (code, text)
 _MAX_WALK = 48  # frames walked at most from a unit's unshard to the user's line
 
@@ -46,7 +45,7 @@ def unit_text(
     the line that called fully_shard, via `fully_shard[<module>]`; with `ran`, the user's line
     that ran the unit, via `fully_shard[<module>]` at the line that wrapped it (and `caller`:
     the user's line that called the function holding `ran`, a helper's call in the loop)."""
-    name = fqn or ROOT_NAME
+    name = fqn or fingerprint.ROOT_NAME
     unit: dict[str, Any] = {"module": name}
     fields: dict[str, Any] = {}
     if where is not None:

@@ -27,7 +27,10 @@ import pytest
 from tests.procs import PYTHON, REPO, clean_env, ddpdoctor_cmd, free_port, run_in_parallel
 
 PARALLEL = 4
-RUN_TIMEOUT_S = 150
+# Each shared run ends on its own (healthy) or is stopped by ddpdoctor (faults) in 20-60 s on a
+# quiet machine; the bound is for a run that never ends. Four at once beside the other worker's
+# jobs on two cores, the reference job with its preflight doctor took over 150 s.
+RUN_TIMEOUT_S = 240
 SHARED_RUNS_TIMEOUT_S = 900  # every shared job, PARALLEL at a time, each within RUN_TIMEOUT_S
 SAMPLES = REPO / "sample_jobs"
 LAUNCH_JOBS = REPO / "tests" / "launch_jobs"
@@ -106,7 +109,7 @@ FORGED_TABLE = (
 # The longest waits first, so that they overlap with the others.
 JOBS = [
     # init_process_group(world_size=3) under 2 ranks: the verdict needs 10 s of waiting
-    Job("world-size-3", ("--", "{base}/three.py")),
+    Job("world-size-3", ("--", "{base}/three.py"), slow=True),
     Job("hang", (*REFERENCE, "--inject", "hang:rank=1,step=4")),  # default threshold
     Job("node-never-joins", command=NODE_NEVER_JOINS),  # test_run_multinode
     Job("mp-spawn-tcp-hang", command=MP_SPAWN_TCP_HANG),  # test_run_commands
@@ -140,7 +143,7 @@ JOBS = [
     # crash. Ten slow steps: by default the all-reduce wait per step comes from DDP's own C++
     # timers, which report a step or two late, and the straggler rule judges medians of steps.
     Job("crash", CRASH),
-    Job("exit", (*REFERENCE, "--inject", "exit:rank=1,step=4")),
+    Job("exit", (*REFERENCE, "--inject", "exit:rank=1,step=4"), slow=True),
     Job("mismatch", (*REFERENCE, "--inject", "mismatch:rank=1,step=4", "--hang-after", "3")),
     # --json: the final diagnosis alone on stdout (test_run_reference checks that too)
     Job("shape", ("--json", *REFERENCE, "--inject", "shape:rank=1,step=4", "--hang-after", "3")),
@@ -364,6 +367,11 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     # the pods' doctors behind a DNS server that never answers (the late name is the quick one)
     "test_pod_doctor.py::test_a_dns_server_that_never_answers_costs_the_timeout_not_more",
     # the sample scripts beyond a healthy one and a hang (their shared runs are slow=True)
+    # the quick tier keeps one crash and one mismatch of the reference job: an os._exit and a
+    # world no launch can fill (a 10 s wait) are the slow tier's (their shared runs are slow=True)
+    "test_run_reference.py::test_crash_and_exit_are_reported_with_their_codes[exit-17]",
+    "test_run_reference.py::test_exit_trail_is_a_fault_and_no_exit_event",
+    "test_run_hardening.py::test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped",
     "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
     "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",
     "test_diagnose_jobs.py::test_slow_rank_is_a_straggler_not_a_hang",

@@ -11,7 +11,7 @@ starts it by default, and around each of its entry points on the training thread
 thread's CPU time, before and after, and around the call it wraps:
 
     data        the DataLoader `__next__` wrapper, less the fetch it wraps
-    forward     DDP's forward wrappers (the SPMD contract and the gradient-sync count, the
+    forward     DDP's forward wrapper (the SPMD contract and the gradient-sync count, the
                 steps, the replica digests' due-step check, DDP's timers), less DDP's forward
     optimizer   torch's optimizer step post-hook (marks the step trained; replica citations)
     writer      the heartbeat thread's CPU (flushes of queued events, the beat once a second)
@@ -102,7 +102,7 @@ def instrument() -> tuple[dict[str, Timed], Callable[[], None]]:
     _BaseDataLoaderIter.__next__ = timers["data"].outer(data_wrapper)  # type: ignore[method-assign]
     undo.append(lambda: setattr(_BaseDataLoaderIter, "__next__", data_wrapper))
     undo.append(lambda: set_cell(data_wrapper, "original_next", fetch))
-    # the contract's wrapper, around the steps' wrapper, around DDP's own forward
+    # ddpdoctor's wrapper (one; older versions stacked two), around DDP's own forward
     outer = holder = innermost = DDP.forward
     while "original_forward" in getattr(getattr(innermost, "__code__", None), "co_freevars", ()):
         holder, innermost = innermost, cell_of(innermost, "original_forward")

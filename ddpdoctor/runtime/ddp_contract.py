@@ -23,7 +23,7 @@ import functools
 import hashlib
 from typing import Any
 
-from ddpdoctor.runtime import call_sites, core, ddp_errors, fingerprint
+from ddpdoctor.runtime import call_sites, core, fingerprint
 from ddpdoctor.runtime.c10d_hooks import GROUPS
 from ddpdoctor.runtime.collectives import CountedCalls, GroupInfo, TensorSummary
 from ddpdoctor.runtime.ddp_hooks import MODE_RECORDER
@@ -142,15 +142,12 @@ def on_synced_forward(ddp: Any, rt: core.Runtime, counted: CountedCalls | None =
 
 
 def install(runtime: core.Runtime) -> None:
-    import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     original_init = DDP.__init__
-    original_forward = DDP.forward
     original_no_sync = DDP.no_sync
     if vars(DDP).get("__init__") is None or hasattr(original_init, SITE_ATTR):
         return
-    grad_enabled = torch.is_grad_enabled
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -158,32 +155,6 @@ def install(runtime: core.Runtime) -> None:
         original_init(self, *args, **kwargs)
         if where is not None:
             self.__dict__[SITE_ATTR] = where
-
-    # the mode is set by ddp_hooks.install, which runs first (activation.py)
-    counting = counts_syncs(runtime)
-
-    @functools.wraps(original_forward)
-    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        # The hot path: a few lookups per forward; everything else once per model or per write.
-        rt = core._active
-        if rt is not None and grad_enabled():
-            try:
-                state = self.__dict__
-                if DONE_ATTR not in state:
-                    check(self, rt)
-                if counting and self.require_backward_grad_sync:
-                    counted = state.get(SYNCS_ATTR)
-                    if counted is None or counted.site_due:
-                        on_synced_forward(self, rt, counted)
-                    else:
-                        counted.count += 1
-            except Exception:  # noqa: BLE001 - a check, never a reason to stop the forward
-                pass
-        try:
-            return original_forward(self, *inputs, **kwargs)
-        except RuntimeError as exc:
-            ddp_errors.on_forward_error(self, exc)
-            raise
 
     @functools.wraps(original_no_sync)
     def no_sync(self: Any) -> Any:
@@ -193,5 +164,4 @@ def install(runtime: core.Runtime) -> None:
 
     setattr(__init__, SITE_ATTR, True)
     patch(runtime, DDP, "__init__", __init__, original_init)
-    patch(runtime, DDP, "forward", forward, original_forward)
     patch(runtime, DDP, "no_sync", no_sync, original_no_sync)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpdoctor.protocol.events import WARNING
-from ddpdoctor.runtime import completion, core, replicas
+from ddpdoctor.runtime import completion, core
 from ddpdoctor.runtime.c10d_hooks import GROUPS, NESTING
 from ddpdoctor.runtime.collectives import summarize
 from ddpdoctor.runtime.flight_recorder import recorder_status
@@ -280,91 +280,38 @@ def _one_level(value: Any) -> Any:
     return (value,)
 
 
+def ensure_hook(ddp: Any, rt: core.Runtime, register: Callable[..., Any]) -> None:
+    """At a model's first training forward with `--ddp-buckets`: ddpdoctor's comm hook, through
+    DDP's own `register` (not ddpdoctor's wrapper of it)."""
+    setattr(ddp, SLOT_ATTR, False)  # one attempt per model, whatever happens below
+    if getattr(ddp, "_use_python_reducer", False) or getattr(
+        ddp, "_delay_all_reduce_all_params", False
+    ):
+        return  # no reducer buckets to hook
+    slot = HookSlot(_allreduce_hook(), ddp.process_group, ddp.process_group, user=False)
+    try:
+        register(ddp, slot, ddpdoctor_comm_hook)
+    except Exception as exc:  # noqa: BLE001 - train unrecorded rather than not at all
+        rt.emit(
+            WARNING,
+            code="ddp.comm_hook_failed",
+            message=f"gradient buckets are not recorded: {type(exc).__name__}: {exc}",
+            details={},
+        )
+        return
+    setattr(ddp, SLOT_ATTR, slot)
+
+
 def install(runtime: core.Runtime) -> None:
-    import torch
+    """The bucket mode, and DDP's comm-hook registrations wrapped (its forward: ddp_forward.py)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    original_forward = DDP.forward
     original_register = DDP.register_comm_hook
     original_builtin = DDP._register_builtin_comm_hook
-    if hasattr(original_forward, WRAPPED_MARK):
+    if hasattr(original_register, WRAPPED_MARK):
         return
 
     record_buckets, runtime.bucket_recording = bucket_mode()
-    tensor_type = torch.Tensor
-    grad_enabled = torch.is_grad_enabled
-
-    def ensure_hook(ddp: Any, rt: core.Runtime) -> None:
-        setattr(ddp, SLOT_ATTR, False)  # one attempt per model, whatever happens below
-        if getattr(ddp, "_use_python_reducer", False) or getattr(
-            ddp, "_delay_all_reduce_all_params", False
-        ):
-            return  # no reducer buckets to hook
-        slot = HookSlot(_allreduce_hook(), ddp.process_group, ddp.process_group, user=False)
-        try:
-            original_register(ddp, slot, ddpdoctor_comm_hook)
-        except Exception as exc:  # noqa: BLE001 - train unrecorded rather than not at all
-            rt.emit(
-                WARNING,
-                code="ddp.comm_hook_failed",
-                message=f"gradient buckets are not recorded: {type(exc).__name__}: {exc}",
-                details={},
-            )
-            return
-        setattr(ddp, SLOT_ATTR, slot)
-
-    @functools.wraps(original_forward)
-    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        rt = core._active
-        probe_due: CommProbe | None = None
-        now = 0.0
-        if rt is not None:
-            try:
-                if grad_enabled():
-                    # may train: the step counts once trained (steps.py), whatever `.training`
-                    # says (Lightning keeps its DDP wrapper in eval mode while it trains)
-                    training = self.training
-                    if record_buckets and self.__dict__.get(SLOT_ATTR) is None:
-                        ensure_hook(self, rt)
-                    if training and rt.auto_phase and rt.phase != core.AUTO_TRAIN:
-                        rt.set_phase(core.AUTO_TRAIN, auto=True)
-                    first = inputs[0] if inputs else None
-                    if isinstance(first, tensor_type):
-                        batch = first.shape[0] if first.ndim else None
-                    else:
-                        batch = batch_size_of(inputs, kwargs)
-                    synced = self.require_backward_grad_sync
-                    now = rt.mono_clock()
-                    rt.steps.on_forward(now, True, synced, batch, training)
-                    if synced:  # this model's replica digest may be due (replicas.py)
-                        digests = self.__dict__.get(replicas.STATE_ATTR)
-                        # per model: with two models, the other's due step says nothing here
-                        if digests is None or (
-                            digests and rt.steps.steps_done >= digests.next_step
-                        ):
-                            replicas.due(self, rt)
-                    if synced and not record_buckets:
-                        probe = self.__dict__.get(PROBE_ATTR)
-                        if probe is None:
-                            start_probe(self, now)
-                        elif probe and now >= probe.next_t:
-                            probe_due = probe  # read after DDP's forward: it records the stats
-                else:
-                    if rt.auto_phase and rt.phase != core.AUTO_EVAL:
-                        rt.set_phase(core.AUTO_EVAL, auto=True)
-                    rt.steps.on_forward(rt.mono_clock(), False, False, None)
-                if rt.cuda_device is None and self.device_ids and self.device_type == "cuda":
-                    rt.cuda_device = int(self.device_ids[0])
-            except Exception:  # noqa: BLE001 - recording must never break the forward
-                pass
-        if probe_due is None:
-            return original_forward(self, *inputs, **kwargs)
-        out = original_forward(self, *inputs, **kwargs)
-        try:  # DDP's _pre_forward just recorded the previous iteration's timers
-            probe_due.read(self, rt.steps, now)  # type: ignore[union-attr]
-        except Exception:  # noqa: BLE001
-            pass
-        return out
 
     @functools.wraps(original_register)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
@@ -414,7 +361,6 @@ def install(runtime: core.Runtime) -> None:
         return original_builtin(self, comm_hook_type)
 
     for name, new, old in (
-        ("forward", forward, original_forward),
         ("register_comm_hook", register_comm_hook, original_register),
         ("_register_builtin_comm_hook", _register_builtin_comm_hook, original_builtin),
     ):

@@ -43,36 +43,25 @@ from ddpdoctor.runtime.records import Record
 
 
 class OpenStep:
-    """The step in progress (mutable; internal to the tracker and the bucket callbacks)."""
+    """The step in progress (mutable; internal to the tracker and the bucket callbacks).
 
-    __slots__ = (
-        "bucket_done",
-        "bucket_launch",
-        "closed",
-        "comm_s",
-        "data_s",
-        "forwards",
-        "loss",
-        "samples",
-        "stale",
-        "start",
-        "synced",
-        "trained",
-    )
+    One is made per step, so it sets only its start: every other field starts as the class's
+    default and becomes the instance's own when first written (a dozen stores a step fewer)."""
+
+    data_s = 0.0
+    comm_s = 0.0
+    samples = 0
+    forwards = 0
+    synced = False
+    trained = False  # confirmed: an optimizer step, a gradient bucket, train mode
+    stale = False  # an eval forward ran since: the next fetch starts afresh
+    loss: float | None = None
+    bucket_launch: float | None = None
+    bucket_done: float | None = None
+    closed = False
 
     def __init__(self, start: float) -> None:
         self.start = start
-        self.data_s = 0.0
-        self.comm_s = 0.0
-        self.samples = 0
-        self.forwards = 0
-        self.synced = False
-        self.trained = False  # confirmed: an optimizer step, a gradient bucket, train mode
-        self.stale = False  # an eval forward ran since: the next fetch starts afresh
-        self.loss: float | None = None
-        self.bucket_launch: float | None = None
-        self.bucket_done: float | None = None
-        self.closed = False
 
 
 class StepTracker:
@@ -269,23 +258,24 @@ class StepTracker:
         self._open = None
         self._last_end = t
         step.closed = True
-        self.steps_done += 1
-        exposed = 0.0
-        launched, done = step.bucket_launch, step.bucket_done
-        if launched is not None and done is not None and done > launched:
-            exposed = done - launched
-        elif launched is None:
-            exposed = self.ddp_comm_s
+        done = self.steps_done = self.steps_done + 1
+        launched = step.bucket_launch
+        if launched is None:  # DDP's own all-reduce: its timers' latest figure
+            comm = step.comm_s + self.ddp_comm_s
+        else:  # the bucket hook timed it: last bucket launched -> last bucket done
+            finished = step.bucket_done
+            exposed = finished - launched if finished is not None and finished > launched else 0.0
+            comm = step.comm_s + exposed
         return (
             records.step,
             self._wall(),
-            self._mono(),
-            self.steps_done,
+            t,  # its mono time: when it closed
+            done,
             self.epoch,
             step.loss,
             step.samples,
             step.forwards,
             t - step.start,
             step.data_s,
-            step.comm_s + exposed,
+            comm,
         )

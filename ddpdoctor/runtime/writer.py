@@ -74,8 +74,10 @@ class EventWriter:
         # holds the lock in the middle of a write.
         self._lock = threading.RLock()
         self._queue: collections.deque[dict[str, Any] | Record] = collections.deque()
+        # the queue itself, for the runtime's inline enqueue of a step (core.Runtime._write_step)
+        self.queue = self._queue
         self._fd: int | None = None
-        self._closed = False
+        self.closed = False  # refuses every event from now on (the exit event was the last)
         self._warned = False
         self._retry_at = 0.0
         self.lines_written = 0
@@ -87,7 +89,7 @@ class EventWriter:
     @property
     def healthy(self) -> bool:
         """False while writes are failing (after the one warning)."""
-        return self._retry_at == 0.0 and not self._closed
+        return self._retry_at == 0.0 and not self.closed
 
     @property
     def pending(self) -> int:
@@ -99,12 +101,12 @@ class EventWriter:
         queue = self._queue
         self.enqueued += 1
         if queue:
-            if len(queue) < MAX_QUEUED and not self._closed:
+            if len(queue) < MAX_QUEUED and not self.closed:
                 queue.append(event)
             else:
                 self.lines_dropped += 1
             return
-        if self._closed:
+        if self.closed:
             self.lines_dropped += 1
             return
         queue.append(event)
@@ -122,7 +124,7 @@ class EventWriter:
         general path's batching (a fifth of the bytecode on a cold cache); else write()."""
         with self._lock:
             fd = self._fd
-            if self._queue or fd is None or self._retry_at or self._closed:
+            if self._queue or fd is None or self._retry_at or self.closed:
                 return self._write_locked(record)
             try:
                 line = record[0](record, self.rank) + "\n"
@@ -155,10 +157,18 @@ class EventWriter:
         queue, encode = self._queue, self._encode
         if queue:
             texts: list[str] = []
+            append, rank = texts.append, self.rank
             while queue:
-                text = encode(queue.popleft())
+                queued = queue.popleft()
+                if type(queued) is tuple:  # a hot-path record (most of them): encoded inline
+                    try:
+                        append(queued[0](queued, rank))
+                        continue
+                    except Exception:  # noqa: BLE001 - _encode reports it, once
+                        pass
+                text = encode(queued)
                 if text is not None:
-                    texts.append(text)
+                    append(text)
             if event is not None:
                 text = encode(event)
                 if text is None:
@@ -179,7 +189,7 @@ class EventWriter:
         if not joined.isascii():
             joined = joined.translate(_LINE_BREAKERS)
         data = joined.encode("utf-8", errors="replace")
-        if self._closed or (self._retry_at and self._clock() < self._retry_at):
+        if self.closed or (self._retry_at and self._clock() < self._retry_at):
             self.lines_dropped += lines
             return False
         try:
@@ -223,7 +233,7 @@ class EventWriter:
         Called by the heartbeat thread: an event file with no name left is reported once; the next
         write reopens the path, which fails quietly (and is retried later) when its folder is gone."""
         with self._lock:
-            if self._fd is None or self._closed:
+            if self._fd is None or self.closed:
                 return
             try:
                 unlinked = os.fstat(self._fd).st_nlink == 0
@@ -239,7 +249,7 @@ class EventWriter:
         event is a rank's last line even while its heartbeat thread still runs."""
         with self._lock:
             written = self._write_locked(event)
-            self._closed = True
+            self.closed = True
             self._drop_fd()
             return written
 
@@ -247,13 +257,13 @@ class EventWriter:
         """Write what is queued, then refuse everything (the exit event was the last line)."""
         with self._lock:
             self._write_locked(None)
-            self._closed = True
+            self.closed = True
             self._drop_fd()
 
     def forget_after_fork(self) -> None:
         """In a forked child: stop writing without touching the parent's descriptor state."""
         self._lock = threading.RLock()
-        self._closed = True
+        self.closed = True
         self._queue.clear()  # the parent's events: the parent writes them
         self._drop_fd()
 

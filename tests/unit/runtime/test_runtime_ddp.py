@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -58,6 +59,29 @@ def test_training_forwards_are_steps_with_buckets_and_timings(recording):
     assert all(e["ok"] for e in events(recording, "collective_end"))
     metrics = events(recording, "metrics")
     assert [m["step"] for m in metrics] == [1, 2, 3]
+
+
+def test_one_wrapper_stands_between_a_ddp_forward_and_torchs(recording):
+    """Everything ddpdoctor does at a DDP forward runs in one Python frame: the wrapper's
+    original is torch's own forward, and the only ddpdoctor frame under it is the wrapper."""
+    from ddpdoctor.runtime.patching import WRAPPED_MARK
+
+    inner = getattr(DDP.forward, WRAPPED_MARK)
+    assert not hasattr(inner, WRAPPED_MARK) and inner.__module__.startswith("torch.")
+    model = make_model()
+    seen: list[list[str]] = []
+
+    def pre_hook(_module, _args):  # runs inside torch's forward of the wrapped module
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            if "ddpdoctor" in frame.f_code.co_filename:
+                frames.append(frame.f_code.co_name)
+            frame = frame.f_back
+        seen.append(frames)
+
+    model.module.register_forward_pre_hook(pre_hook)
+    train_step(model)
+    assert seen == [["forward"]]
 
 
 def test_no_sync_forwards_accumulate_into_the_next_synced_step(recording):

@@ -81,8 +81,9 @@ class _Rank:
 
 @dataclass(slots=True)
 class _Open:
-    rank: int  # the first rank that made this (group, seq) from a known site
-    call: CollectiveView | None  # ... its call (None: no call of it had a site yet)
+    rank: int  # the first rank that made this (group, seq) from a known site (else the first)
+    call: CollectiveView  # ... its call
+    where: SiteKey | None  # ... its site (None: no call of it had a site yet)
     made: int  # how many ranks made it
     need: int  # the group's size (0: unknown, forgotten at MAX_OPEN only)
 
@@ -121,53 +122,58 @@ class PairingLog:
         self._found = [p for p in self._found if rank not in p.culprits + p.others]
 
     def on_call(self, rank: int, call: CollectiveView, world: int | None) -> None:
+        """One call of a rank, as its collective_start is read (every call of every rank this
+        monitor reads: kept to a few dict and set operations when nothing differs)."""
         if call.op in POINT_TO_POINT_OPS:
             return
         me = self._ranks.get(rank)
         if me is None:
             me = self._ranks[rank] = _Rank()
             self._view = None
-        key = (call.group, call.seq)
+        group = call.group
+        key = (group, call.seq)
         if me.last == key:
             return  # the same call again (a start that added no call of its own)
         me.last = key
-        group = call.group
-        if group not in me.calls and len(me.calls) >= MAX_GROUPS:
-            return
-        me.calls[group] = me.calls.get(group, 0) + 1
-        if call.step is not None and (me.step is None or call.step > me.step):
-            me.step = call.step
+        made = me.calls.get(group)
+        if made is None:
+            if len(me.calls) >= MAX_GROUPS:
+                return
+            made = 0
+        me.calls[group] = made + 1
+        step = call.step
+        if step is not None and (me.step is None or step > me.step):
+            me.step = step
         site = call.site
-        if site is not None:
-            sites = me.sites.setdefault(group, set())
-            if len(sites) < MAX_SITES:
-                sites.add(site.key)
-            elif site.key not in sites:
-                me.full.add(group)
+        where = site.key if site is not None else None
+        if where is not None:
+            sites = me.sites.get(group)
+            if sites is None:
+                sites = me.sites[group] = set()
+            if where not in sites:
+                if len(sites) < MAX_SITES:
+                    sites.add(where)
+                else:
+                    me.full.add(group)
         entry = self._open.get(key)
         if entry is None:
             if len(self._open) >= MAX_OPEN:
                 del self._open[next(iter(self._open))]
             need = len(call.group_ranks) if call.group_ranks else (world or 0)
-            self._open[key] = _Open(rank, call if site is not None else None, 1, need)
+            self._open[key] = _Open(rank, call, where, 1, need)
         else:
             entry.made += 1
-            if entry.need and entry.made >= entry.need:
+            if entry.made == entry.need:
                 del self._open[key]  # every member made it: no call of it is still to come
-            first = entry.call
-            if first is None or first.site is None:
-                if site is not None:
-                    entry.rank, entry.call = rank, call
-            elif (
-                site is not None
-                and site.key != first.site.key
-                and entry.rank != rank
-                and call.shapes
-                and call.signature() == first.signature()
-            ):  # another site, the same op and size: which side made an extra call, if one
-                self._pend(entry.rank, first, rank, call)
+            if where is None or where == entry.where:
+                pass
+            elif entry.where is None:
+                entry.rank, entry.call, entry.where = rank, call, where
+            elif call.shapes and call.signature() == entry.call.signature():
+                # another site, the same op and size: which side made an extra call, if one
+                self._pend(entry.rank, entry.call, rank, call)
         if self._pending:
-            self._settle(lambda r: False, rank)
+            self._settle(_never, rank)
 
     def view(self, ranks: Mapping[int, _Record]) -> PairingsView:
         """The pairings found so far, after deciding those whose other side has ended (its
@@ -247,6 +253,10 @@ class PairingLog:
     def pending(self) -> Iterator[tuple[int, int]]:
         """(rank, rank) of the pairings waiting to be decided (for tests and debugging)."""
         return ((p.a, p.b) for p in self._pending)
+
+
+def _never(rank: int) -> bool:
+    return False
 
 
 def _sides(p: _Pending) -> set[tuple[int, SiteKey]]:

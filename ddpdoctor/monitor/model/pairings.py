@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, CollectiveView
 
@@ -106,6 +106,9 @@ class PairingLog:
         self._open: dict[tuple[str, int], _Open] = {}
         self._pending: list[_Pending] = []
         self._found: list[Pairing] = []
+        # (group, rank) -> [site, seq]: a rank's run of calls from the site of a pairing found,
+        # up to the latest read: one evaluation's calls are one pairing, however they were read
+        self._runs: dict[tuple[str, int], list[Any]] = {}
         self._view: PairingsView | None = PairingsView()
 
     def restart(self) -> None:
@@ -114,6 +117,7 @@ class PairingLog:
         self._ranks.clear()
         self._open.clear()
         self._pending.clear()
+        self._runs.clear()
         self._view = None
 
     def forget(self, rank: int) -> None:
@@ -155,6 +159,12 @@ class PairingLog:
                     sites.add(where)
                 else:
                     me.full.add(group)
+        run = self._runs.get((group, rank)) if self._runs and where is not None else None
+        if run is not None:
+            if run[0] == where:
+                run[1] = call.seq  # the run of calls from a pairing's site goes on
+            else:
+                del self._runs[(group, rank)]
         entry = self._open.get(key)
         if entry is None:
             if len(self._open) >= MAX_OPEN:
@@ -188,6 +198,13 @@ class PairingLog:
 
     def _pend(self, a: int, call_a: CollectiveView, b: int, call_b: CollectiveView) -> None:
         assert call_a.site is not None and call_b.site is not None
+        for rank, seq, where in (
+            (a, call_a.seq, call_a.site.key),
+            (b, call_b.seq, call_b.site.key),
+        ):
+            run = self._runs.get((call_a.group, rank))
+            if run is not None and run[0] == where and seq <= run[1]:
+                return  # a later call of a pairing found (the rest of one evaluation)
         sides = {(a, call_a.site.key), (b, call_b.site.key)}
         for p in self._pending:  # an earlier call of the same two sites is waiting already
             if p.call_a.group == call_a.group and sides == _sides(p):
@@ -236,6 +253,12 @@ class PairingLog:
 
     def _note(self, x: int, call: CollectiveView, y: int, other: CollectiveView) -> None:
         """Keep the pairing found: rank x's call, with the other ranks it was paired with."""
+        assert call.site is not None
+        run = self._runs.get((call.group, x))
+        if run is None and len(self._runs) < MAX_PENDING:
+            self._runs[(call.group, x)] = [call.site.key, call.seq]
+        elif run is not None and run[0] == call.site.key:
+            run[1] = max(run[1], call.seq)
         for i, known in enumerate(self._found):
             if (known.group, known.seq) == (call.group, call.seq) and known.call.site == call.site:
                 if x in known.culprits and y in known.others:

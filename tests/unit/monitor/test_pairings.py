@@ -117,6 +117,24 @@ def test_rank0s_eval_gathers_paired_with_rank1s_training_gathers_are_found_at_st
     assert all(diagnosis.verdict.value == "running" for diagnosis, _ in polls)
 
 
+def test_one_evaluation_is_one_pairing_however_far_apart_the_ranks_are_read():
+    """Rank 1's file read 300 calls ahead of rank 0's (its side decided as soon as rank 0's
+    first eval call is read), or all of it first (a finished run read afterwards)."""
+    r0, r1 = Rank(0), Rank(1)
+    for step in range(1, 15):
+        for r in (r0, r1):
+            r.zero3_step(step)
+        if step == 10:
+            for _ in range(40):
+                r0.call(EVALUATE, step)
+    for r in (r0, r1):
+        r.events.append(r._ev("exit", code=0, reason="normal"))
+    for lag in (-300, -10_000):
+        found = pairings_said(read([r0, r1], lag=lag))
+        assert [f.summary.split(" at step ")[1][:3] for f in found] == ["10,"], lag
+        assert "#421 of [1186]" in found[0].summary
+
+
 def test_two_pairings_are_each_said_with_their_step():
     r0, r1 = Rank(0), Rank(1)
     for step in range(1, 25):

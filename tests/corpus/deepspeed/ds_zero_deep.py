@@ -4,9 +4,11 @@ all-gathers of one size (14 calls a step, more than a poll's window of a rank's 
 rank 0 alone samples from the model every N steps, the way a script shows a `generate()` under
 `if rank == 0:`.
 
-    DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 ds_zero_deep.py --steps 20 --sample-every 8
+    DS_ACCELERATOR=cpu torchrun --nproc-per-node 2 ds_zero_deep.py --steps 24 --sample-every 8
 
-The sampling forward's all-gathers pair with rank 1's training all-gathers of the same size.
+The sampling forward's all-gathers pair with rank 1's training all-gathers of the same size
+(the ranks are back in step a step later: the sampling left the parameters gathered); sampling
+at the last step, rank 0 waits for rank 1, which has finished.
 """
 
 import argparse

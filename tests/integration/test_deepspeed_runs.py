@@ -72,11 +72,23 @@ def _start(job: dict, base: Path) -> subprocess.Popen:
     )
 
 
+def _selected(request: pytest.FixtureRequest) -> set[str]:
+    """The jobs the selected tests read (`-k`): the others are not started."""
+    return {
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        and "name" in getattr(getattr(item, "callspec", None), "params", {})
+    }
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, JsonRun]:
+def results(request, tmp_path_factory) -> dict[str, JsonRun]:
     build_shared_memory_op()
     base = tmp_path_factory.mktemp("deepspeed")
     jobs = [*MANIFEST["healthy"], *MANIFEST["faulty"], *MANIFEST["paired_by_chance"]]
+    wanted = _selected(request)
+    jobs = [job for job in jobs if job["name"] in wanted]
     starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
     ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
     done: dict[str, JsonRun] = {}

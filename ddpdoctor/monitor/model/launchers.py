@@ -173,3 +173,15 @@ def _is_helper(argv: tuple[str, ...]) -> bool:
 def launcher_lines(launchers: tuple[LauncherView, ...]) -> list[str]:
     """The text view's lines: `launcher: python multigpu.py 4 2 (vm:1234) started ranks 0-1`."""
     return [f"launcher: {view.describe()}" for view in launchers]
+
+
+def nodes_missing(
+    nnodes: int | None, nodes: Mapping[int, Any], ranks: Mapping[int, Any]
+) -> tuple[int, ...]:
+    """The launchers of a job over several nodes that have not recorded themselves (`nodes`: the
+    node records read), while no rank has started (once one has, the rendezvous is complete and
+    no node is missing)."""
+    expected = nnodes or 1
+    if expected < 2 or not nodes or ranks:
+        return ()
+    return tuple(node for node in range(expected) if node not in nodes)

@@ -373,6 +373,9 @@ class Snapshot:
     attempts: Attempts | None = None  # a run its launcher restarts (None: one attempt, no budget)
     # torchft's replica groups, quorums, heals and earlier processes (model.replica_groups)
     torchft: TorchftView | None = None
+    # calls paired by chance, as the monitor read them: model.pairings.PairingsView (which
+    # builds on this module, hence Any)
+    pairings: Any = None
 
     def fr_of(self, rank: int) -> FrRank | None:
         return next((d for d in self.flight_recorder if d.rank == rank), None)

@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from ddpdoctor.monitor.model import launchers
 from ddpdoctor.monitor.model.attempts import AttemptLog
 from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.monitor.model.launchers import LauncherGroups, launcher_groups, launcher_views
+from ddpdoctor.monitor.model.pairings import PairingLog
 from ddpdoctor.monitor.model.rank_tracker import RankTracker
 from ddpdoctor.monitor.model.rank_views import RankViews
 from ddpdoctor.monitor.model.replica_groups import ReplicaLog
@@ -104,6 +106,7 @@ class RunState(RankViews):
         # the run's attempts (a launcher's restarts): fed every hello (model.attempts)
         self.attempts = AttemptLog(info.command)
         self.replicas = ReplicaLog()  # torchft's replica groups, quorums and heals
+        self.pairings = PairingLog()  # calls paired by chance, compared as they are read
 
     # -- input -----------------------------------------------------------------------------
 
@@ -120,6 +123,7 @@ class RunState(RankViews):
             self.reported.discard(rank)
             self._others = None
         self._remake.add(rank)
+        self.pairings.restart()
         if old is not None:
             fresh = self.tracker(rank)
             fresh.error_lines = old.error_lines
@@ -148,6 +152,7 @@ class RunState(RankViews):
             if self.attempts.hello(event, old, agent, self.alive.get(rank)):
                 self.alive.pop(rank, None)  # the new process's liveness is looked at anew
                 self._remake.add(rank)
+                self.pairings.restart()
         kind = event["kind"]
         if kind == ev.HELLO:  # the replica group, and how an earlier process of the rank ended
             self.replicas.on_hello(event, self.attempts.last_ending)
@@ -163,6 +168,8 @@ class RunState(RankViews):
             self._training_started(t)
         elif kind == ev.PHASE and event.get("phase") == "train":
             self._training_started(t)
+        elif kind == ev.COLLECTIVE_START and tracker.recent:
+            self.pairings.on_call(rank, tracker.recent[-1], tracker.world_size)
         elif kind == ev.COLLECTIVE_END and event.get("ok", True) is not False:
             duration = num(event.get("duration_s"))
             if duration is not None and t is not None:
@@ -184,6 +191,7 @@ class RunState(RankViews):
         no view, no culprit, no world size of its saying."""
         tracker = self.ranks.pop(rank, None)
         self.refused[rank] = tracker.pid if tracker is not None else None
+        self.pairings.forget(rank)
         self.alive.pop(rank, None)
         self.reported.discard(rank)
         self._others = None
@@ -417,12 +425,13 @@ class RunState(RankViews):
             finished=finished,
             thresholds=thresholds,
             live=live,
-            nodes_missing=self._nodes_missing(),
+            nodes_missing=launchers.nodes_missing(self.info.nnodes, self.nodes, self.ranks),
             launchers=launcher_views(self.ranks, live=live, groups=self._groups()),
             # a torchft replica group's restart is not an attempt of the run: the torchft rule
             # tells it (the ranks' rows keep their restarts)
             attempts=None if self.replicas.active else attempts,
             torchft=self.replicas.view(self._agent_exit_of) if self.replicas.active else None,
+            pairings=self.pairings.view(self.ranks),
         )
 
     def _agent_exit_of(self, pid: int) -> tuple[int | None, str | None] | None:
@@ -439,11 +448,3 @@ class RunState(RankViews):
             self._launcher_groups = launcher_groups(self.ranks)
             self._grouped_ranks = len(self.ranks)
         return self._launcher_groups
-
-    def _nodes_missing(self) -> tuple[int, ...]:
-        """The launchers of a job over several nodes that have not recorded themselves, while no
-        rank has started (once one has, the rendezvous is complete and no node is missing)."""
-        expected = self.info.nnodes or 1
-        if expected < 2 or not self.nodes or self.ranks:
-            return ()
-        return tuple(node for node in range(expected) if node not in self.nodes)

@@ -5,18 +5,25 @@ Under ZeRO-3 or FSDP an evaluation or `generate()` on rank 0 alone gathers param
 the other ranks never make. When the others are in all-gathers of the same size at that moment
 (their training forward), the transport pairs them and nothing fails; the ranks are out of step
 from then on, and the job hangs or mixes up tensors later, at a call that has nothing to do with
-the cause. The call sites tell it when it happens (call_sites.first_divergence): at #K one side
-called from a site the others never called from, while the others' #K is a call the first side
-makes too. When the two calls have the same op, shapes and dtypes, that is a chance pairing: a
-warning naming both sites and the step the call was made in (as the runtime stamped it: the
-rank may be steps further by the time the rule sees it), never a verdict (healthy code can reach the same
-collective from two lines; the warning says what to check).
+the cause. The call sites tell it when it happens: at #K one side called from a site the others
+never called from, while the others' #K is a call the first side makes too. When the two calls
+have the same op, shapes and dtypes, that is a chance pairing: a warning naming both sites and the
+step the call was made in (as the runtime stamped it: the rank may be steps further by the time
+the rule sees it), never a verdict (healthy code can reach the same collective from two lines;
+the warning says what to check).
+
+The ranks whose events this monitor reads had every call compared as it was read
+(model/pairings.py: a ZeRO-3 step makes dozens of all-gathers, so a pairing is gone from the ranks'
+latest calls by the next poll); the rule reports what that found. Ranks it did not read (other
+nodes', known from their summaries) are compared over their latest calls at the poll
+(call_sites.first_divergence), which sees a pairing only while it is among them.
 """
 
 from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
+from ddpdoctor.monitor.model.pairings import PairingsView
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -31,6 +38,35 @@ FIX = (
 )
 
 
+def detect(snap: Snapshot) -> RuleOutcome | None:
+    """The pairings the monitor found as it read the calls (model/pairings.py), and a pairing in
+    the latest calls of ranks whose calls it did not read (other nodes': their summaries)."""
+    findings: list[Finding] = []
+    said: set[tuple[object, object]] = set()
+    pairings: PairingsView | None = snap.pairings
+    for found in pairings.found if pairings is not None else ():
+        divergence = call_sites.Divergence(
+            found.group, found.seq, found.culprits, found.call, found.others, found.other_call
+        )
+        findings.append(_finding(snap, divergence))
+        said.add(_sites(divergence))
+    if pairings is None or any(
+        view.recent_collectives and view.rank not in pairings.fed for view in snap.ranks
+    ):
+        latest = _in_latest_calls(snap)
+        if latest is not None and _sites(latest) not in said:
+            findings.append(_finding(snap, latest))
+    return RuleOutcome(rule="chance_pairing", findings=tuple(findings)) if findings else None
+
+
+def _sites(divergence: call_sites.Divergence) -> tuple[object, object]:
+    other = divergence.other_call
+    return (
+        divergence.call.site.key if divergence.call.site else None,
+        other.site.key if other is not None and other.site is not None else None,
+    )
+
+
 def _site_sequence(view: RankView) -> tuple[object, ...]:
     return tuple(
         (c.group, c.seq, c.site.key if c.site is not None else None)
@@ -39,7 +75,8 @@ def _site_sequence(view: RankView) -> tuple[object, ...]:
     )
 
 
-def detect(snap: Snapshot) -> RuleOutcome | None:
+def _in_latest_calls(snap: Snapshot) -> call_sites.Divergence | None:
+    """A pairing in the ranks' latest calls (RankView.recent_collectives), as a poll sees them."""
     # one rank per distinct sequence of (call, site): ranks in step share one (a cheap check)
     classes: dict[tuple[object, ...], RankView] = {}
     for view in snap.ranks:
@@ -56,6 +93,12 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     call, other = divergence.call, divergence.other_call
     if call.signature() != other.signature() or not call.shapes:
         return None  # another op or size: the mismatch rule's, not a silent pairing
+    return divergence
+
+
+def _finding(snap: Snapshot, divergence: call_sites.Divergence) -> Finding:
+    call, other = divergence.call, divergence.other_call
+    assert other is not None
     culprit = snap.rank(divergence.culprits[0])
     made_in = call.step if call.step is not None else culprit.step if culprit is not None else None
     step = f" at step {made_in}" if made_in is not None else ""
@@ -74,7 +117,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
             other.site.line,
         ),
     )
-    finding = Finding(
+    return Finding(
         id=CODE,
         severity=Severity.WARNING,
         summary=summary,
@@ -82,4 +125,3 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         ranks=divergence.culprits,
         evidence=evidence,
     )
-    return RuleOutcome(rule="chance_pairing", findings=(finding,))

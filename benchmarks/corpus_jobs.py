@@ -197,8 +197,10 @@ def deepspeed_jobs(kind: str) -> list[Job]:
     """The DeepSpeed corpus (tests/corpus/deepspeed/corpus.json) on CPU: under DeepSpeed's own
     launcher (`ddpdoctor run -- deepspeed --num_gpus N SCRIPT`) or torchrun (`--nproc N`; N the
     entry's "nproc", else 2), its JSON config read from the corpus. "paired_by_chance": rank 0
-    evaluates alone under ZeRO-3, its all-gathers pair with rank 1's training ones: a healthy
-    run whose warning (collective.chance_pairing) is the right answer."""
+    evaluates alone under ZeRO-3, its all-gathers pair with rank 1's training ones: the ranks are
+    out of step from then on and the job ends in a hang (or, as gloo sees it, a crash) of rank 0.
+    A faulty job, whose right answer is that verdict, culprit rank 0, and the warning
+    (collective.chance_pairing) said when the pairing happened."""
     manifest = json.loads((DEEPSPEED / "corpus.json").read_text())
     # the venv's own path, not a symlink to it: DeepSpeed rebuilds its CPU op for another path
     venv_bin = Path(sys.prefix).resolve() / "bin"
@@ -213,17 +215,18 @@ def deepspeed_jobs(kind: str) -> list[Job]:
             flags: tuple[str, ...] = ()
         else:
             words, flags = (script, *args), ("--nproc", nproc)
+        paired = kind == "paired_by_chance"
         jobs.append(
             Job(
                 f"ds-{j['name']}",
                 ("--", *words),
-                frozenset({j.get("verdict", "healthy")}),
-                tuple(j.get("culprits", ())),
+                frozenset({"hang", "crash"})
+                if paired
+                else frozenset({j.get("verdict", "healthy")}),
+                (0,) if paired else tuple(j.get("culprits", ())),
                 flags=flags,
                 timeout_s=SLOW_START_TIMEOUT_S,
-                expected=frozenset({"collective.chance_pairing"})
-                if kind == "paired_by_chance"
-                else frozenset(),
+                expected=frozenset({"collective.chance_pairing"}) if paired else frozenset(),
                 env=(("DS_ACCELERATOR", "cpu"),),
             )
         )
@@ -304,7 +307,6 @@ def healthy_jobs() -> list[Job]:
         + torchft_jobs("healthy")
         + torchft_jobs("recovering")
         + deepspeed_jobs("healthy")
-        + deepspeed_jobs("paired_by_chance")
         + mismatch_jobs("healthy")
         + replica_jobs("healthy")
     )
@@ -328,6 +330,7 @@ def faulty_jobs() -> list[Job]:
     jobs += recover_jobs("faulty")
     jobs += torchft_jobs("faulty")
     jobs += deepspeed_jobs("faulty")
+    jobs += deepspeed_jobs("paired_by_chance")
     jobs += mismatch_jobs("faulty")
     jobs += replica_jobs("faulty")
     samples = [  # the culprits tests/integration/test_diagnose_jobs.py expects

@@ -81,6 +81,8 @@ class Outcome:
     def right(self) -> bool:
         if self.verdict not in self.job.verdicts:
             return False
+        if not self.job.expected <= set(self.loud):
+            return False  # a fault whose finding is part of the answer (a chance pairing)
         if self.job.culprits_any:
             return bool(self.culprits) and set(self.culprits) <= set(self.job.culprits)
         return self.culprits == self.job.culprits

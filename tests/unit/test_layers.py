@@ -202,3 +202,15 @@ def test_no_monitor_stage_imports_a_later_stage(graph):
         and order[b] > order[a]
     )
     assert backwards == []
+
+
+MAX_MODULE_LINES = 450  # DESIGN.md: small modules with one job each
+
+
+def test_every_module_is_small():
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: split them by job"

@@ -32,8 +32,7 @@ RECENT_STEPS = 32  # step times kept for sparklines
 OWN_WORK_WINDOW = 10  # steps averaged for the straggler analysis
 RECENT_COLLECTIVES = 16  # collectives kept per rank for the mismatch comparison
 MAX_WARNINGS = 16
-# DataLoaders remembered per rank (a script may make a new evaluation loader every epoch).
-MAX_LOADERS = 32
+MAX_LOADERS = 32  # DataLoaders kept per rank (a script may make an eval loader every epoch)
 ERROR_LINES = 6
 
 # Kinds that mean the rank did something (a heartbeat alone only means its thread is alive).

@@ -371,6 +371,7 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     # world no launch can fill (a 10 s wait) are the slow tier's (their shared runs are slow=True)
     "test_run_reference.py::test_crash_and_exit_are_reported_with_their_codes[exit-17]",
     "test_run_reference.py::test_exit_trail_is_a_fault_and_no_exit_event",
+    "test_diagnose_jobs.py::test_faults_get_their_verdict_and_rank_1_as_culprit[exit-",
     "test_run_hardening.py::test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped",
     "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
     "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",

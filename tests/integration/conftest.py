@@ -372,6 +372,10 @@ SLOW_TESTS = (  # single tests that start (and time or kill) jobs of their own
     "test_run_reference.py::test_crash_and_exit_are_reported_with_their_codes[exit-17]",
     "test_run_reference.py::test_exit_trail_is_a_fault_and_no_exit_event",
     "test_diagnose_jobs.py::test_faults_get_their_verdict_and_rank_1_as_culprit[exit-",
+    # explain of flight-recorder dumps that two plain torchrun jobs leave (34 s): the quick tier
+    # explains the dumps recorded in tests/fixtures/flight_recorder
+    "test_postmortem.py::test_a_real_hang_dump_names_the_rank_behind_and_the_wait",
+    "test_postmortem.py::test_a_real_dump_and_its_logs_tell_one_story",
     "test_run_hardening.py::test_a_world_size_no_launch_can_fill_is_diagnosed_and_stopped",
     "test_diagnose_jobs.py::test_healthy_jobs_get_no_alarm[sample-missing_set_epoch]",
     "test_diagnose_jobs.py::test_missing_set_epoch_is_reported_before_it_bites",

@@ -31,7 +31,6 @@ from ddpdoctor.runtime.collectives import CollectiveTracker
 from ddpdoctor.runtime.completion import CudaMarker, default_cuda_marker
 from ddpdoctor.runtime.records import Record
 from ddpdoctor.runtime.steps import StepTracker
-from ddpdoctor.runtime.writer import MAX_QUEUED as MAX_QUEUED_STEPS
 from ddpdoctor.runtime.writer import EventWriter
 
 # A closed step is written at once when it was slow (a write is then a fraction of a percent of
@@ -225,12 +224,6 @@ class Runtime:
         if slow or now - self._step_written_t >= STEP_WRITE_EVERY_S:
             self._step_written_t = now
             writer.write_record(record)
-            return
-        # writer.enqueue's usual case inline (a queue with events in it: no wake-up to make)
-        queue = writer.queue
-        if queue and len(queue) < MAX_QUEUED_STEPS and not writer.closed:
-            writer.enqueued += 1
-            queue.append(record)
         else:
             writer.enqueue(record)
 

@@ -17,11 +17,7 @@ from ddpdoctor.runtime.replicas import NEVER
 
 
 def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """torch's global optimizer step post-hook (returns None: the optimizer's result stands).
-
-    The usual case costs this one frame: the open step (a DDP forward opened it) marked trained
-    with one store, and the replica citations' count of this optimizer's class, once its first
-    steps are listed, one dict look-up and `+= 1` (replica_calls.on_optimizer_step otherwise)."""
+    """torch's global optimizer step post-hook (returns None: the optimizer's result stands)."""
     rt = core._active
     if rt is None:
         return
@@ -29,19 +25,9 @@ def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         if rt.auto_phase and rt.phase != core.AUTO_TRAIN:
             # before the step is marked: the phase change closes only finished steps
             rt.set_phase(core.AUTO_TRAIN, auto=True)
-        steps = rt.steps
-        step = steps._open
-        if step is not None and step.forwards:
-            # no lock: a flush closing it meanwhile on another thread has its record made
-            step.trained = True
-        else:
-            steps.on_optimizer_step()
+        rt.steps.on_optimizer_step()
         if rt.replica_next != NEVER:  # replica digests on: count it for their citations
-            entry = replica_calls.OPTIMIZERS.get(type(optimizer))
-            if entry is not None and entry.listed:
-                entry.count += 1
-            else:
-                replica_calls.on_optimizer_step(optimizer, rt)
+            replica_calls.on_optimizer_step(optimizer, rt)
     except Exception:  # noqa: BLE001 - recording must never break the optimizer
         pass
 

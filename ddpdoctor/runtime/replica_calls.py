@@ -37,7 +37,7 @@ MODULE_MARK = "_ddpdoctor_ddp_module"
 class CallCount:
     """One (what, site) and how often this rank called it (mutable)."""
 
-    __slots__ = ("count", "ddp", "listed", "site", "steps", "what")
+    __slots__ = ("count", "ddp", "site", "steps", "what")
 
     def __init__(self, what: str, site: dict[str, Any] | None, ddp: bool) -> None:
         self.what = what
@@ -45,7 +45,6 @@ class CallCount:
         self.ddp = ddp  # it wrote into a DDP model (its own parameters), not elsewhere
         self.count = 0
         self.steps: list[int] = []
-        self.listed = False  # MAX_STEPS steps listed: a call only counts from now on
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -58,7 +57,7 @@ class CallCount:
 
 
 _COUNTS: dict[tuple[str, str | None], CallCount] = {}
-OPTIMIZERS: dict[type, CallCount] = {}
+_OPTIMIZERS: dict[type, CallCount] = {}
 _DEPTH = threading.local()
 
 
@@ -69,7 +68,7 @@ def snapshot() -> list[dict[str, Any]]:
 
 def forget() -> None:
     _COUNTS.clear()
-    OPTIMIZERS.clear()
+    _OPTIMIZERS.clear()
 
 
 def _site(text: str | None) -> dict[str, Any] | None:
@@ -102,17 +101,16 @@ def count(what: str, site_text: str | None, *, ddp: bool, rt: core.Runtime) -> N
 
 def on_optimizer_step(optimizer: Any, rt: core.Runtime) -> None:
     """From optim_hooks' global post-hook: one more step of this optimizer's class."""
-    entry = OPTIMIZERS.get(type(optimizer))
+    entry = _OPTIMIZERS.get(type(optimizer))
     if entry is None:
         what = f"{type(optimizer).__name__}.step"
         entry = CallCount(what, _site(caller_site(2)), True)
         if len(_COUNTS) >= MAX_KEYS:
             return
-        OPTIMIZERS[type(optimizer)] = _COUNTS[(what, "optimizer")] = entry
+        _OPTIMIZERS[type(optimizer)] = _COUNTS[(what, "optimizer")] = entry
     entry.count += 1
     if len(entry.steps) < MAX_STEPS:
         entry.steps.append(_step(rt))
-    entry.listed = len(entry.steps) >= MAX_STEPS  # optim_hooks counts it inline from now on
 
 
 def _is_ddp_target(obj: Any) -> bool:

@@ -74,8 +74,6 @@ class EventWriter:
         # holds the lock in the middle of a write.
         self._lock = threading.RLock()
         self._queue: collections.deque[dict[str, Any] | Record] = collections.deque()
-        # the queue itself, for the runtime's inline enqueue of a step (core.Runtime._write_step)
-        self.queue = self._queue
         self._fd: int | None = None
         self.closed = False  # refuses every event from now on (the exit event was the last)
         self._warned = False

@@ -118,7 +118,7 @@ def _slow_steps_queued(on: bool) -> None:
 def _no_ddp_timers(on: bool) -> None:
     from ddpdoctor.runtime import ddp_hooks
 
-    def no_probe(ddp: Any, _t: float) -> bool:
+    def no_probe(ddp: Any, *_: Any) -> bool:
         setattr(ddp, ddp_hooks.PROBE_ATTR, False)
         return False
 

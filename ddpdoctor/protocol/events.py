@@ -114,7 +114,8 @@ step               forwards (training forwards in the step: more than 1 when no_
                    end of its loader or the process, so its event follows its metrics. step_time_s
                    = data_time_s + compute_time_s + comm_wait_s; comm_wait_s is blocking
                    collectives of the training thread plus the gradient all-reduce time not hidden
-                   behind backward. batch_size sums the leading dimension of the training
+                   behind backward. Both are null for a DDP model's first steps, until DDP's
+                   own timers (which time that all-reduce) have been read. batch_size sums the leading dimension of the training
                    forwards' first tensor argument (null when unknown). A step is a DDP forward
                    with grad and gradient sync that trained: confirmed by an optimizer step, a
                    gradient bucket or train mode (Lightning trains with its DDP wrapper in eval
@@ -221,9 +222,9 @@ _STEP_FAST = re.compile(
     + rb',"data_time_s":'
     + _NUM
     + rb',"compute_time_s":'
-    + _NUM
+    + rb"(-?[0-9][0-9.eE+-]*|null)"
     + rb',"comm_wait_s":'
-    + _NUM
+    + rb"(-?[0-9][0-9.eE+-]*|null)"
     + rb',"samples_per_s":(-?[0-9][0-9.eE+-]*|null)\}[ \t\r]*'
 )
 
@@ -252,8 +253,8 @@ def parse_step_line(line: bytes) -> dict[str, Any] | None:
             "forwards": int(g[7]),
             "step_time_s": float(g[8]),
             "data_time_s": float(g[9]),
-            "compute_time_s": float(g[10]),
-            "comm_wait_s": float(g[11]),
+            "compute_time_s": _opt(g[10], float),
+            "comm_wait_s": _opt(g[11], float),
             "samples_per_s": _opt(g[12], float),
         }
     except ValueError:  # "1e5e5" has the characters of a number but is none: the slow path

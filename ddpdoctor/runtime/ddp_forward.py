@@ -104,7 +104,7 @@ def install(runtime: core.Runtime) -> None:
                         if not record_buckets:
                             probe = state.get(PROBE_ATTR)
                             if probe is None:
-                                ddp_hooks.start_probe(self, now)
+                                ddp_hooks.start_probe(self, now, steps)
                             elif probe and now >= probe.next_t:
                                 probe_due = probe  # read after DDP's forward: it records them
                 else:

@@ -205,12 +205,14 @@ def _allreduce_recorded(slot: HookSlot, buffer: Any, tracker: Any, rec: Any) -> 
 # are cold), so it happens once a COMM_READ_EVERY_S, on the training thread at a forward (where
 # DDP writes them too: no race), and the latest sample stands for the steps until the next read.
 # DDP times one iteration in `sample rate` (its default 100, and the first 10); timing one costs
-# ~10 µs of CPU, so on CPU the rate is set for a sample every SAMPLE_EVERY_S or so (a few per
-# read): every 12th step of a 20 ms step, one in 100 of a 2 ms one. At 0.1 s and 0.02 s the two
-# cost ~20 µs a step on a loaded machine, a tenth of the runtime's whole per-step cost. A CUDA
-# model keeps DDP's default: its timers synchronize the device.
-COMM_READ_EVERY_S = 1.0
+# ~10 µs of CPU, so on CPU the rate is set for a sample every SAMPLE_EVERY_S or so: every 12th
+# step of a 20 ms step, one in 100 of a 2 ms one. Reading as often as DDP samples keeps the
+# figure within a step or two of the step it stands for (read once a second, a 0.3 s step's
+# wait stood for the next three, and a straggler's peers looked slow themselves); at 2 ms steps
+# that is one read in 125 steps, under 1 µs a step. A CUDA model keeps DDP's default: its timers
+# synchronize the device. Until the first read the steps have no split (steps.ddp_comm_s None).
 SAMPLE_EVERY_S = 0.25
+COMM_READ_EVERY_S = SAMPLE_EVERY_S
 MAX_SAMPLE_RATE = 100  # DDP's default
 PROBE_ATTR = "_ddpdoctor_comm_probe"
 
@@ -231,6 +233,7 @@ class CommProbe:
         self.next_t = t + COMM_READ_EVERY_S
         logger = getattr(ddp, "logger", None)
         if logger is None:
+            steps.ddp_comm_s = steps.ddp_comm_s or 0.0  # no timers: the wait counts as compute
             return
         data = logger._get_ddp_logging_data().ints_map  # ns and counts
         iteration = int(data.get("iteration") or 0)
@@ -239,6 +242,8 @@ class CommProbe:
         end, compute_end = data.get("backward_comm_time_end"), data.get("backward_compute_time_end")
         if isinstance(end, int) and isinstance(compute_end, int) and end and compute_end:
             steps.ddp_comm_s = max(0, end - compute_end) / 1e9
+        elif steps.ddp_comm_s is None:  # timers that say nothing: as before them
+            steps.ddp_comm_s = 0.0
         if self.adapt and self.iteration:
             per_iteration = (t - self.read_t) / (iteration - self.iteration)
             wanted = int(SAMPLE_EVERY_S / per_iteration) if per_iteration > 0 else 1
@@ -249,13 +254,15 @@ class CommProbe:
         self.iteration, self.read_t = iteration, t
 
 
-def start_probe(ddp: Any, t: float) -> CommProbe | bool:
+def start_probe(ddp: Any, t: float, steps: Any) -> CommProbe | bool:
     """At a model's first synced training forward without the bucket hook."""
     try:
         adapt = getattr(ddp, "device_type", "cpu") != "cuda"
         if adapt:  # sample every iteration until the step time is known
             ddp._set_ddp_runtime_logging_sample_rate(1)
         probe: CommProbe | bool = CommProbe(t, adapt, 1 if adapt else MAX_SAMPLE_RATE)
+        if getattr(ddp, "logger", None) is not None:
+            steps.ddp_comm_s = None  # the steps before the first read have no split
     except Exception:  # noqa: BLE001 - no timing rather than no training
         probe = False
     setattr(ddp, PROBE_ATTR, probe)

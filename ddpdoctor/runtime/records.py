@@ -57,7 +57,7 @@ _STEP_LINE = (
     '{"v":' + str(SCHEMA_VERSION) + ',"t":%.6f,"mono":%.6f,"rank":%d,"kind":' + text(STEP)
 ) + (
     ',"step":%d,"epoch":%s,"loss":%s,"batch_size":%s,"forwards":%d,"step_time_s":%.6f,'
-    '"data_time_s":%.6f,"compute_time_s":%.6f,"comm_wait_s":%.6f,"samples_per_s":%s}'
+    '"data_time_s":%.6f,"compute_time_s":%s,"comm_wait_s":%s,"samples_per_s":%s}'
 )
 
 
@@ -159,9 +159,14 @@ def step(record: Record, rank: int) -> str:
     _, t, mono, number, epoch, loss, samples, forwards, step_time, data_s, comm_s = record
     # seconds to the microsecond, as numbers: "0.001200" reads back as 0.0012
     step_time = step_time if step_time > 0.0 else 0.0
-    comm = comm_s if comm_s < step_time else step_time
     data = data_s if data_s < step_time else step_time
-    compute = step_time - data - comm
+    if comm_s is None:  # DDP's timers not read yet: no split of the rest
+        comm_text = compute_text = "null"
+    else:
+        comm = comm_s if comm_s < step_time else step_time
+        compute = step_time - data - comm
+        comm_text = f"{comm:.6f}"
+        compute_text = f"{compute:.6f}" if compute > 0.0 else "0.000000"
     if loss is None:
         loss_text = "null"
     elif math.isfinite(loss):
@@ -180,8 +185,8 @@ def step(record: Record, rank: int) -> str:
         forwards,
         step_time,
         data,
-        compute if compute > 0.0 else 0.0,
-        comm,
+        compute_text,
+        comm_text,
         "%.3f" % (samples / step_time) if samples and step_time > 0.0 else "null",
     )
 

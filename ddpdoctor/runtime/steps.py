@@ -90,8 +90,10 @@ class StepTracker:
         # over the epoch of the loader that fetched last (which may be a validation loader)
         self._epoch_given = False
         # The gradient all-reduce wait per step as DDP's timers measured it lately (seconds),
-        # for steps that no bucket hook timed (set by ddp_hooks.CommProbe).
-        self.ddp_comm_s = 0.0
+        # for steps that no bucket hook timed (set by ddp_hooks.CommProbe). None from a DDP
+        # model's first forward until its timers are first read: the steps before that have
+        # no split (their wait would count as compute, and make every rank look slow).
+        self.ddp_comm_s: float | None = 0.0
 
     @property
     def current(self) -> int:
@@ -260,8 +262,10 @@ class StepTracker:
         step.closed = True
         done = self.steps_done = self.steps_done + 1
         launched = step.bucket_launch
+        comm: float | None
         if launched is None:  # DDP's own all-reduce: its timers' latest figure
-            comm = step.comm_s + self.ddp_comm_s
+            ddp_comm = self.ddp_comm_s
+            comm = None if ddp_comm is None else step.comm_s + ddp_comm
         else:  # the bucket hook timed it: last bucket launched -> last bucket done
             finished = step.bucket_done
             exposed = finished - launched if finished is not None and finished > launched else 0.0

@@ -23,6 +23,7 @@ def step_line(epoch=0, loss=0.25, samples=64, step_time=0.0123, data=0.001, comm
         step_line(epoch=None, loss=None, samples=None),
         step_line(loss=-1.5e-07, step_time=0.0, data=0.5, comm=0.9),
         step_line(loss=12345678.0),
+        step_line(comm=None),  # DDP's timers not read yet: no split
     ],
 )
 def test_the_runtimes_step_line_reads_as_json_loads_reads_it(line):
@@ -30,6 +31,13 @@ def test_the_runtimes_step_line_reads_as_json_loads_reads_it(line):
     assert fast is not None
     assert fast == json.loads(line)
     assert parse_event_line(line) == json.loads(line)
+
+
+def test_a_step_without_its_split_says_null_not_zero():
+    fast = parse_step_line(step_line(comm=None))
+    assert fast is not None
+    assert fast["comm_wait_s"] is None and fast["compute_time_s"] is None
+    assert fast["data_time_s"] == 0.001 and fast["step_time_s"] == 0.0123
 
 
 def test_other_lines_take_the_json_path_unchanged():

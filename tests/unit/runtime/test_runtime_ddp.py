@@ -369,33 +369,64 @@ def test_bucket_mode_follows_the_variable():
     assert not hook and why["mode"] == "flight_recorder"
 
 
-def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(tmp_path, monkeypatch, world):
-    from ddpdoctor.runtime.ddp_hooks import PROBE_ATTR, CommProbe
-
+@pytest.fixture
+def timers_runtime(tmp_path, monkeypatch, world):
+    """Rank 0's runtime without the bucket hook: the all-reduce wait comes from DDP's timers."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("DDPDOCTOR_DDP_BUCKETS")
     runtime = activate(tmp_path / "run")
-    try:
-        model = make_model()
-        for _ in range(4):
-            train_step(model)
-        probe = getattr(model, PROBE_ATTR)
-        assert isinstance(probe, CommProbe) and probe.adapt  # a CPU model
-        runtime.steps.ddp_comm_s = -1.0
-        probe.next_t = 0.0  # due: the next synced forward reads DDP's stats
+    yield runtime
+    deactivate()
+
+
+def test_without_the_hook_ddps_own_timers_give_the_all_reduce_wait(timers_runtime):
+    from ddpdoctor.runtime.ddp_hooks import PROBE_ATTR, CommProbe
+
+    runtime = timers_runtime
+    model = make_model()
+    for _ in range(4):
         train_step(model)
-        assert probe.iteration >= 3 and 0.0 <= runtime.steps.ddp_comm_s < 1.0
-        assert probe.next_t > 0.0
-        probe.next_t = 0.0  # tiny steps: DDP samples one iteration in many, not all
+    probe = getattr(model, PROBE_ATTR)
+    assert isinstance(probe, CommProbe) and probe.adapt  # a CPU model
+    runtime.steps.ddp_comm_s = -1.0
+    probe.next_t = 0.0  # due: the next synced forward reads DDP's stats
+    train_step(model)
+    assert probe.iteration >= 3 and 0.0 <= runtime.steps.ddp_comm_s < 1.0
+    assert probe.next_t > 0.0
+    probe.next_t = 0.0  # tiny steps: DDP samples one iteration in many, not all
+    train_step(model)
+    assert 1 < probe.rate <= 100
+    runtime.steps.ddp_comm_s = 0.25  # what DDP's timers said lately stands for each step
+    train_step(model)
+    runtime.steps.flush()
+    last = events(runtime, "step")[-1]
+    assert last["comm_wait_s"] == pytest.approx(min(0.25, last["step_time_s"]), abs=2e-6)
+
+
+def test_the_steps_before_ddps_timers_are_first_read_have_no_split(timers_runtime):
+    """Until the first read, the all-reduce wait is unknown: counted as compute, a straggler's
+    peers looked as slow as the straggler (their wait inside DDP's all-reduce became their work)."""
+    from ddpdoctor.runtime.ddp_hooks import PROBE_ATTR
+
+    runtime = timers_runtime
+    model = make_model()
+    train_step(model)
+    probe = getattr(model, PROBE_ATTR)
+    probe.next_t = float("inf")  # not due, however slow the machine (the first read is 0.25 s on)
+    for _ in range(2):
         train_step(model)
-        assert 1 < probe.rate <= 100
-        runtime.steps.ddp_comm_s = 0.25  # what DDP's timers said lately stands for each step
-        train_step(model)
-        runtime.steps.flush()
-        last = events(runtime, "step")[-1]
-        assert last["comm_wait_s"] == pytest.approx(min(0.25, last["step_time_s"]), abs=2e-6)
-    finally:
-        deactivate()
+    assert runtime.steps.ddp_comm_s is None
+    probe.next_t = 0.0
+    train_step(model)  # its forward closes step 3 (still unsplit), then reads the timers
+    assert runtime.steps.ddp_comm_s is not None
+    train_step(model)
+    runtime.steps.flush()
+    steps = events(runtime, "step")
+    assert [s["comm_wait_s"] for s in steps[:3]] == [None, None, None]
+    assert [s["compute_time_s"] for s in steps[:3]] == [None, None, None]
+    assert all(s["data_time_s"] is not None for s in steps)
+    assert all(isinstance(s["comm_wait_s"], float) for s in steps[4:])
+    assert isinstance(steps[-1]["compute_time_s"], float)
 
 
 def test_gradient_syncs_are_counted_and_written_as_the_latest_number(tmp_path, monkeypatch, world):

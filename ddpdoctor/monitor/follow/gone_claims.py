@@ -10,7 +10,9 @@ stopped while rank 1 trained on. So the claim counts only when
   that launcher runs, where this watcher can see it;
 - the rank's process is not seen alive by this watcher (a rank of this host: its pid);
 - the node goes on saying so, and the rank's record stays silent, for CONFIRM_S (a live rank
-  heartbeats every second): events of the rank after the claim refute it.
+  heartbeats every second): events of the rank after the claim refute it. The same events read
+  again (its record read afresh from its file, as when its node's summary stops standing at the
+  job's end) neither refute it nor confirm it: the claim is dropped, unreported.
 
 A refuted claim is reported (a finding), never acted on. A claim costs a real loss CONFIRM_S.
 """
@@ -78,7 +80,13 @@ class GoneClaims:
                 del self.pending[rank]
             elif _mark(tracker) != mark:
                 del self.pending[rank]
-                self._refute(rank, f"its events went on after node {node}'s summary named it gone")
+                if _went_on(tracker, mark):
+                    self._refute(
+                        rank, f"its events went on after node {node}'s summary named it gone"
+                    )
+                # else its record was read again, the same events (its node's summary stopped
+                # standing as the job ended: its own file, from the start): no sign of life to
+                # report, and no ground to act on either
             elif first is None:
                 self.pending[rank] = (node, now, mark)
             elif now - first >= CONFIRM_S:
@@ -110,3 +118,18 @@ class GoneClaims:
 def _mark(tracker: Any) -> tuple[Any, ...]:
     """What changes when a rank's record gets anything new (an event, a row)."""
     return (tracker.events_seen, tracker.last_event_t, tracker.step)
+
+
+# A row's times are rounded to a tenth of a millisecond (rank_rows.TIME_DIGITS): the same event
+# read again from the rank's file is up to that much later
+SAME_EVENT_S = 0.001
+
+
+def _went_on(tracker: Any, mark: tuple[Any, ...]) -> bool:
+    """Whether the rank's record shows events after those it had at the claim: a later event
+    or a later step (a live rank heartbeats every second), not the same ones read again."""
+    _, marked_t, marked_step = mark
+    t, step = tracker.last_event_t, tracker.step
+    later_t = t is not None and (marked_t is None or t > marked_t + SAME_EVENT_S)
+    later_step = step is not None and (marked_step is None or step > marked_step)
+    return later_t or later_step

@@ -113,6 +113,7 @@ def test_a_gone_claim_needs_the_launcher_and_the_ranks_silence():
     claims.claim(1, _summary(1, [1]), state, remote, mine)
     claims.settle(state, 100.0)
     tracker.events_seen += 1
+    tracker.last_event_t += 1.0  # its next heartbeat
     claims.settle(state, 100.0 + CONFIRM_S)
     assert state.alive == {} and "its events went on" in claims.refuted[1]
     # the launcher's word and the rank silent for CONFIRM_S: gone
@@ -121,6 +122,29 @@ def test_a_gone_claim_needs_the_launcher_and_the_ranks_silence():
     claims.settle(state, 100.0)
     claims.settle(state, 100.0 + CONFIRM_S)
     assert state.alive == {1: False} and not claims.refuted
+
+
+def test_the_same_events_read_again_neither_refute_nor_confirm_a_gone_claim():
+    """At a job's end its node's summary stops standing and the rank's record is read afresh
+    from its file: the same events (times as precise as the file's, not the row's rounding).
+    That is no sign of life: no warning on a healthy job, and nothing acted on either."""
+    remote = lambda host: False  # noqa: E731
+    mine = lambda rank: True  # noqa: E731
+    claims, (state, tracker) = GoneClaims(), _state()
+    claims.claim(1, _summary(1, [1]), state, remote, mine)
+    claims.settle(state, 100.0)
+    tracker.events_seen = 0  # restarted, then read again up to the same last event
+    tracker.events_seen = 5
+    tracker.last_event_t += 0.00004
+    claims.settle(state, 100.0 + CONFIRM_S)
+    assert not claims.pending and state.alive == {} and claims.findings() == []
+    # a step further is life, whatever the times say
+    claims, (state, tracker) = GoneClaims(), _state()
+    claims.claim(1, _summary(1, [1]), state, remote, mine)
+    claims.settle(state, 100.0)
+    tracker.step += 1
+    claims.settle(state, 100.0 + 1)
+    assert "its events went on" in claims.refuted[1] and state.alive == {}
 
 
 def test_a_gone_claim_on_a_rank_whose_process_runs_here_is_refuted():

@@ -8,13 +8,20 @@ the venv's `bin` first on PATH, and the op is built once, with that environment,
 first job (minutes the first time on a machine, then a no-op). The venv's own path, not a
 symlink to it: the `deepspeed` launcher starts its ranks with its interpreter's path, and the op
 is rebuilt whenever DeepSpeed is imported from another path.
+
+Its CPU all-reduce keeps two 66 MiB buffers per job in /dev/shm that DeepSpeed never unlinks:
+a slow tier left a few GiB of memory there, and run after run 12 GiB, half of this machine's.
+The fixtures that run DeepSpeed jobs remove the buffers their jobs left (`shm_buffers_removed`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,3 +49,30 @@ def build_shared_memory_op() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail(f"DeepSpeed's CPU op did not build within {BUILD_TIMEOUT_S} s")
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+SHM_BUFFERS = "/dev/shm/deepspeed_allreduce_buffer_*"
+
+
+def _mapped_shm() -> set[str]:
+    """The /dev/shm files some process maps now."""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        with contextlib.suppress(OSError), open(maps) as fh:
+            mapped.update(line.split()[-1] for line in fh if "/dev/shm/" in line)
+    return mapped
+
+
+@contextlib.contextmanager
+def shm_buffers_removed() -> Iterator[None]:
+    """Remove the DeepSpeed buffers that appeared in /dev/shm while the block ran and that no
+    process maps any more (another module's job still running keeps its own)."""
+    before = set(glob.glob(SHM_BUFFERS))
+    try:
+        yield
+    finally:
+        left = set(glob.glob(SHM_BUFFERS)) - before
+        if left:
+            for path in left - _mapped_shm():
+                with contextlib.suppress(OSError):
+                    os.unlink(path)

@@ -26,7 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.deepspeed_env import PYTHON, VENV_BIN, build_shared_memory_op, deepspeed_env
+from tests.deepspeed_env import (
+    PYTHON,
+    VENV_BIN,
+    build_shared_memory_op,
+    deepspeed_env,
+    shm_buffers_removed,
+)
 from tests.procs import (
     REPO,
     JsonRun,
@@ -90,7 +96,8 @@ def results(request, tmp_path_factory) -> dict[str, JsonRun]:
     wanted = _selected(request)
     jobs = [job for job in jobs if job["name"] in wanted]
     starts = {job["name"]: functools.partial(_start, job, base) for job in jobs}
-    ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
+    with shm_buffers_removed():
+        ended = run_in_parallel(starts, parallel=PARALLEL, timeout_s=RUN_TIMEOUT_S)
     done: dict[str, JsonRun] = {}
     for name, (proc, timed_out) in ended.items():
         work = base / name

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deepspeed_env import build_shared_memory_op, deepspeed_env
+from tests.deepspeed_env import build_shared_memory_op, deepspeed_env, shm_buffers_removed
 from tests.procs import (
     REPO,
     JsonRun,
@@ -260,7 +260,8 @@ def deepspeed_zero(tmp_path_factory) -> dict[str, JsonRun]:
             _start, DS_RELOAD, base, name="ds-healthy", args=("--healthy",), env=env
         ),
     }
-    return _run_all(base, [], parallel=2, starts=starts)
+    with shm_buffers_removed():
+        return _run_all(base, [], parallel=2, starts=starts)
 
 
 @pytest.mark.slow

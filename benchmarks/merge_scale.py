@@ -194,7 +194,14 @@ def _run(args: argparse.Namespace, cache: Path) -> int:
     )
     for world in (int(w) for w in args.ranks.split(",")):
         began = time.monotonic()
-        folder = pregenerate(cache, world, WARM_UP_S + args.seconds, args.steps_per_s)
+        # with --hang one node's ranks stop once the timed seconds are over: one simulation
+        # serves both
+        hang = Hang(node=world // PER_NODE // 2, second=WARM_UP_S + args.seconds + 1)
+        if args.hang:
+            total = hang.second + int(HANG_AFTER_S) + 3
+            folder = pregenerate(cache, world, total, args.steps_per_s, hang)
+        else:
+            folder = pregenerate(cache, world, WARM_UP_S + args.seconds, args.steps_per_s)
         made = time.monotonic() - began
         runs: dict[str, list[float]] = {"events": [], "rows": []}
         profile = cProfile.Profile() if args.profile else None
@@ -220,9 +227,7 @@ def _run(args: argparse.Namespace, cache: Path) -> int:
         if profile is not None:
             pstats.Stats(profile).sort_stats("cumulative").print_stats(args.profile)
         if args.hang:
-            hang = Hang(node=world // PER_NODE // 2, second=WARM_UP_S + 2)
-            hung = pregenerate(cache, world, hang.second + 15, args.steps_per_s, hang)
-            latency, right = hang_latency(world, hung, hang)
+            latency, right = hang_latency(world, folder, hang)
             said = "never" if latency is None else f"{latency:.2f} s"
             print(
                 f"{world:>6} a node's ranks stop (hang_after {HANG_AFTER_S:g} s): node 0 names the "

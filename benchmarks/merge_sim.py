@@ -39,6 +39,7 @@ from ddpdoctor.protocol.rundir import RunDir
 PER_NODE = 8
 T0 = 1_700_000_000.0
 VARIANTS = ("rows", "events")
+WORKERS = 2  # child processes simulating the other nodes, each a share of them
 _SOURCES = (
     "monitor/follow/node_publisher.py",
     "monitor/follow/rank_rows.py",
@@ -63,10 +64,16 @@ def _event(rank: int, kind: str, t: float, **fields) -> dict:
 class Followers:
     """The launchers of nodes 1..N-1: each its own ranks' record and, per variant, publisher."""
 
-    def __init__(self, world: int, steps_per_s: int = 1, hang: Hang | None = None) -> None:
+    def __init__(
+        self,
+        world: int,
+        steps_per_s: int = 1,
+        hang: Hang | None = None,
+        nodes: range | None = None,
+    ) -> None:
         self.steps_per_s = steps_per_s
         self.hang = hang
-        self.nodes = range(1, world // PER_NODE)
+        self.nodes = range(1, world // PER_NODE) if nodes is None else nodes
         info = RunInfo(name="merge-scale", run_dir="/nonexistent", world_size=world)
         run = RunDir(Path("/nonexistent"))  # (compose only: the texts go to the cache)
         self.publishers = {v: {n: Publisher(run, n) for n in self.nodes} for v in VARIANTS}
@@ -156,36 +163,44 @@ def cache_key(world: int, seconds: int, steps_per_s: int, hang: Hang | None) -> 
     return f"{said}-{code.hexdigest()[:12]}"
 
 
-def _generate(folder: Path, world: int, seconds: int, steps_per_s: int, hang: Hang | None) -> None:
-    followers = Followers(world, steps_per_s, hang)
-    times = []
+def _generate(
+    folder: Path, world: int, seconds: int, steps_per_s: int, hang: Hang | None, nodes: range
+) -> None:
+    followers = Followers(world, steps_per_s, hang, nodes)
     for second in range(1, seconds + 1):
-        t, texts = followers.summaries()
-        times.append(t)
+        _, texts = followers.summaries()
         for variant, by_node in texts.items():
             where = folder / variant / str(second)
-            where.mkdir(parents=True)
+            where.mkdir(parents=True, exist_ok=True)
             for node, text in by_node.items():
                 (where / f"node-{node}").write_text(text, encoding="utf-8")
-    (folder / "times.json").write_text(json.dumps(times))
 
 
 def pregenerate(
     cache: Path, world: int, seconds: int, steps_per_s: int = 1, hang: Hang | None = None
 ) -> Path:
-    """The folder of `seconds` simulated seconds of summaries, made now in a child process
-    unless `cache` has them already."""
+    """The folder of `seconds` simulated seconds of summaries, made now in child processes
+    (WORKERS of them, each simulating a share of the nodes) unless `cache` has them already."""
     folder = cache / cache_key(world, seconds, steps_per_s, hang)
     if (folder / "times.json").exists():
         return folder
     if folder.exists():
         shutil.rmtree(folder)  # (an earlier run stopped half way)
     context = multiprocessing.get_context("fork")
-    child = context.Process(target=_generate, args=(folder, world, seconds, steps_per_s, hang))
-    child.start()
-    child.join()
-    if child.exitcode != 0 or not (folder / "times.json").exists():
-        raise RuntimeError(f"simulating the other nodes failed (exit {child.exitcode})")
+    nodes = range(1, world // PER_NODE)
+    children = [
+        context.Process(
+            target=_generate, args=(folder, world, seconds, steps_per_s, hang, nodes[i::WORKERS])
+        )
+        for i in range(WORKERS)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"simulating the other nodes failed (exit {child.exitcode})")
+    (folder / "times.json").write_text(json.dumps([T0 + s for s in range(1, seconds + 1)]))
     return folder
 
 

@@ -65,7 +65,7 @@ def test_the_summaries_made_ahead_are_what_each_launcher_published(tmp_path):
 def test_node_0_names_a_hung_node_and_its_ranks(tmp_path):
     bench = _bench()
     hang = bench.Hang(node=2, second=4)
-    folder = bench.pregenerate(tmp_path / "cache", 32, 14, 1, hang)
+    folder = bench.pregenerate(tmp_path / "cache", 32, 12, 1, hang)
     latency, right = bench.hang_latency(32, folder, hang)
     assert right
     assert latency is not None and bench.HANG_AFTER_S <= latency <= bench.HANG_AFTER_S + 1.0

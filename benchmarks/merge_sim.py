@@ -141,15 +141,19 @@ class Followers:
         self.second += 1
         t = T0 + self.second
         texts: dict[str, dict[int, str]] = {v: {} for v in VARIANTS}
+        # (the baseline is timed before any hang: its summaries end there)
+        baseline = self.hang is None or self.second < self.hang.second
         for node in self.nodes:
             for rank in ranks_of(node):
                 self.second_of(rank, t)
             own = ranks_of(node)
             trackers = self.states[node].ranks
-            texts["rows"][node] = self.publishers["rows"][node].compose(
-                t + 0.94, own, trackers=trackers
-            )
-            texts["events"][node] = self.publishers["events"][node].compose(t + 0.94, own)
+            rows = self.publishers["rows"][node]
+            texts["rows"][node] = rows.compose(t + 0.94, own, trackers=trackers)
+            if baseline:
+                events = self.publishers["events"][node]
+                events.texts = dict(rows.texts)  # the same events: each encoded once, not twice
+                texts["events"][node] = events.compose(t + 0.94, own)
         return t, texts
 
 

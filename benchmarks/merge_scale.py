@@ -198,7 +198,7 @@ def _run(args: argparse.Namespace, cache: Path) -> int:
         # serves both
         hang = Hang(node=world // PER_NODE // 2, second=WARM_UP_S + args.seconds + 1)
         if args.hang:
-            total = hang.second + int(HANG_AFTER_S) + 3
+            total = hang.second + int(HANG_AFTER_S) + 1
             folder = pregenerate(cache, world, total, args.steps_per_s, hang)
         else:
             folder = pregenerate(cache, world, WARM_UP_S + args.seconds, args.steps_per_s)

@@ -379,6 +379,7 @@ def test_ranks_agree_on_collective_sequence_numbers(healthy):
 @pytest.mark.timeout(200)
 def test_every_collective_ends(healthy):
     _, _, events = healthy
+    counted = []
     for trail in events.values():
         started = defaultdict(set)
         ended = defaultdict(set)
@@ -388,7 +389,13 @@ def test_every_collective_ends(healthy):
             assert e["ok"], e
             ended[(e["group"], e.get("peer"), e["op"])].add(e["seq"])
         assert started == ended
-        assert kinds(trail, "heartbeat")[-1]["collectives_started"] >= 1
+        # every beat after the first call counts it (a rank held 5 s in its start on a loaded
+        # machine can train and exit between two beats: then it has no such beat)
+        first = min(e["t"] for e in kinds(trail, "collective_start"))
+        later = [h for h in kinds(trail, "heartbeat") if h["t"] > first + 0.05]
+        assert all(h["collectives_started"] >= 1 for h in later), later
+        counted += later
+    assert counted  # one rank at least beat while it trained
 
 
 @pytest.mark.timeout(200)

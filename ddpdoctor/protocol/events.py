@@ -115,11 +115,12 @@ step               forwards (training forwards in the step: more than 1 when no_
                    = data_time_s + compute_time_s + comm_wait_s; comm_wait_s is blocking
                    collectives of the training thread plus the gradient all-reduce time not hidden
                    behind backward. Both are null for a DDP model's first steps, until DDP's
-                   own timers (which time that all-reduce) have been read. batch_size sums the leading dimension of the training
-                   forwards' first tensor argument (null when unknown). A step is a DDP forward
-                   with grad and gradient sync that trained: confirmed by an optimizer step, a
-                   gradient bucket or train mode (Lightning trains with its DDP wrapper in eval
-                   mode); without any DDP forward, each optimizer step (forwards 0).
+                   own timers (which time that all-reduce) have been read. batch_size sums the
+                   leading dimension of the training forwards' first tensor argument (null when
+                   unknown). A step is a DDP forward with grad and gradient sync that trained:
+                   confirmed by an optimizer step, a gradient bucket or train mode (Lightning
+                   trains with its DDP wrapper in eval mode); without any DDP forward, each
+                   optimizer step (forwards 0).
 phase              previous (the phase it replaces). Repeating the current phase writes nothing.
 epoch              loader (per-process number of the DataLoader, in order of first use),
                    distributed (its sampler is a DistributedSampler), batch_size, drop_last,
@@ -214,18 +215,22 @@ MAX_RANKS = 1 << 16
 # line. Any other line, a step written differently (older runtimes, a non-finite loss) included,
 # goes to json.loads as before.
 _NUM = rb"(-?[0-9][0-9.eE+-]*)"
+_NUM_OR_NULL = rb"(-?[0-9][0-9.eE+-]*|null)"
 _STEP_FAST = re.compile(
     rb'\{"v":1,"t":' + _NUM + rb',"mono":' + _NUM + rb',"rank":([0-9]+),"kind":"step","step":'
-    rb'(-?[0-9]+),"epoch":(-?[0-9]+|null),"loss":' + rb"(-?[0-9][0-9.eE+-]*|null)"
-    rb',"batch_size":([0-9]+|null),"forwards":([0-9]+),"step_time_s":'
+    rb'(-?[0-9]+),"epoch":(-?[0-9]+|null),"loss":'
+    + _NUM_OR_NULL
+    + rb',"batch_size":([0-9]+|null),"forwards":([0-9]+),"step_time_s":'
     + _NUM
     + rb',"data_time_s":'
     + _NUM
     + rb',"compute_time_s":'
-    + rb"(-?[0-9][0-9.eE+-]*|null)"
+    + _NUM_OR_NULL
     + rb',"comm_wait_s":'
-    + rb"(-?[0-9][0-9.eE+-]*|null)"
-    + rb',"samples_per_s":(-?[0-9][0-9.eE+-]*|null)\}[ \t\r]*'
+    + _NUM_OR_NULL
+    + rb',"samples_per_s":'
+    + _NUM_OR_NULL
+    + rb"\}[ \t\r]*"
 )
 
 

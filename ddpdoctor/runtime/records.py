@@ -53,11 +53,15 @@ _METRICS = _envelope(METRICS)
 # A step's line as one template (the kind has no "%"). Its times to the microsecond ("%.6f"):
 # repr() of a unix time (17 digits) took half of the encoding, which runs once per step on the
 # writer thread with the GIL held; a microsecond is finer than any step.
-_STEP_LINE = (
+_STEP_HEAD = (
     '{"v":' + str(SCHEMA_VERSION) + ',"t":%.6f,"mono":%.6f,"rank":%d,"kind":' + text(STEP)
-) + (
-    ',"step":%d,"epoch":%s,"loss":%s,"batch_size":%s,"forwards":%d,"step_time_s":%.6f,'
-    '"data_time_s":%.6f,"compute_time_s":%s,"comm_wait_s":%s,"samples_per_s":%s}'
+) + ',"step":%d,"epoch":%s,"loss":%s,"batch_size":%s,"forwards":%d,"step_time_s":%.6f,'
+_STEP_LINE = _STEP_HEAD + (
+    '"data_time_s":%.6f,"compute_time_s":%.6f,"comm_wait_s":%.6f,"samples_per_s":%s}'
+)
+# before DDP's timers are first read: no split of the rest (steps.ddp_comm_s None)
+_STEP_LINE_UNSPLIT = _STEP_HEAD + (
+    '"data_time_s":%.6f,"compute_time_s":null,"comm_wait_s":null,"samples_per_s":%s}'
 )
 
 
@@ -160,35 +164,26 @@ def step(record: Record, rank: int) -> str:
     # seconds to the microsecond, as numbers: "0.001200" reads back as 0.0012
     step_time = step_time if step_time > 0.0 else 0.0
     data = data_s if data_s < step_time else step_time
-    if comm_s is None:  # DDP's timers not read yet: no split of the rest
-        comm_text = compute_text = "null"
-    else:
-        comm = comm_s if comm_s < step_time else step_time
-        compute = step_time - data - comm
-        comm_text = f"{comm:.6f}"
-        compute_text = f"{compute:.6f}" if compute > 0.0 else "0.000000"
     if loss is None:
         loss_text = "null"
     elif math.isfinite(loss):
         loss_text = repr(float(loss))
     else:  # as api.log writes a non-finite value
         loss_text = f'"{loss}"'
+    rate = "%.3f" % (samples / step_time) if samples and step_time > 0.0 else "null"
+    epoch_text = "null" if epoch is None else int(epoch)
     # one %-format of one template: a third cheaper than an f-string of parts (this runs per step)
+    if comm_s is None:  # DDP's timers not read yet: no split of the rest
+        return _STEP_LINE_UNSPLIT % (
+            t, mono, rank, number, epoch_text, loss_text, samples or "null", forwards,
+            step_time, data, rate,
+        )  # fmt: skip
+    comm = comm_s if comm_s < step_time else step_time
+    compute = step_time - data - comm
     return _STEP_LINE % (
-        t,
-        mono,
-        rank,
-        number,
-        "null" if epoch is None else int(epoch),
-        loss_text,
-        samples or "null",
-        forwards,
-        step_time,
-        data,
-        compute_text,
-        comm_text,
-        "%.3f" % (samples / step_time) if samples and step_time > 0.0 else "null",
-    )
+        t, mono, rank, number, epoch_text, loss_text, samples or "null", forwards,
+        step_time, data, compute if compute > 0.0 else 0.0, comm, rate,
+    )  # fmt: skip
 
 
 def metrics(record: Record, rank: int) -> str:

@@ -39,7 +39,11 @@ test: lint docs
 test-slow: $(VENV)/.installed-test
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadgroup -m "slow and not ray"
 
-test-all: test test-slow test-ray
+# Every tier, as CI runs it (.ci/run): the first two in one pytest session, so that the shared
+# runs both read are started once (the slow tier alone starts the first tier's again), then Ray's.
+test-all: lint docs
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=40 -n 2 --dist loadgroup -m "not ray"
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q --durations=20 -n 2 --dist loadgroup -m ray
 
 # The tests that start Ray clusters (marked ray: a local cluster, one started with `ray start`,
 # and the lab's two hosts): each Ray job takes minutes on a 2-core machine, so they run apart.

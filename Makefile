@@ -73,7 +73,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/merge_scale.py
 	$(BIN)/python benchmarks/tui.py
 
-# ddpdoctor's NCCL path on a machine with an NVIDIA GPU, in one command and under five minutes: the
+# ddpdoctor's NCCL path on a machine with an NVIDIA GPU, in one command and under seven minutes: the
 # tests marked gpu, the doctor, the reference job on NCCL healthy and hanging, the step-time ratio;
 # build/gpu-check/summary.{json,txt}. Without a GPU it says so and exits 0. It runs under .venv's
 # Python when there is one, else python3: a GPU machine whose python3 holds torch needs no install.

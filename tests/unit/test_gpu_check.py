@@ -102,3 +102,16 @@ def test_the_text_report_names_every_part():
     assert "hang            FAIL verdict running exit 124" in text
     assert "ratio 1.010 (pairs +0.5% .. +1.5%)" in text
     assert text.endswith("some part FAILED; details in build/gpu-check")
+
+
+def test_on_one_gpu_the_hang_part_is_skipped_with_its_reason(monkeypatch):
+    # NCCL runs one rank per GPU: a world of one has no peer that waits for the culprit, so no
+    # job is started (reference_run would fail the test) and the report says why
+    monkeypatch.setattr(gpu_check, "reference_run", lambda *a, **k: pytest.fail("a job started"))
+    got = gpu_check.part_hang(60.0, REPO, 1)
+    assert got["ok"] is True and "one GPU" in got["skipped"]
+    summary = {
+        "gpus": 1, "gpu_names": ["NVIDIA H200"], "seconds": 1.0, "ok": True, "out": "o",
+        "parts": {"hang": got},
+    }  # fmt: skip
+    assert "hang            --  skipped: one GPU" in gpu_check.text_report(summary)

@@ -17,6 +17,7 @@ import sys
 import time
 
 from ddpdoctor.monitor import Monitor
+from ddpdoctor.monitor.follow.gone_claims import CONFIRM_S
 from ddpdoctor.monitor.follow.node_fold import NodeFold
 from ddpdoctor.monitor.follow.node_summaries import STALE_AFTER_S
 from ddpdoctor.monitor.model.snapshot import RankState
@@ -181,3 +182,25 @@ def test_any_event_after_the_claims_time_refutes_it(tmp_path):
     job.publish()
     job.poll()
     assert any("rank 1: its events went on" in said for said in job.refuted), job.refuted
+
+
+def test_a_ray_rank_seen_through_its_nodes_summary_is_busy_while_its_code_runs(tmp_path):
+    """The summary carries the rank's latest `ray_call`: node 0 sees rank 1 in its training
+    function (a stall of it is judged as any rank's, not as a worker waiting for a call), and
+    a rank whose process ends inside it is gone, a crash; one that ends after it returned is
+    done (Ray ends its workers without exit handlers)."""
+    for busy in (True, False):
+        job = Job(tmp_path / str(busy))
+        job.beat(0, 1)
+        if not busy:
+            job.clock.t += 0.25
+            job.w.ev(1, "ray_call", state="idle", call="train_fn", ok=True)
+        job.publish()  # (its process, NO_SUCH_PID, is no more: named gone)
+        snap = job.poll()
+        assert snap.ranks[1].ray_call == ("train_fn" if busy else None)
+        for _ in range(int(CONFIRM_S / 0.5) + 2):  # the claim stands: the rank is silent
+            job.beat(0)
+            job.publish()
+            snap = job.poll()
+        assert job.lead.state.alive.get(1) is False and job.refuted == []
+        assert snap.ranks[1].state is (RankState.GONE if busy else RankState.DONE), busy

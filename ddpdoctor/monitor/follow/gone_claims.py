@@ -10,9 +10,17 @@ stopped while rank 1 trained on. So the claim counts only when
   that launcher runs, where this watcher can see it;
 - the rank's process is not seen alive by this watcher (a rank of this host: its pid);
 - the node goes on saying so, and the rank's record stays silent, for CONFIRM_S (a live rank
-  heartbeats every second): events of the rank after the claim refute it. The same events read
-  again (its record read afresh from its file, as when its node's summary stops standing at the
-  job's end) neither refute it nor confirm it: the claim is dropped, unreported.
+  heartbeats every second): signs of the rank's life after the claim refute it. Any other
+  change of its record (its record read afresh from its file, as when its node's summary stops
+  standing at the job's end) neither refutes it nor confirms it: the claim is dropped,
+  unreported.
+
+A sign of life is what a record made from the summaries and one read from the file agree on: a
+later heartbeat or step (a summary carries each rank's latest), or any event made after the
+claim (its time later than the summary's, both of the rank's host's clock). Not merely a later
+last event: a summary carries the rank's state, not every event (a Ray worker's final
+`replica_digest` and `ray_call`, written before its process ended, are not in it), so the file
+read afresh at the end has events later than any the summaries gave, though none came after.
 
 A refuted claim is reported (a finding), never acted on. A claim costs a real loss CONFIRM_S.
 """
@@ -34,8 +42,9 @@ class GoneClaims:
     """The `gone` claims read from the nodes' summaries: pending, refuted, or acted on."""
 
     def __init__(self) -> None:
-        # rank -> (node, when first settled here (None: not yet), its record's mark then)
-        self.pending: dict[int, tuple[int, float | None, tuple[Any, ...]]] = {}
+        # rank -> (node, when first settled here (None: not yet), its record's mark then, the
+        # claim's time (its node's clock: the summary's; None when it has none))
+        self.pending: dict[int, tuple[int, float | None, tuple[Any, ...], float | None]] = {}
         self.refuted: dict[int, str] = {}
 
     def claim(
@@ -49,7 +58,7 @@ class GoneClaims:
         """A summary of `node` was read: note the ranks it names gone (those this watcher
         follows through that node, `of_node`), refuting at once what it can see is not so."""
         named = {rank for rank in summary.gone[:4096] if of_node(rank)}
-        for rank, (from_node, _, _) in list(self.pending.items()):
+        for rank, (from_node, *_) in list(self.pending.items()):
             if from_node == node and rank not in named:
                 del self.pending[rank]
                 self._refute(rank, f"node {node}'s next summary no longer names it gone")
@@ -70,25 +79,25 @@ class GoneClaims:
             elif local(tracker.host) and tracker.pid and pid_alive(tracker.pid, tracker.hello_t):
                 self._refute(rank, f"its process (pid {tracker.pid}) runs")
             else:
-                self.pending[rank] = (node, None, _mark(tracker))
+                self.pending[rank] = (node, None, _mark(tracker), _claim_t(summary))
 
     def settle(self, state: Any, now: float) -> None:
         """Act on the claims that held for CONFIRM_S with the rank silent (the rank is gone)."""
-        for rank, (node, first, mark) in list(self.pending.items()):
+        for rank, (node, first, mark, claim_t) in list(self.pending.items()):
             tracker = state.ranks.get(rank)
             if tracker is None or tracker.exit_code is not None:
                 del self.pending[rank]
             elif _mark(tracker) != mark:
                 del self.pending[rank]
-                if _went_on(tracker, mark):
+                if _went_on(tracker, mark, claim_t):
                     self._refute(
                         rank, f"its events went on after node {node}'s summary named it gone"
                     )
-                # else its record was read again, the same events (its node's summary stopped
-                # standing as the job ended: its own file, from the start): no sign of life to
-                # report, and no ground to act on either
+                # else its record was read again (its node's summary stopped standing as the
+                # job ended: its own file, from the start), with the events the summaries
+                # did not carry: no sign of life to report, and no ground to act on either
             elif first is None:
-                self.pending[rank] = (node, now, mark)
+                self.pending[rank] = (node, now, mark, claim_t)
             elif now - first >= CONFIRM_S:
                 del self.pending[rank]
                 state.set_alive(rank, False)
@@ -117,7 +126,12 @@ class GoneClaims:
 
 def _mark(tracker: Any) -> tuple[Any, ...]:
     """What changes when a rank's record gets anything new (an event, a row)."""
-    return (tracker.events_seen, tracker.last_event_t, tracker.step)
+    return (tracker.events_seen, tracker.last_event_t, tracker.step, tracker.last_heartbeat_t)
+
+
+def _claim_t(summary: Any) -> float | None:
+    t = getattr(summary, "t", None)
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
 # A row's times are rounded to a tenth of a millisecond (rank_rows.TIME_DIGITS): the same event
@@ -125,11 +139,19 @@ def _mark(tracker: Any) -> tuple[Any, ...]:
 SAME_EVENT_S = 0.001
 
 
-def _went_on(tracker: Any, mark: tuple[Any, ...]) -> bool:
-    """Whether the rank's record shows events after those it had at the claim: a later event
-    or a later step (a live rank heartbeats every second), not the same ones read again."""
-    _, marked_t, marked_step = mark
-    t, step = tracker.last_event_t, tracker.step
-    later_t = t is not None and (marked_t is None or t > marked_t + SAME_EVENT_S)
+def _went_on(tracker: Any, mark: tuple[Any, ...], claim_t: float | None) -> bool:
+    """Whether the rank's record shows life after the claim: a later heartbeat or step than
+    it had then (the latest of each is in every summary, so a record read afresh from the file
+    has the same ones), or an event made after the claim. Not the events that the summaries
+    did not carry, read from the file: they are older than the claim."""
+    _, marked_t, marked_step, marked_beat = mark
+    t, step, beat = tracker.last_event_t, tracker.step, tracker.last_heartbeat_t
+    later_beat = beat is not None and (marked_beat is None or beat > marked_beat + SAME_EVENT_S)
     later_step = step is not None and (marked_step is None or step > marked_step)
-    return later_t or later_step
+    later_event = (
+        t is not None
+        and claim_t is not None
+        and t > claim_t
+        and (marked_t is None or t > marked_t + SAME_EVENT_S)
+    )
+    return later_beat or later_step or later_event

@@ -33,9 +33,22 @@ RECENT_COLLECTIVE_EVENTS = 16  # collective events kept per rank (the mismatch c
 WAITS_PER_RANK = 2
 WAITS_PER_SUMMARY = 8
 
-# The kinds where only the latest event matters to a watcher's state of the rank.
+# The kinds where only the latest event matters to a watcher's state of the rank. (A Ray
+# worker's `ray_call`: whether its user's code runs, the difference between a worker that
+# stalls in it and one waiting for its next call, or one that died in it and one Ray ended.)
 _LATEST = frozenset(
-    {ev.HELLO, ev.HEARTBEAT, ev.STEP, ev.PHASE, ev.EPOCH, ev.METRICS, ev.FAULT, ev.ERROR, ev.EXIT}
+    {
+        ev.HELLO,
+        ev.HEARTBEAT,
+        ev.STEP,
+        ev.PHASE,
+        ev.EPOCH,
+        ev.METRICS,
+        ev.FAULT,
+        ev.ERROR,
+        ev.EXIT,
+        ev.RAY_CALL,
+    }
 )
 _COLLECTIVE = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END})
 

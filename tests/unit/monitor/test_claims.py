@@ -93,7 +93,7 @@ def _summary(node: int, gone, host="h2", pid=7001):
 
 def _state(host="h2", pid=999_999_1):
     tracker = SimpleNamespace(exit_code=None, host=host, pid=pid, hello_t=None, events_seen=5,
-                              last_event_t=1.0, step=3)  # fmt: skip
+                              last_event_t=1.0, last_heartbeat_t=1.0, step=3)  # fmt: skip
     state = SimpleNamespace(
         nodes={1: NodeRecord(1, "h2", 7001)}, ranks={1: tracker}, alive={}, gone=[]
     )
@@ -114,6 +114,7 @@ def test_a_gone_claim_needs_the_launcher_and_the_ranks_silence():
     claims.settle(state, 100.0)
     tracker.events_seen += 1
     tracker.last_event_t += 1.0  # its next heartbeat
+    tracker.last_heartbeat_t += 1.0
     claims.settle(state, 100.0 + CONFIRM_S)
     assert state.alive == {} and "its events went on" in claims.refuted[1]
     # the launcher's word and the rank silent for CONFIRM_S: gone

@@ -16,7 +16,7 @@ from ddpdoctor.protocol.node_summary import NodeSummary
 
 
 def _hello(rank: int, host: str, pid: int) -> dict:
-    return {"v": 1, "t": time.time() - 5, "mono": 1.0, "rank": rank, "kind": "hello",
+    return {"v": 1, "t": time.time(), "mono": 1.0, "rank": rank, "kind": "hello",
             "host": host, "pid": pid, "local_rank": 0, "world_size": 3}  # fmt: skip
 
 
@@ -87,3 +87,50 @@ def test_a_node_may_send_back_only_its_answers_and_stacks(tmp_path: Path) -> Non
     except OSError:
         pass
     assert target.read_bytes() == b"a\nb\n"
+
+
+# A rank's process whose main thread has left (pthread_exit) while its writer thread goes on:
+# the thread group leader shows as a zombie, and the thread still writes the rank's events.
+_LEADER_LEAVES = r"""
+import ctypes, json, os, sys, threading, time
+path, go = sys.argv[1], sys.argv[2]
+def line(kind, **fields):
+    event = {"v": 1, "t": time.time(), "mono": 1.0, "rank": 1, "kind": kind, **fields}
+    with open(path, "a") as fh:
+        fh.write(json.dumps(event) + "\n")
+line("hello", host="h2", pid=os.getpid(), local_rank=0, world_size=2)
+def writer():
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    line("replica_digest", model=0, step=3, final=True, digests=[1])
+threading.Thread(target=writer).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def _until(test, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not test():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_rank_is_gone_only_once_none_of_its_threads_can_write(tmp_path: Path) -> None:
+    import psutil
+
+    events = tmp_path / "events"
+    events.mkdir()
+    path, go = events / "rank-1.jsonl", tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", _LEADER_LEAVES, str(path), str(go)])
+    try:
+        ps = psutil.Process(proc.pid)
+        _until(lambda: ps.status() == psutil.STATUS_ZOMBIE, "its main thread never left")
+        fold = NodeFold(str(tmp_path), 1, host="h2")
+        assert _head(fold.summary()).gone == ()  # its writer thread runs: not gone
+        go.touch()
+        _until(lambda: ps.num_threads() <= 1, "its writer thread never ended", 30.0)
+        summary = _head(fold.summary())
+        assert summary.gone == (1,) and fold.files[1].line_no == 2  # every line read first
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from ddpdoctor.monitor import Monitor
 from ddpdoctor.monitor.follow.liveness import this_host
 from ddpdoctor.monitor.follow.vouching import vouch_local
@@ -145,7 +147,9 @@ def test_vouch_local_names_why(tmp_path):
     f.write_text("")
     assert vouch_local(None, None, f, tmp_path) == "its hello names no process"
     assert "is no process" in (vouch_local(NO_SUCH_PID, None, f, tmp_path) or "")
-    old = time.time() - 3600  # a hello an hour old: this process was started after it
+    # a hello from before this process started (an hour before it: a session of every tier
+    # runs for over an hour, and a hello an hour before now was after its workers started)
+    old = psutil.Process().create_time() - 3600
     assert "started after" in (vouch_local(os.getpid(), old, f, tmp_path) or "")
     assert "not a process of this run" in (vouch_local(os.getpid(), None, f, tmp_path) or "")
     with open(f, "a"):  # holding the rank's file: the process that writes it

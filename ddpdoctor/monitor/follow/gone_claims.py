@@ -12,8 +12,8 @@ stopped while rank 1 trained on. So the claim counts only when
 - the node goes on saying so, and the rank's record stays silent, for CONFIRM_S (a live rank
   heartbeats every second): signs of the rank's life after the claim refute it. Any other
   change of its record (its record read afresh from its file, as when its node's summary stops
-  standing at the job's end) neither refutes it nor confirms it: the claim is dropped,
-  unreported.
+  standing at the job's end) is no sign of life: the claim stands, and the run's last look,
+  after every file was read, acts on what nothing refuted (an ended job's rank does not run).
 
 A sign of life is what a record made from the summaries and one read from the file agree on: a
 later heartbeat or step (a summary carries each rank's latest), or any event made after the
@@ -81,26 +81,32 @@ class GoneClaims:
             else:
                 self.pending[rank] = (node, None, _mark(tracker), _claim_t(summary))
 
-    def settle(self, state: Any, now: float) -> None:
-        """Act on the claims that held for CONFIRM_S with the rank silent (the rank is gone)."""
+    def settle(self, state: Any, now: float, final: bool = False) -> None:
+        """Act on the claims that held for CONFIRM_S with the rank silent (the rank is gone).
+        `final`: the run's last look, after every rank's file was read: a claim nothing
+        refuted holds then without the wait (the job is over; its rank is not still running)."""
         for rank, (node, first, mark, claim_t) in list(self.pending.items()):
             tracker = state.ranks.get(rank)
             if tracker is None or tracker.exit_code is not None:
                 del self.pending[rank]
-            elif _mark(tracker) != mark:
-                del self.pending[rank]
+                continue
+            if _mark(tracker) != mark:
                 if _went_on(tracker, mark, claim_t):
+                    del self.pending[rank]
                     self._refute(
                         rank, f"its events went on after node {node}'s summary named it gone"
                     )
-                # else its record was read again (its node's summary stopped standing as the
-                # job ended: its own file, from the start), with the events the summaries
-                # did not carry: no sign of life to report, and no ground to act on either
-            elif first is None:
-                self.pending[rank] = (node, now, mark, claim_t)
-            elif now - first >= CONFIRM_S:
+                    continue
+                # its record was read again (its node's summary stopped standing as the job
+                # ended: its own file, from the start), with the events the summaries did not
+                # carry and no sign of life: the claim stands, on the record as it is now
+                mark = _mark(tracker)
+                self.pending[rank] = (node, first, mark, claim_t)
+            if final or (first is not None and now - first >= CONFIRM_S):
                 del self.pending[rank]
                 state.set_alive(rank, False)
+            elif first is None:
+                self.pending[rank] = (node, now, mark, claim_t)
 
     def _refute(self, rank: int, why: str) -> None:
         if rank in self.refuted or len(self.refuted) < MAX_REFUTED:

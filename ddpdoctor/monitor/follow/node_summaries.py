@@ -258,6 +258,8 @@ class NodeMerge:
                 tracker = self.state.ranks.get(rank)
                 if not self.follower or tracker is None or tracker.exit_code is None:
                     self._from_file(rank)
+            if self.gone.pending:
+                self.gone.settle(self.state, now, final=True)
 
     def apply_summary(self, node: int, summary: NodeSummary, standing: set[int]) -> None:
         """Apply what is new to this watcher in a node's summary: its routine ranks' rows,

@@ -125,10 +125,11 @@ def test_a_gone_claim_needs_the_launcher_and_the_ranks_silence():
     assert state.alive == {1: False} and not claims.refuted
 
 
-def test_the_same_events_read_again_neither_refute_nor_confirm_a_gone_claim():
+def test_the_same_events_read_again_neither_refute_nor_reset_a_gone_claim():
     """At a job's end its node's summary stops standing and the rank's record is read afresh
     from its file: the same events (times as precise as the file's, not the row's rounding).
-    That is no sign of life: no warning on a healthy job, and nothing acted on either."""
+    That is no sign of life: no warning on a healthy job, and the claim stands, acted on once
+    the rank was silent for CONFIRM_S (dropped, it left an ended rank "running" for good)."""
     remote = lambda host: False  # noqa: E731
     mine = lambda rank: True  # noqa: E731
     claims, (state, tracker) = GoneClaims(), _state()
@@ -137,8 +138,10 @@ def test_the_same_events_read_again_neither_refute_nor_confirm_a_gone_claim():
     tracker.events_seen = 0  # restarted, then read again up to the same last event
     tracker.events_seen = 5
     tracker.last_event_t += 0.00004
+    claims.settle(state, 100.0 + CONFIRM_S / 2)
+    assert claims.pending and state.alive == {} and claims.findings() == []
     claims.settle(state, 100.0 + CONFIRM_S)
-    assert not claims.pending and state.alive == {} and claims.findings() == []
+    assert not claims.pending and state.alive == {1: False} and claims.findings() == []
     # a step further is life, whatever the times say
     claims, (state, tracker) = GoneClaims(), _state()
     claims.claim(1, _summary(1, [1]), state, remote, mine)

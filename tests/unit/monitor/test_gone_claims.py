@@ -97,7 +97,8 @@ class Job:
 def test_a_final_event_the_summary_did_not_carry_is_not_the_rank_going_on(tmp_path):
     """The lab's sequence: node 1 names rank 1 gone after reading all of its file; node 0's
     record, from the summary, ends at the rank's last heartbeat; the file read afresh at the
-    end has the final replica digest after it. No warning, and nothing acted on early."""
+    end has the final replica digest after it. No warning, nothing acted on early, and at the
+    end the rank is done (its training function had returned), not "running" for good."""
     with subprocess.Popen(SLEEPER) as worker:  # rank 1's process
         try:
             job = Job(tmp_path, worker.pid)
@@ -113,10 +114,11 @@ def test_a_final_event_the_summary_did_not_carry_is_not_the_rank_going_on(tmp_pa
     assert snap.ranks[1].state is not RankState.GONE
     snap = job.relay_ends()
     assert job.refuted == [], job.refuted
-    assert not job.lead.merge.gone.pending  # (its own file now: nothing left to confirm)
+    assert job.lead.merge.gone.pending  # its own file, read again: no sign of life, it stands
     assert snap.ranks[1].state is not RankState.GONE
     final = job.lead.close(job_ended=True)
     assert not [f for f in final.findings if f.id == "node.gone_refuted"]
+    assert final.ranks[1].state is RankState.DONE, final.ranks[1]
 
 
 def test_a_final_line_that_lands_after_the_claim_is_not_the_rank_going_on(tmp_path):

@@ -144,6 +144,33 @@ def test_torchrun_s_report_of_a_recovered_replica_is_information():
     assert torchft.weigh([report], plain, frozenset()) == [report]
 
 
+def test_what_torchft_raised_and_waited_for_inside_itself_is_information_once_it_recovered():
+    """Under load the surviving replica's torchft code raised and waited too, as its peer died
+    (the logs of a real run of the corpus); a user's own code raising is still an error, also
+    in a script kept under a directory named torchft."""
+    inside = Finding(
+        "python.exception", Severity.ERROR, "A process raised AssertionError: process group "
+        "not initialized at /venv/lib/python3.11/site-packages/torchft/manager.py:468 in "
+        "allreduce", "",
+    )  # fmt: skip
+    store = Finding(
+        "c10d.store_wait_timeout", Severity.ERROR, "This rank waited 10000 ms for store keys "
+        "(/torchft/10/0/0/1) that another rank should have written", "",
+    )  # fmt: skip
+    users = Finding(
+        "python.exception", Severity.ERROR, "A process raised KeyError: 'x' at "
+        "/home/me/torchft/train.py:12 in main", "",
+    )  # fmt: skip
+    recovered = snap([view(0), view(1)], torchft=tf_view(KILLED))
+    weighed = torchft.weigh([inside, store, users], recovered, frozenset())
+    assert [f.severity for f in weighed] == [Severity.INFO, Severity.INFO, Severity.ERROR]
+    assert "inside torchft" in weighed[0].summary
+    # no replica failed: nothing to excuse
+    assert torchft.weigh(
+        [inside, store], snap([view(0), view(1)], torchft=tf_view()), frozenset()
+    ) == [inside, store]
+
+
 # -- a stalled replica -----------------------------------------------------------------------------
 
 

@@ -149,6 +149,12 @@ _PID = re.compile(r"\(pid:? (\d{1,10})\)")
 # What the job's logs say of a peer's death (a consequence torchft handles: it reports the error
 # to its manager and drops the step)
 _PEER_LOST = frozenset({"gloo.peer_closed", "gloo.connection_reset", "crash.consequence"})
+# torchft's own machinery, as the logs name it: a frame of its package, its quorum store's keys.
+# A replica group's death makes the others' torchft code raise and wait inside it (an
+# AssertionError "process group not initialized" in Manager.allreduce, a 10 s wait for store
+# keys under /torchft/), which torchft handles: the step is not committed.
+_TORCHFT_INTERNAL = re.compile(r"(?:site|dist)-packages/torchft/|store keys \(/torchft/")
+_INTERNAL_IDS = frozenset({"python.exception", "c10d.store_wait_timeout"})
 
 
 def weigh(findings: list[Finding], snap: Snapshot, excused: frozenset[int]) -> list[Finding]:
@@ -184,6 +190,13 @@ def weigh(findings: list[Finding], snap: Snapshot, excused: frozenset[int]) -> l
                     severity=Severity.INFO,
                     summary=f"{finding.summary} — a replica that torchft recovered "
                     "(torchft.replica_*)",
+                )
+            elif finding.id in _INTERNAL_IDS and _TORCHFT_INTERNAL.search(finding.summary):
+                finding = replace(
+                    finding,
+                    severity=Severity.INFO,
+                    summary=f"{finding.summary} — inside torchft, as a replica group died and "
+                    "came back (torchft.replica_*)",
                 )
             elif finding.id in _PEER_LOST:
                 finding = replace(

@@ -74,6 +74,18 @@ def iptables(host: str, *rule: str) -> None:
     subprocess.run(["bash", str(LAB_SCRIPT), "fw", host, *rule], check=True, timeout=30)
 
 
+def iptables_together(host: str, rules: list[list[str]]) -> None:
+    """Append `rules` ([CHAIN, match...]) to `host`'s filter table in one transaction
+    (iptables-restore --noflush): a link cut both ways is never cut one way for a moment (two
+    iptables calls apart took seconds on a loaded machine, and the watcher saw one way cut)."""
+    restore = "iptables-legacy-restore" if shutil.which("iptables-legacy") else "iptables-restore"
+    batch = "*filter\n" + "".join(f"-A {' '.join(rule)}\n" for rule in rules) + "COMMIT\n"
+    subprocess.run(
+        ["ip", "netns", "exec", f"{PREFIX}-{host}", restore, "--noflush", "-w"],
+        input=batch, text=True, check=True, timeout=30, capture_output=True,
+    )  # fmt: skip
+
+
 def clear_firewall(host: str) -> None:
     subprocess.run(["bash", str(LAB_SCRIPT), "fw-clear", host], check=True, timeout=30)
 

@@ -115,9 +115,8 @@ def apply_fault(job: Job) -> None:
         rules = [["INPUT", "-i", job.iface, "-j", "DROP"]]
         if job.fault == "cut-both":
             rules.append(["OUTPUT", "-o", job.iface, "-j", "DROP"])
-        for rule in rules:
-            lab.iptables("h1", "-A", *rule)
-            job.undo.append(["-D", *rule])
+        lab.iptables_together("h1", rules)  # both ways at once, or one way for a moment
+        job.undo.extend(["-D", *rule] for rule in rules)
     elif job.fault == "interface-down":
         _ip("-n", _netns("h2"), "link", "set", job.iface, "down")
     elif job.fault == "hosts-changed":

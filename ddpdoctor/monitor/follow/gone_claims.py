@@ -32,6 +32,7 @@ from typing import Any
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.liveness import pid_alive
+from ddpdoctor.monitor.model.event_fields import num
 from ddpdoctor.rank_ranges import named_ranks
 
 CONFIRM_S = 3.0
@@ -79,7 +80,7 @@ class GoneClaims:
             elif local(tracker.host) and tracker.pid and pid_alive(tracker.pid, tracker.hello_t):
                 self._refute(rank, f"its process (pid {tracker.pid}) runs")
             else:
-                self.pending[rank] = (node, None, _mark(tracker), _claim_t(summary))
+                self.pending[rank] = (node, None, _mark(tracker), num(getattr(summary, "t", None)))
 
     def settle(self, state: Any, now: float, final: bool = False) -> None:
         """Act on the claims that held for CONFIRM_S with the rank silent (the rank is gone).
@@ -133,11 +134,6 @@ class GoneClaims:
 def _mark(tracker: Any) -> tuple[Any, ...]:
     """What changes when a rank's record gets anything new (an event, a row)."""
     return (tracker.events_seen, tracker.last_event_t, tracker.step, tracker.last_heartbeat_t)
-
-
-def _claim_t(summary: Any) -> float | None:
-    t = getattr(summary, "t", None)
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
 
 
 # A row's times are rounded to a tenth of a millisecond (rank_rows.TIME_DIGITS): the same event

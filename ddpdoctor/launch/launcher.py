@@ -52,6 +52,7 @@ from ddpdoctor.launch.torchrun_process import STOP_GRACE_S, TorchrunProcess
 from ddpdoctor.launch.user_command import command_env, guarded_argv
 from ddpdoctor.protocol import jsontext
 from ddpdoctor.protocol.node_records import STOPPED_INTERRUPTED, NodeRecord, NodeRecorder
+from ddpdoctor.protocol.rank_socket import ENV_RANK_SOCKET, RankSocket
 from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.protocol.torchrun_logs import AgentLogParser
 from ddpdoctor.protocol.verdicts import Verdict
@@ -221,6 +222,10 @@ def run_job(
             agent.feed(line)
 
     log_dir = run_dir.node_logs_dir(plan.node_rank)
+    # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py)
+    rank_socket = RankSocket.open()
+    if rank_socket is not None:
+        env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
     job = TorchrunProcess(
         argv,
         env,
@@ -238,6 +243,7 @@ def run_job(
         hang_after=plan.hang_after,
         node_rank=node,
         follow_all_nodes=watched and node not in (None, 0),
+        rank_socket=rank_socket,
     )
     policy = StopPolicy(
         keep_running=plan.keep_running,
@@ -285,6 +291,8 @@ def run_job(
         job.kill()
         if relay is not None:
             relay.kill()
+        if rank_socket is not None:
+            rank_socket.close()  # (the monitor's last look needs no process left to vouch for)
     launcher = launcher_name(plan)
     final = monitor.close(
         job_ended=job.returncode() is not None,

@@ -25,6 +25,7 @@ from ddpdoctor.protocol.events import (
     SCHEMA_VERSION,
     WARNING,
 )
+from ddpdoctor.protocol.rank_socket import say_rank
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.runtime import info
 from ddpdoctor.runtime.collectives import CollectiveTracker
@@ -257,6 +258,9 @@ class Runtime:
             if self._writer is not None:
                 return
             self.rank = rank
+            # before the hello reaches the file: the launcher can vouch for this process even
+            # if it ends before its first look (ddpdoctor.protocol.rank_socket)
+            say_rank(rank)
             writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
             writer.on_first_queued = self._on_first_queued
             early, self._early = self._early, []

@@ -74,6 +74,18 @@ def test_a_rank_that_kills_itself_once_is_recovered_not_stopped(tmp_path):
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
+def test_a_rank_killed_as_soon_as_it_joined_is_seen_die_and_recover(tmp_path):
+    """Rank 1 dies a few ms after its hello, before the launcher's first look at its process:
+    the kernel's word that its pid said rank 1 (ddpdoctor.protocol.rank_socket) vouches for it,
+    so its death is told, not refused as a file naming no process."""
+    done, doc, written = torchrun_job(tmp_path, 3, "kill_self_once.py", "--fail-step", "-1")
+    assert_recovered(done, doc, written, "SIGKILL")
+    recovered = next(f for f in doc["findings"] if f["id"] == "run.recovered")
+    assert recovered["ranks"] == [1], recovered
+    assert not [f for f in doc["findings"] if f["id"] == "run.unvouched"], explain(done)
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_a_spent_restart_budget_is_a_crash_with_the_earlier_attempts(tmp_path):
     done, doc, written = torchrun_job(tmp_path, 1, "raise_once.py", "--always", "--fail-step", "3")
     assert done.returncode == 1, explain(done)

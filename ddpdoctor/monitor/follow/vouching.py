@@ -8,10 +8,16 @@ directory, or it descends from the run's launcher). A rank on another host is vo
 that host's launcher, which makes the same check and names in its node summary the ranks it
 refused (ddpdoctor.monitor.follow.node_publisher).
 
+A process that ended before ddpdoctor first looked at it (a replica that lived a second on a
+loaded machine) is vouched for by the kernel instead: when its runtime learned its rank it told
+`ddpdoctor run`'s socket so, and the kernel named the pid that connected
+(ddpdoctor.protocol.rank_socket). That pid said that rank, and nothing else can say it for them.
+
 A rank that fails the check is refused: its record is dropped and its later events are not
 folded in (ddpdoctor.monitor.model.state.RunState.refuse), and a warning says so. A refusal
-costs at worst a missed fault (a real rank that ended before ddpdoctor first looked at it);
-believing a file costs a healthy job stopped for a rank that never existed.
+costs at worst a missed fault (a real rank that ended unseen and unheard: a watcher that did not
+launch the job has no socket); believing a file costs a healthy job stopped for a rank that never
+existed.
 
 Ranks are looked at only while the job runs on this host (a launcher of the run, or a watcher
 that sees one of the run's ranks alive here): a run read after the fact has no process left to
@@ -24,7 +30,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -43,6 +49,14 @@ ENV_RUN_DIR = b"DDPDOCTOR_RUN_DIR="
 VOUCHED = "vouched"
 PENDING = "pending"
 RemoteCheck = Callable[[int, Any], str]
+
+
+class RankSaid(Protocol):
+    """The launcher's rank socket as vouching uses it (ddpdoctor.protocol.rank_socket)."""
+
+    def collect(self) -> None: ...
+
+    def rank_of(self, pid: int) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -131,9 +145,17 @@ def _descends(proc: psutil.Process, roots: set[int]) -> bool:
 class Vouching:
     """The ranks this watcher has vouched for (rank -> pid) and those it refused."""
 
-    def __init__(self, run_dir: Path, events_file: Callable[[int], Path]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        events_file: Callable[[int], Path],
+        said: RankSaid | None = None,
+    ) -> None:
+        """`said`: the launcher's rank socket (ddpdoctor.protocol.rank_socket), whose kernel-named
+        pids vouch for a rank whose process had ended before it was first looked at."""
         self.run_dir = run_dir
         self.events_file = events_file
+        self.said = said
         self.vouched: dict[int, int] = {}
         self.refused: dict[int, Refusal] = {}
 
@@ -150,6 +172,8 @@ class Vouching:
         Returns the new refusals."""
         new: list[Refusal] = []
         roots = tuple(roots)
+        if self.said is not None:
+            self.said.collect()  # (the kernel's backlog of connections, emptied every look)
         for rank, tracker in list(state.ranks.items()):
             if state.ranks.get(rank) is not tracker:
                 continue  # refused in this pass (another rank's pid it named)
@@ -173,12 +197,27 @@ class Vouching:
                     why = vouch_local(
                         pid, tracker.hello_t, self.events_file(rank), self.run_dir, roots
                     )
+                    if why is not None and self._said_before_it_ended(rank, pid):
+                        why = None
             if why is None or why == VOUCHED:
                 if pid is not None:
                     self.vouched[rank] = pid
             elif why != PENDING:
                 new.append(self._refuse(state, rank, tracker, why))
         return new
+
+    def _said_before_it_ended(self, rank: int, pid: int | None) -> bool:
+        """Whether the process `pid`, ended now, told the launcher's socket it was `rank`: the
+        kernel named that pid, so the rank was a process of the job though none is left to see.
+        Only for a process that has ended: a live one is looked at as it is."""
+        if self.said is None or pid is None or self.said.rank_of(pid) != rank:
+            return False
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
 
     def _pid_taken(self, state: Any, rank: int, tracker: Any) -> str | None:
         """A rank is one process: why `rank` is refused when another rank of the same host

@@ -18,7 +18,7 @@ from ddpdoctor.monitor.follow.node_summaries import NodeMerge
 from ddpdoctor.monitor.follow.node_watch import NODES_EVERY_S, NodeWatch
 from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.follow.tail import RunTailer
-from ddpdoctor.monitor.follow.vouching import Vouching
+from ddpdoctor.monitor.follow.vouching import RankSaid, Vouching
 from ddpdoctor.monitor.judge.run_end import launcher_gone
 from ddpdoctor.monitor.model.launchers import current_argv
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankView, Snapshot
@@ -50,6 +50,7 @@ class FollowedRun:
         clock: Callable[[], float],
         node_rank: int | None,
         follow_all_nodes: bool,
+        rank_socket: RankSaid | None = None,
     ) -> None:
         self.run = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir)
         self.node_rank = node_rank
@@ -77,7 +78,7 @@ class FollowedRun:
         self._local_hosts: dict[str | None, bool] = {}  # host -> whether it is this one
         self._run_json_mtime = self._mtime(self.run.run_json)
         # which ranks are processes of the job (a file's word alone makes no rank)
-        self.vouching = Vouching(self.run.path, self.run.events_file)
+        self.vouching = Vouching(self.run.path, self.run.events_file, rank_socket)
         self._last: Snapshot | None = None
 
     def owns(self, view: RankView) -> bool:

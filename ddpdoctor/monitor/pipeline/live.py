@@ -27,6 +27,7 @@ from ddpdoctor.findings import Finding
 from ddpdoctor.monitor.follow.fr_collector import FrCollector
 from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
 from ddpdoctor.monitor.follow.log_findings import LogFindings
+from ddpdoctor.monitor.follow.vouching import RankSaid
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose, keep_said
 from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
 from ddpdoctor.monitor.judge.node_coverage import Coverage
@@ -90,6 +91,7 @@ class Monitor(FollowedRun):
         gpu_probe: GpuProbe | None = None,
         follow_all_nodes: bool = False,
         launcher: bool = False,
+        rank_socket: RankSaid | None = None,
     ) -> None:
         """`node_rank`: this monitor serves node N's launcher of a job that spans nodes (its own
         ranks are those of its torchrun). `ask_remote`: ask other nodes' launchers for the stacks
@@ -98,13 +100,16 @@ class Monitor(FollowedRun):
         follower launcher whose view someone looks at reads every node's summary all along, as
         node 0 does (NodeMerge), so that view shows every rank. `launcher`: this monitor is
         `ddpdoctor run`'s, on the job's own host: it looks at its ranks' network when they
-        stall and at the names the launch needs (ddpdoctor.monitor.pipeline.network_follow)."""
+        stall and at the names the launch needs (ddpdoctor.monitor.pipeline.network_follow).
+        `rank_socket`: the launcher's socket its ranks say their rank to
+        (ddpdoctor.protocol.rank_socket)."""
         super().__init__(
             run_dir,
             hang_after=hang_after,
             clock=clock,
             node_rank=node_rank,
             follow_all_nodes=follow_all_nodes,
+            rank_socket=rank_socket,
         )
         self.capture_stacks = capture_stacks
         self.write_diagnosis = write_diagnosis

@@ -3,10 +3,10 @@
 Written for ddpdoctor's recovery corpus in another style than raise_once.py: a loop at module
 level under a main guard, the restart count read through torch's elastic helper variables, and a
 rank that ends itself with `os.kill(os.getpid(), SIGKILL)` (or `os._exit(3)` with `--exit`) at
-`--fail-step` of the first attempt. torchrun's `--max-restarts` starts the ranks again.
+`--fail-step` (6 unless given) of the first attempt. torchrun's `--max-restarts` starts the ranks again.
 
     torchrun --nproc-per-node 2 --max-restarts 1 --rdzv-backend c10d \
-        --rdzv-endpoint localhost:PORT kill_self_once.py [--exit] [--always]
+        --rdzv-endpoint localhost:PORT kill_self_once.py [--exit] [--always] [--fail-step N]
 """
 
 import os
@@ -23,8 +23,12 @@ FAIL_STEP = 6
 if __name__ == "__main__":
     use_exit = "--exit" in sys.argv
     always = "--always" in sys.argv
+    if "--fail-step" in sys.argv:  # -1: as soon as it has joined
+        FAIL_STEP = int(sys.argv[sys.argv.index("--fail-step") + 1])
     restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     dist.init_process_group(backend="gloo")
+    if FAIL_STEP < 0 and dist.get_rank() == 1 and (always or restarts == 0):
+        os.kill(os.getpid(), signal.SIGKILL)  # -1: as soon as it has joined
     net = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
     for i in range(STEPS):

@@ -19,6 +19,7 @@ from ddpdoctor.monitor.follow.liveness import this_host
 from ddpdoctor.monitor.follow.vouching import vouch_local
 from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
+from ddpdoctor.protocol.rank_socket import ENV_RANK_SOCKET, RankSocket, say_rank
 from ddpdoctor.protocol.rundir import RunDir
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, run_env, train
 
@@ -222,3 +223,71 @@ def test_a_rank_of_another_host_counts_once_its_nodes_launcher_lists_it(tmp_path
     snap = lead.poll()
     assert snap.verdict is Verdict.RUNNING and not snap.culprits
     assert "is no node's torchrun" in unvouched(snap)[0].summary
+
+
+# -- a rank whose process ended before the first look: the kernel's word (rank_socket.py) --------
+
+SAY_AND_DIE = (
+    "import os, signal, sys; from ddpdoctor.protocol.rank_socket import say_rank; "
+    "say_rank(int(sys.argv[1])); os.kill(os.getpid(), signal.SIGKILL)"
+)
+
+
+def _killed_after_saying(run: RunDir, sock: RankSocket | None, rank: int) -> int:
+    """A process of the run that says `rank` to the socket and is SIGKILLed at once: the pid of
+    a process gone before the monitor ever looks."""
+    env = run_env(run)
+    if sock is not None:
+        env[ENV_RANK_SOCKET] = str(sock.path)
+    child = subprocess.Popen([sys.executable, "-c", SAY_AND_DIE, str(rank)], env=env)
+    assert child.wait(timeout=60) == -signal.SIGKILL
+    return child.pid
+
+
+def _first_look(run: RunDir, clock: Clock, dead_pid: int, sock: RankSocket | None):
+    w = Writer(run, clock, host=this_host())
+    w.start(pids=[os.getpid(), dead_pid])  # rank 1's hello names the process that died
+    train(w, clock, 2)
+    monitor = Monitor(run, clock=clock, rank_socket=sock, **KW)
+    monitor.poll()  # (a rank first seen dead reads as unknown until the next poll)
+    clock.t += 0.5
+    return w, monitor.poll()
+
+
+def test_a_rank_killed_before_the_first_look_is_vouched_for_by_the_pid_the_kernel_named(tmp_path):
+    run, clock = command_run(tmp_path), Clock(time.time())
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        _w, snap = _first_look(run, clock, _killed_after_saying(run, sock, 1), sock)
+    finally:
+        sock.close()
+    assert not unvouched(snap)
+    assert snap.ranks[1].state is RankState.GONE
+    assert snap.verdict is Verdict.CRASH and snap.culprits == {1}
+
+
+def test_without_the_kernels_word_a_rank_gone_before_the_first_look_is_refused(tmp_path):
+    """The same rank, unheard (a watcher that did not launch the job has no socket): refused, as
+    any file naming a pid that is no process (the known cost: a missed fault, never a forged
+    one acted on)."""
+    run, clock = command_run(tmp_path), Clock(time.time())
+    _w, snap = _first_look(run, clock, _killed_after_saying(run, None, 1), None)
+    assert "is no process" in unvouched(snap)[0].summary
+    assert snap.verdict is Verdict.RUNNING and not snap.culprits
+    assert snap.ranks[1].state is not RankState.GONE, snap.ranks[1]
+
+
+def test_a_pid_that_said_another_rank_vouches_for_none_but_its_own(tmp_path):
+    run, clock = command_run(tmp_path), Clock(time.time())
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        dead = _killed_after_saying(run, sock, 0)  # it said rank 0; a file says it was rank 1
+        assert say_rank(1, str(sock.path))  # this live process says rank 1: for itself alone
+        _w, snap = _first_look(run, clock, dead, sock)
+    finally:
+        sock.close()
+    assert "is no process" in unvouched(snap)[0].summary
+    assert snap.verdict is Verdict.RUNNING and not snap.culprits
+    assert snap.ranks[1].state is not RankState.GONE, snap.ranks[1]

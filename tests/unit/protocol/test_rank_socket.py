@@ -1,0 +1,78 @@
+"""The rank socket: a process says its rank to the launcher and the kernel names its pid, which
+the launcher can still read after the process has ended; nothing can say it for another pid."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from ddpdoctor.protocol.rank_socket import ENV_RANK_SOCKET, RankSocket, say_rank
+
+SAY = "import sys; from ddpdoctor.protocol.rank_socket import say_rank; say_rank(int(sys.argv[1]))"
+
+
+def test_a_process_that_ended_is_known_by_the_pid_the_kernel_named():
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        env = {**os.environ, ENV_RANK_SOCKET: str(sock.path)}
+        child = subprocess.Popen([sys.executable, "-c", SAY, "3"], env=env)
+        assert child.wait(timeout=60) == 0
+        assert sock.rank_of(child.pid) == 3  # read after it ended
+        assert sock.rank_of(os.getpid()) is None
+    finally:
+        sock.close()
+
+
+def test_a_pids_first_word_counts_and_a_line_that_is_no_rank_says_nothing():
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        assert say_rank(1, str(sock.path)) and say_rank(2, str(sock.path))
+        assert sock.rank_of(os.getpid()) == 1
+        for junk in (b"rank one\n", b"9" * 40 + b"\n", b""):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                raw.connect(str(sock.path))
+                raw.send(junk)
+        sock.collect()
+        assert sock._said == {os.getpid(): 1}
+    finally:
+        sock.close()
+
+
+def test_a_word_not_sent_yet_is_read_at_a_later_collection():
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(sock.path))
+            assert sock.rank_of(os.getpid()) is None  # connected, nothing said yet
+            raw.send(b"4\n")
+        assert sock.rank_of(os.getpid()) == 4
+    finally:
+        sock.close()
+
+
+def test_nobody_listening_costs_the_rank_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_RANK_SOCKET, raising=False)
+    assert say_rank(0) is False  # not launched by ddpdoctor run
+    t0 = time.monotonic()
+    assert say_rank(0, str(tmp_path / "no-such-socket")) is False
+    sock = RankSocket.open()
+    assert sock is not None
+    path = sock.path
+    sock.close()  # the launcher has gone: its directory with it
+    assert not path.parent.exists()
+    assert say_rank(0, str(path)) is False
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_what_was_said_stays_known_after_the_socket_closed():
+    sock = RankSocket.open()
+    assert sock is not None
+    assert say_rank(5, str(sock.path))
+    sock.close()  # (collects what waits first)
+    assert sock.rank_of(os.getpid()) == 5

@@ -41,14 +41,17 @@ def _call(view: RankView, group: str, seq: int) -> CollectiveView | None:
     return min(after, key=lambda c: c.seq) if after else None
 
 
+# (the states, looked up once: this is asked of every rank at every poll)
+_FAILED, _GONE = RankState.FAILED, RankState.GONE
+
+
 def _left(view: RankView) -> bool:
     """The rank stopped syncing: it ended cleanly, or was stopped as a consequence (torchrun's
     SIGTERM after a peer failed, a peer's closed connection) with no error of its own."""
-    if view.state.finished and view.exit_code == 0:
+    state = view.state
+    if view.exit_code == 0 and state.finished:
         return True
-    return view.state in (RankState.FAILED, RankState.GONE) and crash_rule.looks_like_consequence(
-        view
-    )
+    return (state is _FAILED or state is _GONE) and crash_rule.looks_like_consequence(view)
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:

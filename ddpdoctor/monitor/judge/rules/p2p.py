@@ -234,10 +234,11 @@ def unmatched_at_end(snap: Snapshot) -> RuleOutcome | None:
     """A rank that failed on its peers' going away ("Connection closed by peer") while in a
     send or receive with peers that had all ended cleanly: the call its peers never made (one
     stage ran fewer steps or microbatches), a mismatch, not a crash of the rank left waiting."""
+    failed = RankState.FAILED  # (looked up once: the loop runs over every rank every poll)
     for view in snap.ranks:
         coll = view.collective
         if (
-            view.state is not RankState.FAILED
+            view.state is not failed
             or coll is None
             or coll.op not in POINT_TO_POINT_OPS
             or not coll.peers

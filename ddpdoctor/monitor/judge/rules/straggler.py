@@ -74,6 +74,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     # rank below RATIO times that is no straggler, whatever the others (most ranks of most
     # polls, at 1000s of ranks, skip the rest of the test here).
     cutoff = RATIO * median_without(ordered, len(ordered) - 1)
+    if ordered[-1] < cutoff:
+        return None  # (no rank at the cutoff: the pass over every rank below is not needed)
     findings = []
     for rank, work in own.items():
         if work < cutoff:

@@ -91,6 +91,9 @@ _LONG_EXPONENT = b"e000"
 # The text outside strings, only its brackets, each opening one "(" and each closing one ")".
 _BRACKETS = bytes(ord("(") if b in b"[{" else ord(")") if b in b"]}" else b for b in range(256))
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# Documents up to this many characters are checked on their text; a larger one (a flight
+# recorder's dump, a big report) as it was parsed, which needs no copy of its text in pieces.
+CHECK_TEXT_MAX = 1 << 20
 
 
 def loads(text: str | bytes) -> Any:
@@ -104,14 +107,18 @@ def loads(text: str | bytes) -> Any:
             text = text.decode(encoding, "surrogatepass")
         else:
             raw = None
-        if raw is None:
-            raw = text.encode("utf-8", "surrogatepass")
-        outside = _outside_strings(raw)
-        value = (_DECODER if _suspect(outside) else _PLAIN).decode(text)
+        if len(text) > CHECK_TEXT_MAX:
+            outside = None  # (a large document: checked as it is parsed, in less memory)
+        else:
+            outside = _outside_strings(raw or text.encode("utf-8", "surrogatepass"))
+        plain = outside is not None and not _suspect(outside)
+        value = (_PLAIN if plain else _DECODER).decode(text)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
-    if text.count("[") + text.count("{") > MAX_DEPTH and _nesting(outside) > MAX_DEPTH:
-        raise ValueError(f"JSON nested deeper than {MAX_DEPTH}")
+    if text.count("[") + text.count("{") > MAX_DEPTH:
+        deepest = _depth(value) if outside is None else _nesting(outside)
+        if deepest > MAX_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_DEPTH}")
     return value
 
 
@@ -142,6 +149,23 @@ def _nesting(outside: bytes) -> int:
         brackets = shorter
         depth += 1
     return depth
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value` (iterative: never recurses on crafted input)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            return depth
+        stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return deepest
 
 
 def read(path: Any, max_bytes: int = MAX_FILE_BYTES, *, root: Any = None) -> Any:

@@ -83,3 +83,11 @@ def test_random_documents_parse_as_json_does() -> None:
             assert _refused(text.encode())
         else:
             assert jsontext.loads(text.encode()) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", [t for t in CASES if t.startswith("[")])
+def test_a_large_document_is_refused_as_a_small_one(text: str) -> None:
+    """Past CHECK_TEXT_MAX characters the checks run on the parsed value (less memory)."""
+    padded = '["' + "x" * jsontext.CHECK_TEXT_MAX + '", ' + text[1:]
+    assert len(padded) > jsontext.CHECK_TEXT_MAX
+    assert _refused(padded.encode()) is CASES[text]

@@ -32,7 +32,8 @@ def settle_post_mortem(views: list[RankView]) -> list[RankView]:
 
 def fill_waiting_on(views: list[RankView]) -> list[RankView]:
     """For each rank waiting in a collective: the group members that have not reached it."""
-    waiting = [v for v in views if v.state is RankState.WAITING and v.collective is not None]
+    state = RankState.WAITING  # (looked up once: an enum's member costs a lookup each time)
+    waiting = [v for v in views if v.state is state and v.collective is not None]
     if not waiting:
         return views
     world = list(range(len(views)))

@@ -46,6 +46,8 @@ def long_waiters(
     if after_s is None:
         after_s = th.hang_after_s
     for view in snap.ranks:
+        if view.collective is None:
+            continue  # (most ranks of most polls: no call made for them)
         coll = waiting_collective(view)
         if coll is None or coll.waiting_s < after_s:
             continue

@@ -69,11 +69,14 @@ def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView], 
         return []
     groups: dict[tuple[str, int], list[RankView]] = {}
     in_events: set[int] = set()
+    waiting = RankState.WAITING  # (looked up once: this runs over every rank every poll)
     for view in snap.ranks:
+        if view.collective is None:
+            continue  # (most ranks of most polls)
         coll = waiting_collective(view)
         if coll is not None and not view.state.finished:
             in_events.add(view.rank)
-        if view.state is not RankState.WAITING or coll is None:
+        if view.state is not waiting or coll is None:
             continue
         if view.heartbeat_age_s is not None and view.heartbeat_age_s > th.heartbeat_stale_s:
             continue  # its heartbeat stopped: not waiting, stalled (other rules speak for it)

@@ -52,15 +52,23 @@ def _contradiction(view: RankView) -> str | None:
     return None
 
 
-def weigh_exit_reports(findings: Iterable[Finding], snap: Snapshot) -> list[Finding]:
+def _views_now(snap: Snapshot) -> dict[int, RankView]:
+    """The views of the ranks whose process now is the one a report of their exit is about."""
     views = {view.rank: view for view in snap.ranks}
     if snap.attempts is not None:  # a report of an earlier attempt's process is not about
         for attempt in snap.attempts.ended:  # the rank's process now
             for ending in attempt.failures:
                 views.pop(ending.rank, None)
+    return views
+
+
+def weigh_exit_reports(findings: Iterable[Finding], snap: Snapshot) -> list[Finding]:
+    views: dict[int, RankView] | None = None  # (made once a report needs them, not every poll)
     weighed = []
     for finding in map(ddpdoctors_own, findings):
         if finding.id in EXIT_REPORTS and finding.severity is not Severity.INFO:
+            if views is None:
+                views = _views_now(snap)
             seen = [
                 c
                 for c in (_contradiction(views[r]) for r in finding.ranks if r in views)

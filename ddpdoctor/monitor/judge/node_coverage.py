@@ -17,9 +17,12 @@ since T (the first may have been written just before T and read just after; the 
 written after it, so after T). The node's clock is never trusted for this (its summary's `t` is
 the node's claim), only the order of its own summaries as this watcher saw them change.
 
-The wait is bounded: a node that publishes nothing new for LOST_AFTER_S is silent, and what
-silence means is node_ends' to say (a lost host); after LOST_AFTER_S + 1 s the verdict is told
-whatever the other nodes said. Both are counted as node_ends counts a silence (by the clock and
+The wait is bounded: a node that publishes nothing new for LOST_AFTER_S, and whose ranks' own
+heartbeats are that old too, is silent, and what silence means is node_ends' to say (a lost
+host: its `silent_with_their_ranks` gives the silences, so that the survivor's crash is never
+let out in the second where the node's summaries have gone quiet but its rank's last heartbeat,
+read from the rank's file, is younger); after LOST_AFTER_S + 1 s the verdict is told whatever
+the other nodes said. Both are counted as node_ends counts a silence (by the clock and
 in the watcher's own polls), so that a verdict about a survivor is never let out before the
 silence that would name the lost host is long enough to. A healthy node publishes every second, so a real problem is told
 about two seconds later than on one node; the final verdict, read after every launcher ended,

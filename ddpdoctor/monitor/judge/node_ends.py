@@ -151,6 +151,27 @@ def _ranks_silent(snap: Snapshot, ranks: list[int]) -> bool:
     )
 
 
+def silent_with_their_ranks(
+    snap: Snapshot, silent_s: Mapping[int, float], node_of: Mapping[int, int | None]
+) -> dict[int, float]:
+    """node -> its silence as a lost host's: its summaries' silence, but no longer than its
+    ranks' own (a rank's heartbeat read from its file can be newer than the node's last
+    summary); a rank gone, or never heard from, is silent for good. This is what `across_nodes`
+    waits for before it names the host lost (`_silent_nodes`), so a verdict held back for that
+    node's word (node_coverage) is let out no sooner than the lost host can be told."""
+    quiet = dict(silent_s)
+    for view in snap.ranks:  # (one pass over the ranks: there may be thousands of nodes)
+        node = node_of.get(view.rank)
+        if node not in quiet or view.state is RankState.GONE:
+            continue
+        if view.state is RankState.STARTING and view.last_event is None:
+            continue
+        age = view.heartbeat_age_s if view.heartbeat_age_s is not None else 0.0
+        if age < quiet[node]:
+            quiet[node] = age
+    return quiet
+
+
 def _ranks_of(node: int, node_of: Mapping[int, int | None]) -> list[int]:
     return sorted(rank for rank, n in node_of.items() if n == node)
 

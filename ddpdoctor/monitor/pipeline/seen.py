@@ -20,7 +20,12 @@ from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.follow.liveness import is_local, pid_alive
 from ddpdoctor.monitor.follow.vouching import PENDING, VOUCHED, holds_file
 from ddpdoctor.monitor.judge.diagnose import Diagnosis
-from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes, awaiting_nodes
+from ddpdoctor.monitor.judge.node_ends import (
+    LOST_AFTER_S,
+    across_nodes,
+    awaiting_nodes,
+    silent_with_their_ranks,
+)
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
 from ddpdoctor.rank_ranges import named_ranks
@@ -65,6 +70,8 @@ def across_nodes_of(monitor: Any, snap: Snapshot, now: float, *, final: bool = F
     if final or monitor._held is not None or not snap.live:
         monitor.coverage.key = None
         return told
+    if told.verdict.is_problem:  # a node stops being waited for once it can be named lost
+        silent = silent_with_their_ranks(told, silent, node_of)
     return monitor.coverage.hold(
         told,
         monitor.nodes,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.judge.node_coverage import Coverage
-from ddpdoctor.monitor.model.snapshot import Verdict
+from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from ddpdoctor.protocol.node_records import NodeRecord
 from tests.unit.monitor.test_monitor_builders import NOW, snap, view
 
@@ -108,3 +108,37 @@ def test_a_silence_counts_only_as_long_as_the_watcher_itself_polled():
     assert silences(monitor, NOW + 31, live=False) == {1: 31.0}  # a record read later
     monitor.polls = 200
     assert silences(monitor, NOW + 32, live=True) == {1: 32.0}
+
+
+def test_a_silent_node_is_waited_for_until_its_ranks_are_silent_too():
+    """A host killed whole (lab: every process on h2 SIGKILLed): its last summary is a second
+    older than its rank's last heartbeat, read from the rank's own file. The survivor's crash
+    waits while the lost host cannot be named yet (its rank's heartbeat under LOST_AFTER_S
+    old); once it can, node_ends tells it. Before, the crash of the survivor was let out in that
+    second (seen once in the lab: "CRASH: culprit rank 0", then "culprit rank 1 (host h2 lost)")."""
+    from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, silent_with_their_ranks
+
+    survivor_crash = snap(
+        [view(0, RankState.FAILED, host="h1"), view(1, host="h2", heartbeat_age_s=4.5)],
+        verdict=Verdict.CRASH,
+        culprits=frozenset({0}),
+        findings=(Finding("crash", Severity.ERROR, "rank 0 exited with code 1", ""),),
+        confirmed=True,
+    )
+    node_of = {0: 0, 1: 1}
+    quiet = silent_with_their_ranks(survivor_crash, {1: LOST_AFTER_S + 0.2}, node_of)
+    assert quiet == {1: 4.5}  # not yet silent as a lost host's
+    cov = Coverage()
+    cov.hold(survivor_crash, NODES, {1: Seen(10)}, {1: 0.0}, own_node=0, now=NOW, polls=0,
+             poll_s=0.5, wait_s=WAIT)  # fmt: skip
+    held = cov.hold(survivor_crash, NODES, {1: Seen(10)}, quiet, own_node=0, now=NOW + 5.2,
+                    polls=10, poll_s=0.5, wait_s=WAIT)  # fmt: skip
+    assert held.verdict is Verdict.RUNNING and not held.culprits
+    # the summaries' silence alone let it out (what was shown before)
+    raw = {1: LOST_AFTER_S + 0.2}
+    assert cov.hold(survivor_crash, NODES, {1: Seen(10)}, raw, own_node=0, now=NOW + 5.2,
+                    polls=10, poll_s=0.5, wait_s=WAIT) is survivor_crash  # fmt: skip
+    gone = snap([view(0, RankState.FAILED, host="h1"), view(1, RankState.GONE, host="h2")])
+    assert silent_with_their_ranks(gone, {1: 5.2}, node_of) == {1: 5.2}
+    never = snap([view(0), view(1, RankState.STARTING, host="h2", last_event=None)])
+    assert silent_with_their_ranks(never, {1: 5.2, 2: 1.0}, node_of) == {1: 5.2, 2: 1.0}

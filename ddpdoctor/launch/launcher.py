@@ -212,6 +212,31 @@ def run_job(
 ) -> tuple[RunOutcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
     print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
+    # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py);
+    # closed once the final diagnosis is made, whatever ends the run
+    rank_socket = RankSocket.open()
+    try:
+        if rank_socket is not None:
+            env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
+        return _run_watched(
+            plan, watchers, run_dir, console, argv, env, recorder, hangup, rank_socket
+        )
+    finally:
+        if rank_socket is not None:
+            rank_socket.close()
+
+
+def _run_watched(
+    plan: LaunchPlan,
+    watchers: Watchers,
+    run_dir: RunDir,
+    console: Console,
+    argv: list[str],
+    env: dict[str, str],
+    recorder: NodeRecorder | None,
+    hangup: Hangup | None,
+    rank_socket: RankSocket | None,
+) -> tuple[RunOutcome, dict[int, Any]]:
     use_tui = watchers.tui is not None and plan.tui_allowed and tui_capable()
     lines: queue.Queue[str] = queue.Queue()
     agent = AgentLogParser()
@@ -222,10 +247,6 @@ def run_job(
             agent.feed(line)
 
     log_dir = run_dir.node_logs_dir(plan.node_rank)
-    # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py)
-    rank_socket = RankSocket.open()
-    if rank_socket is not None:
-        env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
     job = TorchrunProcess(
         argv,
         env,
@@ -291,8 +312,6 @@ def run_job(
         job.kill()
         if relay is not None:
             relay.kill()
-        if rank_socket is not None:
-            rank_socket.close()  # (the monitor's last look needs no process left to vouch for)
     launcher = launcher_name(plan)
     final = monitor.close(
         job_ended=job.returncode() is not None,

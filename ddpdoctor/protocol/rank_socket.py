@@ -29,8 +29,11 @@ from pathlib import Path
 
 ENV_RANK_SOCKET = "DDPDOCTOR_RANK_SOCKET"
 MAX_LINE = 24  # "<rank>\n": a rank of up to 22 digits, anything longer is not a rank
-MAX_PIDS = 1 << 16  # pids remembered (a run of 8 ranks restarted every minute for a month: 45 k)
-MAX_PENDING = 1024  # connections whose line had not come yet
+MAX_PIDS = 1 << 16  # pids remembered, the oldest forgotten first (a word vouches a rank only
+# until a later process says that rank, so an old word is of no use anyway)
+MAX_PENDING = 64  # connections whose line had not come yet
+MAX_ACCEPTS = 256  # connections taken per collection (a job connecting in a loop cannot hold
+# the monitor's poll; the rest wait in the kernel's backlog for the next one)
 PENDING_LOOKS = 20  # collections a connection may stay silent before it is dropped
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -52,15 +55,18 @@ def say_rank(rank: int, path: str | None = None) -> bool:
 
 
 class RankSocket:
-    """The launcher's end: which pid said which rank, as the kernel names the pid. A pid's
-    first word counts (the runtime says its rank once, when it learns it); a later, different
-    one from the same pid is ignored."""
+    """The launcher's end: which pid said which rank, as the kernel names the pid. A process
+    can speak only for its own pid; its latest word counts (a reused pid is a new process).
+    A word vouches for its rank only while it is the latest of that rank: once another
+    process said the rank (a restart), the old pid's word vouches for nothing, so a hello
+    naming that pid later (written into the file by anyone) is not believed."""
 
     def __init__(self, sock: socket.socket, directory: Path) -> None:
         self._sock = sock
         self._dir = directory
         self.path = directory / "ranks"
-        self._said: dict[int, int] = {}
+        self._said: dict[int, int] = {}  # pid -> its latest rank (oldest first)
+        self._latest: dict[int, int] = {}  # rank -> the pid that said it last
         self._pending: list[tuple[socket.socket, int, int]] = []  # (connection, pid, looks)
 
     @classmethod
@@ -84,16 +90,20 @@ class RankSocket:
             return None
 
     def rank_of(self, pid: int) -> int | None:
-        """The rank the process `pid` said it was (None: it said none, or not yet heard)."""
+        """The rank the process `pid` said it was, while no later process said that rank
+        (None: it said none, not heard yet, or its rank has a newer process)."""
         self.collect()
-        return self._said.get(pid)
+        rank = self._said.get(pid)
+        return rank if rank is not None and self._latest.get(rank) == pid else None
 
     def collect(self) -> None:
         """Take every connection waiting, and the lines of those heard before."""
         pending, self._pending = self._pending, []
         for conn, pid, looks in pending:
             self._read(conn, pid, looks)
-        while len(self._pending) < MAX_PENDING:
+        for _ in range(MAX_ACCEPTS):
+            if len(self._pending) >= MAX_PENDING:
+                return
             try:
                 conn, _ = self._sock.accept()
             except OSError:  # none waiting (BlockingIOError), or closed
@@ -119,8 +129,17 @@ class RankSocket:
             data = b""
         conn.close()
         text = data.decode("ascii", "replace").strip()
-        if pid > 0 and text.isdigit() and len(text) <= MAX_LINE and len(self._said) < MAX_PIDS:
-            self._said.setdefault(pid, int(text))
+        if pid <= 0 or not text.isdigit() or len(text) > MAX_LINE:
+            return
+        rank = int(text)
+        self._said.pop(pid, None)  # (re-inserted: the newest last)
+        self._said[pid] = rank
+        self._latest[rank] = pid
+        while len(self._said) > MAX_PIDS:
+            old = next(iter(self._said))
+            old_rank = self._said.pop(old)
+            if self._latest.get(old_rank) == old:
+                del self._latest[old_rank]
 
     def close(self) -> None:
         """Stop listening; what was said stays known (the monitor's last look may ask)."""

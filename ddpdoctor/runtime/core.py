@@ -153,7 +153,8 @@ class Runtime:
         self._undo: list[Callable[[], None]] = []
         self._on_first_queued: Callable[[], None] | None = None
         self._step_written_t = self._step_closed_t = float("-inf")
-        if rank is not None:
+        if rank is not None:  # (torchrun's RANK: the bootstrap knows it before the script runs)
+            say_rank(rank)  # before the hello reaches the file (ddpdoctor.protocol.rank_socket)
             self._writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
             self.steps.sink = self._write_step
 
@@ -252,15 +253,15 @@ class Runtime:
     def writer(self) -> EventWriter | None:
         return self._writer
 
-    def set_rank(self, rank: int) -> None:
-        """The rank became known (from the process group): open its file, write what waited."""
+    def set_rank(self, rank: int, *, guessed: bool = False) -> None:
+        """The rank became known (from the process group): open its file, write what waited.
+        `guessed`: not learned, only the file to write to (the launcher is told no rank)."""
         with self._lock:
             if self._writer is not None:
                 return
             self.rank = rank
-            # before the hello reaches the file: the launcher can vouch for this process even
-            # if it ends before its first look (ddpdoctor.protocol.rank_socket)
-            say_rank(rank)
+            if not guessed:  # before the hello reaches the file: the launcher can vouch for
+                say_rank(rank)  # this process even if it ends before its first look
             writer = EventWriter(self.run_dir.events_file(rank), rank=rank)
             writer.on_first_queued = self._on_first_queued
             early, self._early = self._early, []
@@ -361,7 +362,7 @@ class Runtime:
                 self._early = []
             return
         if rank_unknown:  # never learned its rank: the file of rank 0 is the best guess
-            self.set_rank(0)
+            self.set_rank(0, guessed=True)
         self.collectives.poll()  # async ops that completed since the heartbeat last looked
         if ends_cleanly(code, reason):
             # A step still open when the process dies of an exception or a signal did not

@@ -41,6 +41,7 @@ from ddpdoctor.rank_ranges import named_ranks
 _PID_REUSE_SLACK_S = 2.0
 MAX_FDS_LOOKED_AT = 4096  # a rank's descriptors looked through for its event file
 MAX_ANCESTORS = 64
+MAX_SPENT = 1 << 16
 ENV_RUN_DIR = b"DDPDOCTOR_RUN_DIR="
 
 
@@ -158,6 +159,8 @@ class Vouching:
         self.said = said
         self.vouched: dict[int, int] = {}
         self.refused: dict[int, Refusal] = {}
+        # pids a rank has moved on from (a restart): their word to the socket vouches no more
+        self._spent: set[int] = set()
 
     def look(
         self,
@@ -178,8 +181,11 @@ class Vouching:
             if state.ranks.get(rank) is not tracker:
                 continue  # refused in this pass (another rank's pid it named)
             pid = tracker.pid
-            if self.vouched.get(rank) == pid and pid is not None:
+            before = self.vouched.get(rank)
+            if before == pid and pid is not None:
                 continue
+            if before is not None and len(self._spent) < MAX_SPENT:
+                self._spent.add(before)
             if tracker.hello_t is None and tracker.host is None:
                 if getattr(tracker, "events_seen", 0) and rank not in getattr(
                     state, "reported", ()
@@ -210,7 +216,9 @@ class Vouching:
         """Whether the process `pid`, ended now, told the launcher's socket it was `rank`: the
         kernel named that pid, so the rank was a process of the job though none is left to see.
         Only for a process that has ended: a live one is looked at as it is."""
-        if self.said is None or pid is None or self.said.rank_of(pid) != rank:
+        if self.said is None or pid is None or pid in self._spent:
+            return False
+        if self.said.rank_of(pid) != rank:
             return False
         try:
             return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -14,8 +14,11 @@ So while a job over several nodes runs, a problem verdict reached at time T is h
 as RUNNING, without the findings that would name it) until every other node whose launcher still
 runs has published a summary composed after T: its summaries' sequence number went up by two
 since T (the first may have been written just before T and read just after; the second was
-written after it, so after T). The node's clock is never trusted for this (its summary's `t` is
-the node's claim), only the order of its own summaries as this watcher saw them change.
+written after it, so after T). The node's clock is never trusted for the summaries' order (its
+summary's `t` is the node's claim), only the order of its own summaries as this watcher saw them
+change. (The ranks' heartbeat ages below are reckoned from each rank's own `t`, as the lost-host
+rule reckons them: a skew of a second or more between the hosts can still let a survivor's
+crash out before the lost host is named, as it could before.)
 
 The wait is bounded: a node that publishes nothing new for LOST_AFTER_S, and whose ranks' own
 heartbeats are that old too, is silent, and what silence means is node_ends' to say (a lost

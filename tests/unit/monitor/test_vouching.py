@@ -291,3 +291,28 @@ def test_a_pid_that_said_another_rank_vouches_for_none_but_its_own(tmp_path):
     assert "is no process" in unvouched(snap)[0].summary
     assert snap.verdict is Verdict.RUNNING and not snap.culprits
     assert snap.ranks[1].state is not RankState.GONE, snap.ranks[1]
+
+
+def test_a_hello_naming_a_restarted_ranks_old_pid_is_nobodys(tmp_path):
+    """Rank 1's first process said its rank and died; its restart (this process) said rank 1
+    too. A hello appended later that names the first pid, with an error and an exit, is a
+    forgery of a spent word: refused, no crash."""
+    run, clock = command_run(tmp_path), Clock(time.time())
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        dead = _killed_after_saying(run, sock, 1)
+        assert say_rank(1, str(sock.path))  # the restarted rank 1
+        w = Writer(run, clock, host=this_host())
+        w.start(pids=[os.getpid(), dead])
+        train(w, clock, 2)
+        w.ev(1, "hello", local_rank=1, world_size=2, host=this_host(), pid=os.getpid())
+        forge(run, 1, clock, pid=dead, world=2)  # the old pid again, failing
+        monitor = Monitor(run, clock=clock, rank_socket=sock, **KW)
+        monitor.poll()
+        clock.t += 0.5
+        snap = monitor.poll()
+    finally:
+        sock.close()
+    assert "is no process" in unvouched(snap)[0].summary
+    assert snap.verdict is not Verdict.CRASH and not snap.culprits

@@ -9,7 +9,13 @@ import subprocess
 import sys
 import time
 
-from ddpdoctor.protocol.rank_socket import ENV_RANK_SOCKET, RankSocket, say_rank
+from ddpdoctor.protocol.rank_socket import (
+    ENV_RANK_SOCKET,
+    MAX_ACCEPTS,
+    MAX_PENDING,
+    RankSocket,
+    say_rank,
+)
 
 SAY = "import sys; from ddpdoctor.protocol.rank_socket import say_rank; say_rank(int(sys.argv[1]))"
 
@@ -27,19 +33,53 @@ def test_a_process_that_ended_is_known_by_the_pid_the_kernel_named():
         sock.close()
 
 
-def test_a_pids_first_word_counts_and_a_line_that_is_no_rank_says_nothing():
+def test_a_pids_latest_word_counts_and_a_line_that_is_no_rank_says_nothing():
     sock = RankSocket.open()
     assert sock is not None
     try:
         assert say_rank(1, str(sock.path)) and say_rank(2, str(sock.path))
-        assert sock.rank_of(os.getpid()) == 1
+        assert sock.rank_of(os.getpid()) == 2
         for junk in (b"rank one\n", b"9" * 40 + b"\n", b""):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
                 raw.connect(str(sock.path))
                 raw.send(junk)
         sock.collect()
-        assert sock._said == {os.getpid(): 1}
+        assert sock._said == {os.getpid(): 2}
     finally:
+        sock.close()
+
+
+def test_a_word_vouches_only_until_another_process_says_that_rank():
+    """A restart: the first process said rank 1 and ended, the next one said rank 1 too. The
+    first pid's word is spent: a hello naming it later is nobody's."""
+    sock = RankSocket.open()
+    assert sock is not None
+    try:
+        env = {**os.environ, ENV_RANK_SOCKET: str(sock.path)}
+        first = subprocess.Popen([sys.executable, "-c", SAY, "1"], env=env)
+        assert first.wait(timeout=60) == 0
+        assert sock.rank_of(first.pid) == 1
+        assert say_rank(1, str(sock.path))  # the restarted rank (this process)
+        assert sock.rank_of(os.getpid()) == 1
+        assert sock.rank_of(first.pid) is None
+    finally:
+        sock.close()
+
+
+def test_a_job_connecting_in_a_loop_cannot_hold_a_collection():
+    sock = RankSocket.open()
+    assert sock is not None
+    conns = []
+    try:
+        for _ in range(MAX_ACCEPTS + 40):  # silent connections: each would wait for its line
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw.connect(str(sock.path))
+            conns.append(raw)
+        sock.collect()
+        assert len(sock._pending) <= MAX_PENDING
+    finally:
+        for raw in conns:
+            raw.close()
         sock.close()
 
 

@@ -205,3 +205,28 @@ def test_a_slow_step_is_on_disk_when_it_closes_and_fast_ones_wait_for_the_flush(
     assert on_disk() == [1, 2]
     close_step(core.STEP_WRITE_EVERY_S)  # the last write is old: written, after the queue
     assert on_disk() == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_launcher_hears_the_rank_however_it_was_learned_but_never_a_guess(
+    run_path, monkeypatch
+):
+    """torchrun's RANK (the bootstrap's Runtime(rank=...)) and a rank learned late (set_rank)
+    are said to the launcher's socket; a rank never learned, filed under 0 at exit, is not."""
+    import os
+
+    from ddpdoctor.protocol.rank_socket import ENV_RANK_SOCKET, RankSocket
+
+    sock = RankSocket.open()
+    assert sock is not None
+    monkeypatch.setenv(ENV_RANK_SOCKET, str(sock.path))
+    try:
+        Runtime(run_path, rank=3)
+        assert sock.rank_of(os.getpid()) == 3
+        Runtime(run_path, rank=None).set_rank(5)
+        assert sock.rank_of(os.getpid()) == 5
+        guessed = Runtime(run_path, rank=None)
+        guessed.finish(1, "exception")  # never learned its rank: rank 0's file, no word
+        assert (run_path / "events" / "rank-0.jsonl").exists()
+        assert sock.rank_of(os.getpid()) == 5
+    finally:
+        sock.close()

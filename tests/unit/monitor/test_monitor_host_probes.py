@@ -16,12 +16,20 @@ from ddpdoctor.protocol.verdicts import ActivityState
 from tests.procs import background
 from tests.unit.monitor.test_monitor_monitor import Clock, Writer, new_run, run_env
 
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+# (says when it is past its start-up: its imports take CPU, for seconds on a loaded machine)
+SLEEPER = [sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(60)"]
 SPINNER = [
     sys.executable,
     "-c",
     "import time\nend = time.time() + 30\nwhile time.time() < end: pass",
 ]
+
+
+def _asleep(proc) -> int:
+    """The sleeper's pid once it sleeps: a rank whose CPU time no longer moves (the watcher's
+    own look at its CPU would otherwise see the start-up's and call it busy, under load)."""
+    assert proc.stdout.readline().strip() == "asleep"
+    return proc.pid
 
 
 def _rank0_idle_rank1_in_barrier(tmp_path, pid: int, gpu: RecordedGpuProbe):
@@ -63,7 +71,7 @@ def _rank0_idle_rank1_in_barrier(tmp_path, pid: int, gpu: RecordedGpuProbe):
 def test_a_rank_whose_gpu_works_is_waited_for_not_a_hang(tmp_path):
     with background(SLEEPER, env=run_env(tmp_path / "run")) as proc:
         gpu = RecordedGpuProbe({proc.pid: 92.0})
-        snaps = _rank0_idle_rank1_in_barrier(tmp_path, proc.pid, gpu)
+        snaps = _rank0_idle_rank1_in_barrier(tmp_path, _asleep(proc), gpu)
     last = snaps[-1]
     assert last.verdict is Verdict.RUNNING
     assert last.ranks[0].activity.state is ActivityState.GPU_WAIT
@@ -74,7 +82,8 @@ def test_a_rank_whose_gpu_works_is_waited_for_not_a_hang(tmp_path):
 
 def test_the_same_rank_with_an_idle_gpu_is_the_culprit_of_a_hang(tmp_path):
     with background(SLEEPER, env=run_env(tmp_path / "run")) as proc:
-        snaps = _rank0_idle_rank1_in_barrier(tmp_path, proc.pid, RecordedGpuProbe({proc.pid: 0}))
+        gpu = RecordedGpuProbe({proc.pid: 0})
+        snaps = _rank0_idle_rank1_in_barrier(tmp_path, _asleep(proc), gpu)
     last = snaps[-1]
     assert last.verdict is Verdict.HANG and last.culprits == {0} and last.confirmed
     assert last.ranks[0].activity.state is ActivityState.BLOCKED

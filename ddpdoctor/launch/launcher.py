@@ -167,13 +167,27 @@ def run_and_report(
     """Run the job to its end, then print how it ended; the exit code."""
     launch_id = env[ENV_LAUNCH_ID]
     reaper = Reaper(launch_id, run_dir=str(run_dir.path), node_rank=plan.node_rank)
+    # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py)
+    rank_socket = RankSocket.open()
+    if rank_socket is not None:
+        env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
     try:
         outcome, agent_exits = run_job(
-            plan, watchers, run_dir, console, argv, env, recorder=recorder, hangup=hangup
+            plan,
+            watchers,
+            run_dir,
+            console,
+            argv,
+            env,
+            recorder=recorder,
+            hangup=hangup,
+            rank_socket=rank_socket,
         )
     finally:
         end_marked(launch_id)
         reaper.close()
+        if rank_socket is not None:
+            rank_socket.close()
     code = exit_code_for(outcome)
     if recorder is not None:
         recorder.ended(int(code), outcome.job_returncode, time.time())
@@ -209,34 +223,11 @@ def run_job(
     *,
     recorder: NodeRecorder | None = None,
     hangup: Hangup | None = None,
+    rank_socket: RankSocket | None = None,
 ) -> tuple[RunOutcome, dict[int, Any]]:
     """Start torchrun, watch it through the TUI or the headless view, make sure it has ended, and
-    print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit."""
-    # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py);
-    # closed once the final diagnosis is made, whatever ends the run
-    rank_socket = RankSocket.open()
-    try:
-        if rank_socket is not None:
-            env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
-        return _run_watched(
-            plan, watchers, run_dir, console, argv, env, recorder, hangup, rank_socket
-        )
-    finally:
-        if rank_socket is not None:
-            rank_socket.close()
-
-
-def _run_watched(
-    plan: LaunchPlan,
-    watchers: Watchers,
-    run_dir: RunDir,
-    console: Console,
-    argv: list[str],
-    env: dict[str, str],
-    recorder: NodeRecorder | None,
-    hangup: Hangup | None,
-    rank_socket: RankSocket | None,
-) -> tuple[RunOutcome, dict[int, Any]]:
+    print the final diagnosis. Returns the outcome and torchrun's report of each rank's exit.
+    `rank_socket`: where the ranks say their rank (its path already in `env`)."""
     use_tui = watchers.tui is not None and plan.tui_allowed and tui_capable()
     lines: queue.Queue[str] = queue.Queue()
     agent = AgentLogParser()

@@ -40,7 +40,10 @@ LAUNCHER_VARS = frozenset({*TORCH_VARS, *TORCHRUN_VARS})
 GRACE_AFTER_FAILURE_S = 3.0  # how long the other ranks get to report their own view of a failure
 
 _live: set[subprocess.Popen] = set()
+# Held from a rank's fork until it is in _live, so that the doctor's exit sees every rank it started
+# (a rank forked a moment before Ctrl-C would otherwise outlive it), and no rank starts after it.
 _live_lock = threading.Lock()
+_exiting = False
 
 
 class RealSmokeProbe:
@@ -146,19 +149,23 @@ class _Supervisor:
             # Closed in run() once the report has its tail; it must outlive this loop.
             stderr = tempfile.TemporaryFile()  # noqa: SIM115
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, str(WORKER)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=stderr,
-                    stderr=stderr,
-                    env=env,
-                    pass_fds=(write_fd,),
-                    start_new_session=True,  # its own process group, killed as a whole
-                )
+                with _live_lock:
+                    if _exiting:  # the doctor is exiting: a rank started now would outlive it
+                        os.close(read_fd)
+                        stderr.close()
+                        return
+                    proc = subprocess.Popen(
+                        [sys.executable, str(WORKER)],
+                        stdin=subprocess.DEVNULL,
+                        stdout=stderr,
+                        stderr=stderr,
+                        env=env,
+                        pass_fds=(write_fd,),
+                        start_new_session=True,  # its own process group, killed as a whole
+                    )
+                    _live.add(proc)
             finally:
                 os.close(write_fd)
-            with _live_lock:
-                _live.add(proc)
             reader = os.fdopen(read_fd, "rb", buffering=0)
             os.set_blocking(read_fd, False)
             state = _Rank(rank, proc, reader, stderr, current_since=time.monotonic())
@@ -314,7 +321,9 @@ def _terminate(proc: subprocess.Popen) -> None:
 @atexit.register
 def _kill_leftovers() -> None:
     """An interrupted doctor (Ctrl-C) exits while the smoke thread still runs: end its ranks."""
+    global _exiting
     with _live_lock:
+        _exiting = True
         procs = list(_live)
     for proc in procs:
         _terminate(proc)

@@ -60,7 +60,7 @@ class Job:
 
 CRASH = (
     "--backend", "gloo", "--steps", "16",
-    "--inject", "slow:rank=1,step=2,seconds=0.2",
+    "--inject", "slow:rank=1,step=2,seconds=0.5",
     "--inject", "crash:rank=1,step=12",
 )  # fmt: skip
 # only node 0 of 2 is started: torchrun's rendezvous gives up after --join-timeout

@@ -180,7 +180,7 @@ def test_hang_trail(hang):
 
 @pytest.fixture
 def crash(shared_runs) -> tuple[Result, Path]:
-    # --steps 16 --inject slow:rank=1,step=2,seconds=0.2 --inject crash:rank=1,step=12
+    # --steps 16 --inject slow:rank=1,step=2,seconds=0.5 --inject crash:rank=1,step=12
     return shared(shared_runs, "crash")
 
 

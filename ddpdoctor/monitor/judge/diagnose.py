@@ -145,7 +145,12 @@ def _after_stop(snap: Snapshot, held: RuleOutcome) -> tuple[RuleOutcome, RuleOut
             stop = crash_rule.consequences(failures, None, after=after)
             return held, RuleOutcome(rule="stop", findings=(stop,))
         return held, crash_rule.detect(snap)
-    others = [v for v in crash_rule.failures(snap) if v.rank not in held.culprits]
+    # A rank the held crash already counts as its consequence failed because of it, not of
+    # the stop: said once, the way the crash said it.
+    told = {r for f in held.findings if f.id == "crash.consequence" for r in f.ranks}
+    others = [
+        v for v in crash_rule.failures(snap) if v.rank not in held.culprits and v.rank not in told
+    ]
     if not others:
         return held, None
     after = "the crash (ddpdoctor stopped the job)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ddpdoctor.monitor.judge.diagnose import diagnose
-from ddpdoctor.monitor.judge.rules import mismatch
+from ddpdoctor.monitor.judge.rules import crash, mismatch
 from ddpdoctor.monitor.model.snapshot import RankState, Verdict
 from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, view
 
@@ -41,3 +41,19 @@ def test_a_rank_that_died_before_the_stop_is_still_reported():
     out = diagnose(after, held=replace(held, stopped_t=NOW))
     assert out.verdict is Verdict.MISMATCH
     assert ("died", "error") in ids(out)
+
+
+def test_a_consequence_the_held_crash_named_is_not_named_again_as_the_stops():
+    """Rank 1 crashed, rank 0 lost it (gloo: peer closed) and the crash said so; ddpdoctor then
+    stopped the job. Rank 0 is the crash's consequence once, not also the stop's."""
+    r1 = view(1, RankState.FAILED, alive=False, failed_t=NOW - 2.0, exit_code=1)
+    r1 = replace(r1, error="InjectedCrash: injected crash")
+    r0 = view(0, RankState.FAILED, alive=False, failed_t=NOW - 1.5, exit_code=1)
+    r0 = replace(r0, error="RuntimeError: Connection closed by peer")
+    held = crash.detect(snap([r0, r1]))
+    assert held is not None and held.culprits == {1}
+    out = diagnose(snap([r0, r1]), held=replace(held, stopped_t=NOW - 1.0))
+    consequences = [f for f in out.findings if f.id == "crash.consequence"]
+    assert [(f.ranks, f.summary) for f in consequences] == [
+        ((0,), "rank 0 failed as a consequence of rank 1's failure")
+    ]

@@ -166,11 +166,21 @@ def run_and_report(
 ) -> int:
     """Run the job to its end, then print how it ended; the exit code."""
     launch_id = env[ENV_LAUNCH_ID]
-    reaper = Reaper(launch_id, run_dir=str(run_dir.path), node_rank=plan.node_rank)
     # the ranks of this host say their rank here, the kernel naming their pid (rank_socket.py)
     rank_socket = RankSocket.open()
     if rank_socket is not None:
         env = {**env, ENV_RANK_SOCKET: str(rank_socket.path)}
+    try:
+        reaper = Reaper(
+            launch_id,
+            run_dir=str(run_dir.path),
+            node_rank=plan.node_rank,
+            socket_dir=rank_socket.directory if rank_socket is not None else None,
+        )
+    except BaseException:
+        if rank_socket is not None:
+            rank_socket.close()
+        raise
     try:
         outcome, agent_exits = run_job(
             plan,

@@ -13,6 +13,9 @@ torchrun's own cleanup never sees.
 
     python -m ddpdoctor.launch.reaper LAUNCH_ID [RUN_DIR [NODE_RANK]]    (reads stdin until EOF)
 
+It also removes the launcher's rank socket (ddpdoctor.protocol.rank_socket: a directory in /tmp,
+named in its environment), which a killed launcher leaves behind.
+
 A launcher that ends normally has ended its job itself before it closes the pipe; when the reaper
 still finds processes of the job at EOF, the launcher died, and it says so in the run directory
 (RUN_DIR/launcher-killed.json, ddpdoctor.protocol.processes) so that a watcher's verdict is that
@@ -35,8 +38,10 @@ from pathlib import Path
 
 from ddpdoctor.launch.stop_protocol import end_sruns, is_srun, slurm_steps
 from ddpdoctor.protocol import processes
+from ddpdoctor.protocol.rank_socket import remove_left_behind
 
 ENV_LAUNCH_ID = "DDPDOCTOR_LAUNCH_ID"
+ENV_SOCKET_DIR = "DDPDOCTOR_REAPER_SOCKET_DIR"  # the rank socket's directory, to remove at the end
 GRACE_S = 3.0  # SIGTERM first; whatever runs this long after gets SIGKILL
 MAX_ROUNDS = 20
 
@@ -120,9 +125,14 @@ class Reaper:
         env: Mapping[str, str] | None = None,
         run_dir: str | None = None,
         node_rank: int | None = None,
+        socket_dir: Path | None = None,
     ) -> None:
         self.launch_id = launch_id
-        clean = {k: v for k, v in (env or os.environ).items() if k != ENV_LAUNCH_ID}
+        clean = {
+            k: v for k, v in (env or os.environ).items() if k not in (ENV_LAUNCH_ID, ENV_SOCKET_DIR)
+        }
+        if socket_dir is not None:
+            clean[ENV_SOCKET_DIR] = str(socket_dir)
         self._proc = subprocess.Popen(
             [
                 sys.executable,
@@ -171,6 +181,9 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(Exception):
             say_launcher_killed(RunDir(Path(argv[1])), int(argv[2]), time.time())
     end_marked(argv[0])
+    socket_dir = os.environ.get(ENV_SOCKET_DIR)
+    if socket_dir:  # (the ranks are gone: nobody connects any more)
+        remove_left_behind(socket_dir)
     return 0
 
 

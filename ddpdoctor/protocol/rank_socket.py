@@ -15,6 +15,8 @@ full backlog, a launcher starved of CPU: the rank goes on unheard).
 
 The socket lives in a private temporary directory (0700) of the launcher's, not in the run
 directory: a path there can be longer than a socket address allows, and the job may write there.
+The launcher removes it when the job is over; a launcher killed with SIGKILL cannot, and its
+reaper (ddpdoctor.launch.reaper) does (`remove_left_behind`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -36,6 +39,7 @@ MAX_ACCEPTS = 256  # connections taken per collection (a job connecting in a loo
 # the monitor's poll; the rest wait in the kernel's backlog for the next one)
 PENDING_LOOKS = 20  # collections a connection may stay silent before it is dropped
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+PREFIX = "ddpdoctor-"
 
 
 def say_rank(rank: int, path: str | None = None) -> bool:
@@ -76,7 +80,7 @@ class RankSocket:
         directory: Path | None = None
         sock: socket.socket | None = None
         try:
-            directory = Path(tempfile.mkdtemp(prefix="ddpdoctor-"))
+            directory = Path(tempfile.mkdtemp(prefix=PREFIX))
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(str(directory / "ranks"))
             sock.listen(socket.SOMAXCONN)
@@ -141,6 +145,10 @@ class RankSocket:
             if self._latest.get(old_rank) == old:
                 del self._latest[old_rank]
 
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
     def close(self) -> None:
         """Stop listening; what was said stays known (the monitor's last look may ask)."""
         self.collect()
@@ -150,3 +158,27 @@ class RankSocket:
         with contextlib.suppress(OSError):
             self._sock.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def remove_left_behind(directory: str) -> bool:
+    """Remove the directory of a rank socket whose launcher could not (it was killed): only a
+    real directory of this user named like one, directly in the temporary directory, holding
+    nothing but the socket. Anything else is left as it is. True when it was removed."""
+    path = Path(directory)
+    if not path.name.startswith(PREFIX) or path.parent != Path(tempfile.gettempdir()):
+        return False
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False  # (a link, a file, another user's)
+        entries = os.listdir(path)
+        if any(name != "ranks" for name in entries):
+            return False
+        if entries:
+            if not stat.S_ISSOCK(os.lstat(path / "ranks").st_mode):
+                return False
+            os.unlink(path / "ranks")
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False

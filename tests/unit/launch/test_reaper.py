@@ -130,3 +130,19 @@ def test_the_reaper_of_a_nodes_launcher_says_so_in_its_node_record(marked, tmp_p
     record = read_node_record(run, 1)
     assert record is not None and record.stopped_for == STOPPED_LAUNCHER_KILLED and record.ended
     assert not processes.launcher_was_killed(run.path)  # the node's record says it, not the run's
+
+
+def test_the_reaper_of_a_killed_launcher_removes_its_rank_socket():
+    """A launcher killed with SIGKILL leaves its rank socket's directory in /tmp; its reaper,
+    told of it, removes it once the job is ended."""
+    from ddpdoctor.protocol.rank_socket import RankSocket
+
+    sock = RankSocket.open()
+    assert sock is not None
+    directory = sock.directory
+    try:
+        reaper = Reaper(new_launch_id(), socket_dir=directory)
+        reaper.close(timeout=20)  # EOF: as when its launcher dies
+        assert not directory.exists()
+    finally:
+        sock.close()

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from ddpdoctor.protocol.rank_socket import (
     ENV_RANK_SOCKET,
@@ -116,3 +117,31 @@ def test_what_was_said_stays_known_after_the_socket_closed():
     assert say_rank(5, str(sock.path))
     sock.close()  # (collects what waits first)
     assert sock.rank_of(os.getpid()) == 5
+
+
+def test_only_a_rank_sockets_own_directory_is_removed_as_left_behind(tmp_path):
+    import tempfile
+
+    from ddpdoctor.protocol.rank_socket import remove_left_behind
+
+    sock = RankSocket.open()
+    assert sock is not None
+    sock._sock.close()  # (its launcher was killed: the socket file stays)
+    assert remove_left_behind(str(sock.directory)) and not sock.directory.exists()
+    # not named like one, not in the temporary directory, a link, or holding anything else
+    other = Path(tempfile.mkdtemp(prefix="someone-"))
+    nested = tmp_path / "ddpdoctor-x"
+    nested.mkdir()
+    crowded = Path(tempfile.mkdtemp(prefix="ddpdoctor-"))
+    (crowded / "notes").write_text("mine")
+    link = Path(tempfile.gettempdir()) / f"ddpdoctor-link-{os.getpid()}"
+    link.symlink_to(other)
+    try:
+        for path in (other, nested, crowded, link):
+            assert not remove_left_behind(str(path)) and path.exists()
+        assert (crowded / "notes").read_text() == "mine"
+    finally:
+        link.unlink()
+        other.rmdir()
+        (crowded / "notes").unlink()
+        crowded.rmdir()

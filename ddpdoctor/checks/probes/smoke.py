@@ -39,6 +39,11 @@ WORKER = Path(__file__).resolve().parent.parent / "smoke_worker.py"
 LAUNCHER_VARS = frozenset({*TORCH_VARS, *TORCHRUN_VARS})
 GRACE_AFTER_FAILURE_S = 3.0  # how long the other ranks get to report their own view of a failure
 
+
+class DoctorExiting(RuntimeError):
+    """The smoke test was asked to start a rank after the doctor's exit began (no verdict)."""
+
+
 _live: set[subprocess.Popen] = set()
 # Held from a rank's fork until it is in _live, so that the doctor's exit sees every rank it started
 # (a rank forked a moment before Ctrl-C would otherwise outlive it), and no rank starts after it.
@@ -153,7 +158,7 @@ class _Supervisor:
                     if _exiting:  # the doctor is exiting: a rank started now would outlive it
                         os.close(read_fd)
                         stderr.close()
-                        return
+                        raise DoctorExiting("the doctor is exiting: no smoke rank is started")
                     proc = subprocess.Popen(
                         [sys.executable, str(WORKER)],
                         stdin=subprocess.DEVNULL,
@@ -325,6 +330,10 @@ def _kill_leftovers() -> None:
     with _live_lock:
         _exiting = True
         procs = list(_live)
+    for proc in procs:  # every rank told first: a second Ctrl-C during the waits leaves none
+        if proc.poll() is None:  # unsignalled (its group id is not reused while it is unreaped)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
     for proc in procs:
         _terminate(proc)
 

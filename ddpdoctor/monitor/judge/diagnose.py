@@ -46,7 +46,7 @@ from ddpdoctor.monitor.judge.rules import uneven as uneven_rule
 from ddpdoctor.monitor.judge.rules import wait as wait_rule
 from ddpdoctor.monitor.judge.rules import world_size as world_size_rule
 from ddpdoctor.monitor.judge.script_citations import annotate as with_script_checkup
-from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict, WaitView
+from ddpdoctor.monitor.model.snapshot import RankState, RankView, Snapshot, Verdict, WaitView
 
 # A mismatch explains a crash that follows it; allow for the abort to land a little later.
 MISMATCH_EXPLAINS_CRASH_S = 1.0
@@ -146,16 +146,36 @@ def _after_stop(snap: Snapshot, held: RuleOutcome) -> tuple[RuleOutcome, RuleOut
             return held, RuleOutcome(rule="stop", findings=(stop,))
         return held, crash_rule.detect(snap)
     # A rank the held crash already counts as its consequence failed because of it, not of
-    # the stop: said once, the way the crash said it.
+    # the stop: said once, the way the crash said it, with what the rank says now (an error
+    # read after the stop replaces "vanished").
+    failures = crash_rule.failures(snap)
     told = {r for f in held.findings if f.id == "crash.consequence" for r in f.ranks}
-    others = [
-        v for v in crash_rule.failures(snap) if v.rank not in held.culprits and v.rank not in told
-    ]
+    held = _told_as_it_stands(held, failures)
+    others = [v for v in failures if v.rank not in held.culprits and v.rank not in told]
     if not others:
         return held, None
     after = "the crash (ddpdoctor stopped the job)"
     stop = crash_rule.consequences(others, None, after=after)
     return held, RuleOutcome(rule="stop", findings=(stop,))
+
+
+def _told_as_it_stands(held: RuleOutcome, failures: list[RankView]) -> RuleOutcome:
+    """The held crash with the evidence of its consequence finding made again from its ranks'
+    views now; as it was when one of them no longer shows as failed."""
+    found = [f for f in held.findings if f.id == "crash.consequence"]
+    if len(found) != 1:
+        return held
+    told = [v for v in failures if v.rank in found[0].ranks]
+    if {v.rank for v in told} != set(found[0].ranks):
+        return held
+    causes = sorted((v for v in failures if v.rank in held.culprits), key=_failed_first)
+    fresh = crash_rule.consequences(told, causes[0] if causes else None)
+    updated = replace(found[0], evidence=fresh.evidence)
+    return replace(held, findings=tuple(updated if f is found[0] else f for f in held.findings))
+
+
+def _failed_first(view: RankView) -> float:
+    return view.failed_t if view.failed_t is not None else float("inf")
 
 
 def diagnose(

@@ -57,3 +57,24 @@ def test_a_consequence_the_held_crash_named_is_not_named_again_as_the_stops():
     assert [(f.ranks, f.summary) for f in consequences] == [
         ((0,), "rank 0 failed as a consequence of rank 1's failure")
     ]
+
+
+def test_the_held_crashs_consequence_tells_what_the_rank_says_now():
+    """At the stop rank 2 had only vanished; its own error was read after it. The held crash's
+    consequence finding shows that error, not "vanished" (and rank 2 is not named twice)."""
+    r1 = replace(
+        view(1, RankState.FAILED, alive=False, failed_t=NOW - 2.0, exit_code=1),
+        error="InjectedCrash: injected crash",
+    )
+    r2 = view(2, RankState.GONE, alive=False, failed_t=NOW - 1.5)
+    held = crash.detect(snap([view(0), r1, r2]))
+    assert held is not None and held.culprits == {1}
+    told = next(f for f in held.findings if f.id == "crash.consequence")
+    assert told.ranks == (2,) and "vanished" in told.evidence[0].text
+    r2_later = replace(
+        r2, state=RankState.FAILED, exit_code=1, error="RuntimeError: CUDA error: illegal access"
+    )
+    out = diagnose(snap([view(0), r1, r2_later]), held=replace(held, stopped_t=NOW - 1.0))
+    consequences = [f for f in out.findings if f.id == "crash.consequence"]
+    assert len(consequences) == 1 and consequences[0].ranks == (2,)
+    assert "CUDA error: illegal access" in consequences[0].evidence[0].text

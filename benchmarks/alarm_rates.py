@@ -99,7 +99,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def per_job_hour(healthy: Sequence[false_alarms.Outcome]) -> list[str]:
-    hours = sum(o.wall_s for o in healthy) / 3600.0
+    timed_out = [o for o in healthy if o.timed_out]  # no verdict: their hours are not counted
+    hours = sum(o.wall_s for o in healthy if not o.timed_out) / 3600.0
     alarms = [o for o in healthy if o.false_alarm]
     if hours <= 0:
         return ["false alarms per job-hour: no healthy run"]
@@ -113,6 +114,10 @@ def per_job_hour(healthy: Sequence[false_alarms.Outcome]) -> list[str]:
     ]
     if alarms:
         lines.append("  alarmed: " + ", ".join(sorted({o.job.name for o in alarms})))
+    if timed_out:
+        lines.append(
+            "  timed out (no verdict): " + ", ".join(sorted({o.job.name for o in timed_out}))
+        )
     return lines
 
 
@@ -213,7 +218,8 @@ def main() -> int:
             hang_medians += (
                 [statistics.median([t for t in hangs if t is not None])] if hangs else []
             )
-            ok = ok and not any(o.false_alarm for o in h) and all(o.right for o in f)
+            ok = ok and not any(o.false_alarm or o.timed_out for o in h)
+            ok = ok and all(o.right for o in f)
         if args.watchdog:
             print("== without ddpdoctor: a hang under plain torchrun ==", flush=True)
             titan = watchdog_hang(Path(tmp), TITAN_TRAIN_TIMEOUT_S)

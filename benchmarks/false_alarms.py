@@ -21,6 +21,7 @@ injected faults, in a healthy and a faulty set.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -58,7 +59,16 @@ class Outcome:
     errors: tuple[str, ...] = ()  # ids of findings of severity error
 
     @property
+    def timed_out(self) -> bool:
+        """Killed by this benchmark after its timeout_s: no verdict at all, so neither an alarm
+        nor a pass (a job that never started its ranks, one ddpdoctor slowed): told apart, and
+        the run still fails."""
+        return self.returncode is None
+
+    @property
     def false_alarm(self) -> bool:
+        if self.timed_out:
+            return False
         if self.job.recovers:  # a recovered job is healthy, with its failure as a warning
             return bool(
                 self.returncode != 0
@@ -95,9 +105,18 @@ def _env(job: Job | None = None) -> dict[str, str]:
     env.setdefault("RAY_raylet_start_wait_time_s", "600")
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
+    # DeepSpeed's CPU op is built per virtualenv: two checkouts' jobs sharing torch's default
+    # build folder rebuild it for each other's sources under one lock, and a rank waits on it
+    # for minutes (a job that never started its ranks in 600 s, beside another checkout's tests).
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(_extensions_dir()))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(job.env if job else ())
     return env
+
+
+def _extensions_dir() -> Path:
+    venv = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "torch_extensions" / f"ddpdoctor-bench-{venv}"
 
 
 def build_deepspeed_op(jobs: Sequence[Job], timeout_s: float = 1800.0) -> bool:
@@ -208,7 +227,9 @@ def _kill(proc: subprocess.Popen) -> None:
 def _print_run(o: Outcome) -> None:
     healthy_job = o.job.verdicts == {"healthy"}
     mark = (
-        ("FALSE ALARM" if o.false_alarm else "torch abort" if o.aborted_at_exit else "ok")
+        "TIMED OUT"
+        if o.timed_out
+        else ("FALSE ALARM" if o.false_alarm else "torch abort" if o.aborted_at_exit else "ok")
         if healthy_job
         else ("right" if o.right else "WRONG")
     )
@@ -241,7 +262,8 @@ def summary(healthy: Sequence[Outcome], faulty: Sequence[Outcome]) -> list[str]:
         f"false alarms: {len(alarms)}/{len(healthy)}",
         "alarmed: " + (", ".join(sorted({o.job.name for o in alarms})) or "none"),
         f"aborted by torch at exit, said so: {sum(o.aborted_at_exit for o in healthy)}",
-        "",
+        "timed out (no verdict): "
+        + (", ".join(sorted({o.job.name for o in healthy if o.timed_out})) or "none"),
     ]
     right_col = [
         f"{len({o.job.name for o in faulty})} jobs, {len(faulty)} runs",
@@ -290,7 +312,7 @@ def main() -> int:
     print()
     for line in summary(h, f):
         print(line)
-    ok = not [o for o in h if o.false_alarm] and all(o.right for o in f)
+    ok = not [o for o in h if o.false_alarm or o.timed_out] and all(o.right for o in f)
     print(f"result: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

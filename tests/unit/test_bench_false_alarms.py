@@ -28,7 +28,15 @@ def test_a_healthy_job_is_a_false_alarm_on_any_alarm_warning_stop_or_failed_exit
     assert outcome(HEALTHY, "hang", culprits=(0,), rc=1, stopped="hang").false_alarm
     assert outcome(HEALTHY, "healthy", loud=("sampler.uneven_batches",)).false_alarm
     assert outcome(HEALTHY, "healthy", stopped="hang").false_alarm
-    assert outcome(HEALTHY, "healthy", rc=None).false_alarm  # killed after the run timeout
+
+def test_a_healthy_job_killed_at_its_timeout_is_told_apart_and_fails_the_run(capsys):
+    """No verdict at all (a job whose ranks never started, one ddpdoctor slowed): not an alarm
+    ddpdoctor raised, not a pass either."""
+    late = outcome(HEALTHY, None, rc=None)  # killed after the run timeout
+    assert late.timed_out and not late.false_alarm
+    assert any("timed out (no verdict): recipe" in line for line in bench.summary([late], []))
+    bench._print_run(late)
+    assert "TIMED OUT" in capsys.readouterr().out
 
 
 def test_a_detection_is_right_only_with_the_expected_verdict_and_culprits():

@@ -29,6 +29,7 @@ def test_a_healthy_job_is_a_false_alarm_on_any_alarm_warning_stop_or_failed_exit
     assert outcome(HEALTHY, "healthy", loud=("sampler.uneven_batches",)).false_alarm
     assert outcome(HEALTHY, "healthy", stopped="hang").false_alarm
 
+
 def test_a_healthy_job_killed_at_its_timeout_is_told_apart_and_fails_the_run(capsys):
     """No verdict at all (a job whose ranks never started, one ddpdoctor slowed): not an alarm
     ddpdoctor raised, not a pass either."""

@@ -53,6 +53,9 @@ RUN_TIMEOUT_S = 420
 HEALTHY = {job["name"]: job for job in MANIFEST["healthy"]}
 FAULTY = {job["name"]: job for job in MANIFEST["faulty"]}
 PAIRED = {job["name"]: job for job in MANIFEST["paired_by_chance"]}
+# a status line of the live job (ddpdoctor/tell: "<verdict> · <seconds> s · ..."), not the report
+LIVE_STATUS = re.compile(r"^[a-z]+ · \d+ s · ", re.MULTILINE)
+VERDICT_REPORT = re.compile(r"^(HANG|MISMATCH|CRASH): culprit", re.MULTILINE)
 
 
 def _start(job: dict, base: Path) -> subprocess.Popen:
@@ -184,8 +187,11 @@ def test_rank0s_eval_gathers_paired_by_chance_are_reported_with_both_lines_and_t
     assert f"{job['script']}:{job['eval_line']}" in summary, summary
     assert f"{job['script']}:{job['train_line']}" in summary, summary
     assert f" at step {job['step']}," in summary, summary
-    # said while the job ran (a status line of the running job follows it), not only at the end
+    # said while the job ran (a status line of the live job follows it: "running · 41 s · ...",
+    # or "hang · 47 s · ..." when the hang came within the next one), not only at the end
     said = re.search(r"paired by chance", r.stderr)
     assert said is not None, r.stderr[-3000:]
-    assert "running · " in r.stderr[said.end() :], r.stderr[-3000:]
+    report = VERDICT_REPORT.search(r.stderr)
+    before_report = report.start() if report else len(r.stderr)
+    assert LIVE_STATUS.search(r.stderr, said.end(), before_report), r.stderr[-3000:]
     assert job_processes(r.run_dir) == []

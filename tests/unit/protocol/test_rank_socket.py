@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ddpdoctor.protocol.rank_socket import (
     ENV_RANK_SOCKET,
     MAX_ACCEPTS,
@@ -21,50 +23,47 @@ from ddpdoctor.protocol.rank_socket import (
 SAY = "import sys; from ddpdoctor.protocol.rank_socket import say_rank; say_rank(int(sys.argv[1]))"
 
 
-def test_a_process_that_ended_is_known_by_the_pid_the_kernel_named():
-    sock = RankSocket.open()
-    assert sock is not None
-    try:
-        env = {**os.environ, ENV_RANK_SOCKET: str(sock.path)}
-        child = subprocess.Popen([sys.executable, "-c", SAY, "3"], env=env)
-        assert child.wait(timeout=60) == 0
-        assert sock.rank_of(child.pid) == 3  # read after it ended
-        assert sock.rank_of(os.getpid()) is None
-    finally:
-        sock.close()
+@pytest.fixture
+def sock():
+    opened = RankSocket.open()
+    assert opened is not None
+    yield opened
+    opened.close()
 
 
-def test_a_pids_latest_word_counts_and_a_line_that_is_no_rank_says_nothing():
-    sock = RankSocket.open()
-    assert sock is not None
-    try:
-        assert say_rank(1, str(sock.path)) and say_rank(2, str(sock.path))
-        assert sock.rank_of(os.getpid()) == 2
-        for junk in (b"rank one\n", b"9" * 40 + b"\n", b""):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
-                raw.connect(str(sock.path))
-                raw.send(junk)
-        sock.collect()
-        assert sock._said == {os.getpid(): 2}
-    finally:
-        sock.close()
+def said_in_a_child(sock: RankSocket, rank: int) -> subprocess.Popen:
+    """A process that said `rank` to the socket and ended."""
+    env = {**os.environ, ENV_RANK_SOCKET: str(sock.path)}
+    child = subprocess.Popen([sys.executable, "-c", SAY, str(rank)], env=env)
+    assert child.wait(timeout=60) == 0
+    return child
 
 
-def test_a_word_vouches_only_until_another_process_says_that_rank():
+def test_a_process_that_ended_is_known_by_the_pid_the_kernel_named(sock):
+    child = said_in_a_child(sock, 3)
+    assert sock.rank_of(child.pid) == 3  # read after it ended
+    assert sock.rank_of(os.getpid()) is None
+
+
+def test_a_pids_latest_word_counts_and_a_line_that_is_no_rank_says_nothing(sock):
+    assert say_rank(1, str(sock.path)) and say_rank(2, str(sock.path))
+    assert sock.rank_of(os.getpid()) == 2
+    for junk in (b"rank one\n", b"9" * 40 + b"\n", b""):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+            raw.connect(str(sock.path))
+            raw.send(junk)
+    sock.collect()
+    assert sock._said == {os.getpid(): 2}
+
+
+def test_a_word_vouches_only_until_another_process_says_that_rank(sock):
     """A restart: the first process said rank 1 and ended, the next one said rank 1 too. The
     first pid's word is spent: a hello naming it later is nobody's."""
-    sock = RankSocket.open()
-    assert sock is not None
-    try:
-        env = {**os.environ, ENV_RANK_SOCKET: str(sock.path)}
-        first = subprocess.Popen([sys.executable, "-c", SAY, "1"], env=env)
-        assert first.wait(timeout=60) == 0
-        assert sock.rank_of(first.pid) == 1
-        assert say_rank(1, str(sock.path))  # the restarted rank (this process)
-        assert sock.rank_of(os.getpid()) == 1
-        assert sock.rank_of(first.pid) is None
-    finally:
-        sock.close()
+    first = said_in_a_child(sock, 1)
+    assert sock.rank_of(first.pid) == 1
+    assert say_rank(1, str(sock.path))  # the restarted rank (this process)
+    assert sock.rank_of(os.getpid()) == 1
+    assert sock.rank_of(first.pid) is None
 
 
 def test_a_job_connecting_in_a_loop_cannot_hold_a_collection():
@@ -84,17 +83,12 @@ def test_a_job_connecting_in_a_loop_cannot_hold_a_collection():
         sock.close()
 
 
-def test_a_word_not_sent_yet_is_read_at_a_later_collection():
-    sock = RankSocket.open()
-    assert sock is not None
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
-            raw.connect(str(sock.path))
-            assert sock.rank_of(os.getpid()) is None  # connected, nothing said yet
-            raw.send(b"4\n")
-        assert sock.rank_of(os.getpid()) == 4
-    finally:
-        sock.close()
+def test_a_word_not_sent_yet_is_read_at_a_later_collection(sock):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.connect(str(sock.path))
+        assert sock.rank_of(os.getpid()) is None  # connected, nothing said yet
+        raw.send(b"4\n")
+    assert sock.rank_of(os.getpid()) == 4
 
 
 def test_nobody_listening_costs_the_rank_nothing(tmp_path, monkeypatch):

@@ -24,7 +24,9 @@ from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.fr_files import DumpError, is_dump_file, load_dump
+from ddpdoctor.protocol.node_records import NodeRecord, node_of, read_node_records
 from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.torchrun_logs import classify_log_path
 
 _RUN_DIR_MARKERS = ("logs", "nccl", "events", "run.json")
 _HELLO_SCAN_LINES = 50  # the hello event is a rank's first; never read far for it
@@ -194,7 +196,7 @@ def _plain_context(label: str) -> FileContext:
 
 def _directory_files(root: Path) -> Iterator[tuple[Path, FileContext]]:
     if any((root / marker).exists() for marker in _RUN_DIR_MARKERS):
-        hello = _hello_index(root / "events")
+        hello = _hello_index(root / "events", read_node_records(RunDir(root)))
         for sub in ("logs", "nccl"):
             for path in _files_under(root / sub):
                 yield path, _run_dir_context(root, path, hello)
@@ -233,8 +235,18 @@ def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
     if relative[0] == "nccl" and owner is not None:
         return FileContext(label=label, rank=hello.by_pid.get(owner))
     host = relative[1] if len(relative) > 2 else None
+    # a job over nodes: each agent's logs below logs/<host>/node-<N>/, where two agents may
+    # share a host and number their local ranks alike
+    source = classify_log_path(relative)
+    node = source.node if source is not None else None
 
     def local_to_global(local: int) -> int:
+        if node is not None:
+            found = hello.by_node_local.get((host, node, local))
+            if found is not None:
+                return found
+            if hello.nodes_on(host) > 1:
+                return local  # (which node's rank it is, no hello says: not another node's)
         return hello.by_local.get((host, local), hello.single_host.get(local, local))
 
     local = local_rank_from_path(label)
@@ -243,12 +255,17 @@ def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
 
 
 class _HelloIndex:
-    """Global ranks by (host, local rank) and by (host, pid), from the ranks' hello events."""
+    """Global ranks by (host, local rank), by (host, node, local rank) and by (host, pid), from
+    the ranks' hello events (the node: the record of the rank's parent torchrun, else its
+    GROUP_RANK, as the monitor finds it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: dict[int, NodeRecord] | None = None) -> None:
+        self.records = records or {}
         self.by_local: dict[tuple[str | None, int], int] = {}
+        self.by_node_local: dict[tuple[str | None, int, int], int] = {}
         self.by_pid: dict[tuple[str, int], int] = {}
         self.hosts: set[str | None] = set()
+        self._nodes_of_host: dict[str | None, set[int]] = {}
 
     def add(self, event: dict) -> None:
         rank, host, local, pid = (event.get(k) for k in ("rank", "host", "local_rank", "pid"))
@@ -257,8 +274,22 @@ class _HelloIndex:
             return
         if isinstance(local, int):
             self.by_local.setdefault((host, local), rank)
+            ppid, group_rank = event.get("ppid"), event.get("group_rank")
+            node = node_of(
+                self.records,
+                host=host if isinstance(host, str) else None,
+                ppid=ppid if isinstance(ppid, int) else None,
+                group_rank=group_rank if isinstance(group_rank, int) else None,
+            )
+            if node is not None:
+                self.by_node_local.setdefault((host, node, local), rank)
+                self._nodes_of_host.setdefault(host, set()).add(node)
         if isinstance(pid, int) and isinstance(host, str):
             self.by_pid[(host, pid)] = rank
+
+    def nodes_on(self, host: str | None) -> int:
+        """How many nodes' agents ran on `host`, as the hellos say."""
+        return len(self._nodes_of_host.get(host, ()))
 
     @property
     def single_host(self) -> dict[int, int]:
@@ -268,8 +299,8 @@ class _HelloIndex:
         return {local: rank for (_, local), rank in self.by_local.items()}
 
 
-def _hello_index(events_dir: Path) -> _HelloIndex:
-    index = _HelloIndex()
+def _hello_index(events_dir: Path, records: dict[int, NodeRecord] | None = None) -> _HelloIndex:
+    index = _HelloIndex(records)
     for path in sorted(events_dir.glob("rank-*.jsonl")) if events_dir.is_dir() else []:
         try:
             with bounded.open_regular(path, buffered=True) as stream:

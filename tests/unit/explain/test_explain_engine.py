@@ -11,6 +11,8 @@ import pytest
 from ddpdoctor.errors import UsageError
 from ddpdoctor.explain import explain_files, explain_lines
 from ddpdoctor.findings import Severity
+from ddpdoctor.protocol.node_records import NodeRecord, write_node_record
+from ddpdoctor.protocol.rundir import RunDir
 
 
 def ids(findings) -> list[str]:
@@ -353,3 +355,34 @@ def test_a_lower_case_exception_class_ends_a_traceback(tmp_path):
     (finding,) = explain_files([log])
     assert finding.id == "python.exception"
     assert "socket.timeout: timed out" in finding.summary and "train.py:12" in finding.summary
+
+
+def _two_agents_on_one_host(tmp_path, *, ppid: bool):
+    """A 2-node job whose two torchrun agents ran on one host, 2 ranks each: each agent's logs
+    below its own node-<N> folder, local ranks 0 and 1 under both."""
+    run = tmp_path / "run"
+    (run / "events").mkdir(parents=True)
+    for node in (0, 1):
+        agent_pid = 700 + node
+        if ppid:  # the launcher's record of each node: its host and torchrun's pid
+            record = NodeRecord(node, "vm", 600 + node, torchrun_pid=agent_pid, nproc=2)
+            write_node_record(RunDir(run), record)
+        for local in (0, 1):
+            rank = 2 * node + local
+            hello = {"v": 1, "t": 1.0, "mono": 1.0, "rank": rank, "kind": "hello", "host": "vm"}
+            hello.update(local_rank=local, pid=800 + rank, ppid=agent_pid)
+            if not ppid:
+                hello["group_rank"] = node
+            (run / "events" / f"rank-{rank}.jsonl").write_text(json.dumps(hello) + "\n")
+    log = run / "logs" / "vm" / "node-1" / "none_x" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text('Traceback (most recent call last):\n  File "/a.py", line 1, in f\nOSError: x\n')
+    return run
+
+
+@pytest.mark.parametrize("ppid", [True, False], ids=["node-records", "group-rank"])
+def test_two_agents_on_one_host_map_their_local_ranks_by_node(tmp_path, ppid):
+    # node 1's local rank 0 is global rank 2, not node 0's rank 0 (both are "vm", local 0)
+    run = _two_agents_on_one_host(tmp_path, ppid=ppid)
+    found = by_id(explain_files([run]))
+    assert found["python.exception"].ranks == (2,)

@@ -24,7 +24,9 @@ job under plain torchrun whose rank 1 stops before its 8th step, with TorchTitan
 (`init_timeout_seconds` 300 until the first step, then `train_timeout_seconds` 100 set on the
 group with `_set_pg_timeout`): the seconds from the stop to the job's end, measured. torch's
 defaults (NCCL 600 s, gloo 1800 s) are that long by construction and are printed beside it, not
-waited for. The ratios of each to ddpdoctor's median hang latency are printed.
+waited for; so is Ray Train's hang detector (its NCCL RAS callback, NCCL only: its confirmation
+time and poll, read from the installed Ray). The ratios of each to ddpdoctor's median hang
+latency are printed.
 """
 
 from __future__ import annotations
@@ -171,6 +173,32 @@ def watchdog_hang(base: Path, train_timeout_s: int) -> float | None:
     return None
 
 
+def ray_train_hang_detector() -> tuple[str, float] | None:
+    """(how the installed Ray Train's hang detector is set by default, the seconds before it
+    says a hang), read from the installed Ray's own constants: its NCCL RAS callback, off unless
+    RAY_TRAIN_ENABLE_NCCL_HANG_DETECTOR=1, polls every 15 s and confirms a hang once a
+    communicator made no progress for 600 s (Ray 2.60). It queries NCCL's RAS, so it does not
+    apply to these gloo jobs: the figure is its own by construction, not a measurement. None
+    without Ray, or a Ray without it."""
+    try:
+        import ray
+        from ray.train.v2._internal import constants
+    except ImportError:
+        return None
+    confirm = getattr(constants, "DEFAULT_NCCL_RAS_CONFIRM_DURATION_S", None)
+    poll = getattr(constants, "DEFAULT_NCCL_RAS_MIN_POLL_INTERVAL_S", None)
+    action = getattr(constants, "DEFAULT_NCCL_RAS_ACTION", "?")
+    if not isinstance(confirm, (int, float)) or not isinstance(poll, (int, float)):
+        return None
+    said = (
+        f"Ray Train's hang detector (Ray {ray.__version__}, NCCL RAS; off unless "
+        f"{getattr(constants, 'ENABLE_NCCL_HANG_DETECTOR_ENV_VAR', '?')}=1, NCCL only): a hang "
+        f"confirmed after {confirm:.0f} s of no progress, polled every {poll:.0f} s, action "
+        f"{action!r} by default: {confirm:.0f} s at least (by construction)"
+    )
+    return said, float(confirm)
+
+
 def false_alarms_free_port() -> int:
     import socket
 
@@ -228,8 +256,14 @@ def main() -> int:
             print(f"torch's watchdog, TorchTitan's settings (train timeout 100 s): {shown}")
             for name, seconds in TORCH_DEFAULTS_S.items():
                 print(f"torch's watchdog, {name} default: {seconds:.0f} s (by construction)")
+            others: list[tuple[str, float | None]] = [("TorchTitan", titan)]
+            others += TORCH_DEFAULTS_S.items()
+            ray_train = ray_train_hang_detector()
+            if ray_train is not None:
+                print(ray_train[0])
+                others.append(("Ray Train's hang detector", ray_train[1]))
             if ours:
-                for name, seconds in [("TorchTitan", titan), *TORCH_DEFAULTS_S.items()]:
+                for name, seconds in others:
                     if seconds:
                         print(
                             f"  ddpdoctor's median hang {ours:.1f} s: {seconds / ours:.0f}x sooner than {name}"

@@ -24,7 +24,7 @@ from ddpdoctor.protocol import bounded
 from ddpdoctor.protocol.events import parse_event_line
 from ddpdoctor.protocol.flight_recorder import FrRank
 from ddpdoctor.protocol.fr_files import DumpError, is_dump_file, load_dump
-from ddpdoctor.protocol.node_records import NodeRecord, node_of, read_node_records
+from ddpdoctor.protocol.node_records import NodeRecord, read_node_records
 from ddpdoctor.protocol.rundir import RunDir
 from ddpdoctor.protocol.torchrun_logs import classify_log_path
 
@@ -257,10 +257,15 @@ def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
 class _HelloIndex:
     """Global ranks by (host, local rank), by (host, node, local rank) and by (host, pid), from
     the ranks' hello events (the node: the record of the rank's parent torchrun, else its
-    GROUP_RANK, as the monitor finds it)."""
+    GROUP_RANK, as protocol.node_records.node_of finds it)."""
 
     def __init__(self, records: dict[int, NodeRecord] | None = None) -> None:
-        self.records = records or {}
+        # (host, its torchrun's pid) -> node, once: a hello per rank looks it up
+        self.agents: dict[tuple[object, object], int] = {
+            (r.host, r.torchrun_pid): n
+            for n, r in sorted((records or {}).items(), reverse=True)
+            if r.torchrun_pid is not None
+        }
         self.by_local: dict[tuple[str | None, int], int] = {}
         self.by_node_local: dict[tuple[str | None, int, int], int] = {}
         self.by_pid: dict[tuple[str, int], int] = {}
@@ -274,14 +279,8 @@ class _HelloIndex:
             return
         if isinstance(local, int):
             self.by_local.setdefault((host, local), rank)
-            ppid, group_rank = event.get("ppid"), event.get("group_rank")
-            node = node_of(
-                self.records,
-                host=host if isinstance(host, str) else None,
-                ppid=ppid if isinstance(ppid, int) else None,
-                group_rank=group_rank if isinstance(group_rank, int) else None,
-            )
-            if node is not None:
+            node = self.agents.get((host, event.get("ppid")), event.get("group_rank"))
+            if isinstance(node, int) and not isinstance(node, bool):
                 self.by_node_local.setdefault((host, node, local), rank)
                 self._nodes_of_host.setdefault(host, set()).add(node)
         if isinstance(pid, int) and isinstance(host, str):

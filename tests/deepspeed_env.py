@@ -7,7 +7,10 @@ minutes in every job on a loaded machine. Every DeepSpeed job of the suite there
 the venv's `bin` first on PATH, and the op is built once, with that environment, before the
 first job (minutes the first time on a machine, then a no-op). The venv's own path, not a
 symlink to it: the `deepspeed` launcher starts its ranks with its interpreter's path, and the op
-is rebuilt whenever DeepSpeed is imported from another path.
+is rebuilt whenever DeepSpeed is imported from another path. And into a build folder of the
+venv's own (`TORCH_EXTENSIONS_DIR`): in torch's default one, a second checkout's jobs (a clean
+clone's suite, a benchmark) rebuild the op for their own sources under the same lock, and ranks
+wait on it until their tests' time runs out.
 
 Its CPU all-reduce keeps two 66 MiB buffers per job in /dev/shm that DeepSpeed never unlinks:
 a slow tier left a few GiB of memory there, and run after run 12 GiB, half of this machine's.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -31,11 +35,18 @@ from tests.procs import clean_env
 VENV_BIN = Path(sys.prefix).resolve() / "bin"
 PYTHON = str(VENV_BIN / "python")
 BUILD_TIMEOUT_S = 1800
+EXTENSIONS_DIR = (
+    Path.home()
+    / ".cache"
+    / "torch_extensions"
+    / f"ddpdoctor-tests-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}"
+)
 
 
 def deepspeed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = clean_env({"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(extra or {})})
     env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
     return env
 
 

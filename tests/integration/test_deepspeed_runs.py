@@ -12,7 +12,7 @@ evaluating alone under ZeRO-3 makes all-gathers rank 1 never makes; they pair by
 rank 1's training all-gathers of the same size, and that is reported with both lines and the
 step it happened at, before the job ends.
 
-DeepSpeed on CPU loads a shared-memory op it compiles once into ~/.cache/torch_extensions; the
+DeepSpeed on CPU loads a shared-memory op it compiles once (into a build folder of the venv's own); the
 fixture builds it first, in the jobs' own environment (tests/deepspeed_env.py says why).
 """
 
@@ -125,8 +125,8 @@ def test_healthy_zero_job_is_healthy_without_warning_at_its_last_step(results, n
     logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
     nproc = HEALTHY[name].get("nproc", 2)
     aborted = exited_cleanly_then_aborted(r.run_dir, logs, range(nproc))
+    # (no warning either: the helper checks that, unless torch's teardown aborted a rank)
     assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
-    assert not [f for f in doc["findings"] if f["severity"] != "info"], context
     assert doc["job"]["stopped_for"] is None, context
     assert [rank["step"] for rank in doc["ranks"]] == [12] * nproc, (doc["ranks"], context)
     assert job_processes(r.run_dir) == []

@@ -84,8 +84,8 @@ def test_healthy_pipeline_is_healthy_without_warning(results, name):
     logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
     ranks = range(HEALTHY[name]["nproc"])
     aborted = exited_cleanly_then_aborted(r.run_dir, logs, ranks)
+    # (no warning either: the helper checks that, unless torch's teardown aborted a rank)
     assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
-    assert not [f for f in doc["findings"] if f["severity"] != "info"], context
     assert doc["job"]["stopped_for"] is None, context
     assert job_processes(r.run_dir) == []
 

@@ -253,7 +253,8 @@ def deepspeed_zero(tmp_path_factory) -> dict[str, JsonRun]:
     pytest.importorskip("deepspeed")
     base = tmp_path_factory.mktemp("replicas_deepspeed")
     build_shared_memory_op()  # once, in the jobs' environment (tests/deepspeed_env.py)
-    env = {"PATH": deepspeed_env()["PATH"], "DS_ACCELERATOR": "cpu"}
+    ds_env = deepspeed_env()
+    env = {k: ds_env[k] for k in ("PATH", "DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")}
     starts = {
         "ds-reload": functools.partial(_start, DS_RELOAD, base, name="ds-reload", env=env),
         "ds-healthy": functools.partial(

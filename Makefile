@@ -29,7 +29,7 @@ lint: $(VENV)/.installed-test
 # Bytecode caching on for the suite, whatever the shell says: with PYTHONDONTWRITEBYTECODE set,
 # every pytest process rewrote and compiled all 450 test modules again (7 s of CPU each, 3.5 s
 # cached) and every job's processes compiled what they import.
-# `make test` is what CI runs, within 8 minutes on two cores: the unit and TUI tests and one real
+# `make test` is the quick tier a new user runs, within 8 minutes on two cores: the unit and TUI tests and one real
 # job per verdict, launcher and command. `make test-slow` runs the rest but Ray's (the corpora of
 # users' code, the frameworks, FSDP, the other lab scenarios, jobs timed or killed one by one:
 # tests/integration/conftest.py says which and why); `make test-all` runs every tier.

@@ -240,13 +240,13 @@ def _run_dir_context(root: Path, path: Path, hello: _HelloIndex) -> FileContext:
     source = classify_log_path(relative)
     node = source.node if source is not None else None
 
-    def local_to_global(local: int) -> int:
+    def local_to_global(local: int) -> int | None:
         if node is not None:
             found = hello.by_node_local.get((host, node, local))
             if found is not None:
                 return found
             if hello.nodes_on(host) > 1:
-                return local  # (which node's rank it is, no hello says: not another node's)
+                return None  # no hello of this node says: unknown, never another node's rank
         return hello.by_local.get((host, local), hello.single_host.get(local, local))
 
     local = local_rank_from_path(label)

@@ -38,7 +38,7 @@ _ATTEMPT_PATH = re.compile(r"attempt_\d+[/\\](\d+)[/\\](?:stdout|stderr)\.log$")
 _NCCL_FILE = re.compile(r"(?:^|[/\\])nccl[/\\](?P<host>.+)\.(?P<pid>\d+)\.log$")
 
 # Maps a torchrun local rank to the global rank, where a run directory's hello events know it.
-LocalRankMap = Callable[[int], int]
+LocalRankMap = Callable[[int], int | None]  # None: which rank, nothing says
 
 
 class SourceLine(NamedTuple):

@@ -386,3 +386,11 @@ def test_two_agents_on_one_host_map_their_local_ranks_by_node(tmp_path, ppid):
     run = _two_agents_on_one_host(tmp_path, ppid=ppid)
     found = by_id(explain_files([run]))
     assert found["python.exception"].ranks == (2,)
+
+
+def test_a_local_rank_no_hello_of_its_node_names_is_no_other_nodes_rank(tmp_path):
+    # node 1's local rank 0 never said hello: its log is nobody's, not node 0's rank 0
+    run = _two_agents_on_one_host(tmp_path, ppid=False)
+    (run / "events" / "rank-2.jsonl").unlink()
+    found = by_id(explain_files([run]))
+    assert found["python.exception"].ranks == ()

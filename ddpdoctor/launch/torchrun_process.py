@@ -36,6 +36,7 @@ from ddpdoctor.launchers.proc_tree import descendants
 from ddpdoctor.protocol.rundir import make_private_dirs, open_private
 
 STOP_GRACE_S = 3.0  # SIGTERM first; whatever still runs after this long gets SIGKILL
+KILL_WAIT_S = 5.0  # how long kill() waits for the killed processes to end
 # torchrun's prefix on the ranks' tee'd output: "[default0]:" (role "default", local rank).
 RANK_LINE = re.compile(r"^\[default\d+\]:")
 
@@ -212,7 +213,12 @@ class TorchrunProcess:
                 self._proc.wait(timeout=5)
             with self._lock:
                 procs = list(self._known.values())
-            psutil.wait_procs([p for p in procs if _running(p)], timeout=5)
+            # Until each process has ended as the monitor tells an end (liveness.pid_alive): the
+            # final diagnosis follows at once, and a rank still tearing down would read as alive
+            # there (waiting, not gone). Polled: a zombie nobody reaps never "ends" for psutil.
+            deadline = time.monotonic() + KILL_WAIT_S
+            while any(_running(p) for p in procs) and time.monotonic() < deadline:
+                time.sleep(0.02)
 
     def _workers(self) -> list[psutil.Process]:
         agent = self.pid
@@ -251,8 +257,13 @@ class TorchrunProcess:
 
 
 def _running(proc: psutil.Process) -> bool:
-    """Alive and not a zombie (is_running also guards against a reused pid)."""
+    """Alive (is_running also guards against a reused pid). A zombie runs while its thread
+    group's other threads do: a process being killed shows so for a few hundred milliseconds
+    (its main thread gone, the others still tearing down), and a main thread that left with
+    pthread_exit leaves a process that still runs. The monitor tells an end the same way."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        if not proc.is_running():
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1
     except psutil.Error:
         return False

@@ -3,6 +3,8 @@ line, a cycle of waits is a deadlock naming both calls, a busy peer is a wait.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpdoctor.monitor.judge import diagnose
 from ddpdoctor.monitor.judge.rules import p2p
 from ddpdoctor.monitor.model.pipeline_view import PipelineView
@@ -13,7 +15,7 @@ from ddpdoctor.monitor.model.snapshot import (
     RankState,
     Verdict,
 )
-from tests.unit.monitor.test_monitor_builders import coll, snap, view
+from tests.unit.monitor.test_monitor_builders import NOW, coll, snap, thresholds, view
 
 SITE0 = CallSite("job.py:72 main", file="/w/job.py", line=72)
 SITE1 = CallSite("job.py:40 last_stage", file="/w/job.py", line=40)
@@ -120,3 +122,60 @@ def test_the_diagnosis_is_the_p2p_hang_not_a_silent_wait():
 def test_healthy_pipeline_ranks_are_not_flagged():
     ranks = [p2p_wait(0, "irecv", 1, 0.2), p2p_wait(1, "isend", 0, 0.1, site=SITE1)]
     assert p2p.detect(snap(ranks)) is None
+
+
+# -- the sooner threshold: a culprit blocked for the whole wait ----------------------------------
+
+
+def _soon(ranks, **kw):
+    """hang_after 5 s, hang_blocked_after 2.5 s, one heartbeat a second."""
+    th = replace(thresholds(5.0), hang_blocked_after_s=2.5, heartbeat_period_s=1.0)
+    return replace(snap(ranks, **kw), thresholds=th)
+
+
+def _evidence(out) -> str:
+    return " | ".join(e.text for e in out.findings[0].evidence)
+
+
+def test_a_stage_blocked_for_the_whole_wait_is_a_hang_at_the_sooner_threshold():
+    stage = stalled_stage(activity=blocked("job.py:34 forward", since=2.0))
+    out = p2p.detect(_soon([p2p_wait(0, "irecv", 1, 2.7), stage]))
+    assert out is not None and out.verdict is Verdict.HANG and out.confirmed
+    assert out.culprits == {1}
+    assert out.onset_t == NOW - 2.7 + 2.5
+    assert "(threshold 2.5 s, rank 1 blocked; heartbeat alive)" in _evidence(out)
+    # at the end of a chain too, on the first rank's wait; and it is the diagnosis
+    ranks = [p2p_wait(0, "irecv", 1, 2.9), p2p_wait(1, "irecv", 2, 2.8), stalled_stage(2)]
+    out = diagnose.diagnose(_soon(ranks))
+    assert out.verdict is Verdict.HANG and out.culprits == {2} and out.confirmed
+    assert out.onset_t == NOW - 2.9 + 2.5
+
+
+def test_a_stage_not_blocked_for_the_whole_wait_takes_the_full_threshold():
+    blocked_all_along = stalled_stage(activity=blocked("job.py:34 forward", since=3.0))
+    assert p2p.detect(_soon([p2p_wait(0, "irecv", 1, 3.0), blocked_all_along])) is not None
+    # the same wait: blocked for only the last second of it (it was working before), or of
+    # unknown activity (no progress facts), or silent
+    for stage in (
+        stalled_stage(activity=blocked("job.py:34 forward", since=1.0)),
+        stalled_stage(activity=None),
+        stalled_stage(activity=None, heartbeat_age_s=4.0),
+    ):
+        assert p2p.detect(_soon([p2p_wait(0, "irecv", 1, 3.0), stage])) is None
+        out = p2p.detect(_soon([p2p_wait(0, "irecv", 1, 5.5), stage]))
+        assert out is not None and out.verdict is Verdict.HANG and out.culprits == {1}
+        assert out.onset_t == NOW - 5.5 + 5.0
+        assert "(threshold 5.0 s; heartbeat alive)" in _evidence(out)
+
+
+def test_a_deadlock_or_a_counterpart_never_posted_waits_the_full_threshold():
+    # every rank of the cycle is blocked for the whole wait: still no evidence before 5 s
+    cycle = [p2p_wait(0, "recv", 1, 3.0), p2p_wait(1, "recv", 0, 3.0, site=SITE1)]
+    assert p2p.detect(_soon(cycle)) is None
+    assert diagnose.diagnose(_soon(cycle)).verdict not in (Verdict.MISMATCH, Verdict.HANG)
+    done = view(1, RankState.DONE, exit_code=0)
+    assert p2p.detect(_soon([p2p_wait(0, "irecv", 1, 3.0), done])) is None
+    late = [p2p_wait(0, "recv", 1, 5.5), p2p_wait(1, "recv", 0, 5.5, site=SITE1)]
+    out = p2p.detect(_soon(late))
+    assert out is not None and out.findings[0].id == "p2p.deadlock"
+    assert out.onset_t == NOW - 5.5 + 5.0

@@ -4,6 +4,8 @@ code is a hang of its group. The events are the runtime's (ddpdoctor.protocol.re
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ddpdoctor.findings import Finding, Severity
 from ddpdoctor.monitor.judge.diagnose import diagnose
 from ddpdoctor.monitor.judge.rules import torchft, torchft_stall
@@ -13,7 +15,7 @@ from ddpdoctor.monitor.model.replica_groups import Heal, ReplicaEnding, ReplicaL
 from ddpdoctor.monitor.model.snapshot import Activity, RankState, RunInfo, Verdict
 from ddpdoctor.monitor.model.state import RunState
 from ddpdoctor.protocol.verdicts import ActivityState
-from tests.unit.monitor.test_monitor_builders import NOW, snap, view
+from tests.unit.monitor.test_monitor_builders import NOW, snap, thresholds, view
 
 
 def tf_view(*endings: ReplicaEnding, heals: tuple[Heal, ...] = ()) -> TorchftView:
@@ -174,8 +176,10 @@ def test_what_torchft_raised_and_waited_for_inside_itself_is_information_once_it
 # -- a stalled replica -----------------------------------------------------------------------------
 
 
-def blocked(rank: int, frame: str, where: str, quiet: float = 20.0, **kw):
-    activity = Activity(ActivityState.BLOCKED, 0.0, where, quiet, frame=frame)
+def blocked(rank: int, frame: str, where: str, quiet: float = 20.0, since=None, **kw):
+    """A rank quiet for `quiet` s, blocked for `since` s of it (all of it unless given)."""
+    since = quiet if since is None else since
+    activity = Activity(ActivityState.BLOCKED, 0.0, where, since, frame=frame)
     return view(rank, activity=activity, last_progress_t=NOW - quiet, **kw)
 
 
@@ -199,6 +203,49 @@ def test_a_replica_waiting_for_a_quorum_or_starting_up_is_no_culprit():
     assert torchft_stall.detect(snap([view(0), brief], torchft=tf_view())) is None
     plain = blocked(1, "train.py:55 main", "train.py:55 main")
     assert torchft_stall.detect(snap([view(0), plain])) is None  # not a torchft run
+
+
+def _soon(ranks, **kw):
+    """hang_after 5 s, hang_blocked_after 2.5 s, one heartbeat a second."""
+    th = replace(thresholds(5.0), hang_blocked_after_s=2.5, heartbeat_period_s=1.0)
+    return replace(snap(ranks, torchft=tf_view(), **kw), thresholds=th)
+
+
+def _threshold_line(out) -> str:
+    (line,) = [e.text for e in out.findings[0].evidence if e.text.startswith("threshold")]
+    return line
+
+
+def test_a_replica_blocked_all_along_is_stalled_at_the_sooner_threshold():
+    stuck = blocked(1, "train.py:55 main", "train.py:55 main", quiet=3.0)
+    out = torchft_stall.detect(_soon([view(0), stuck]))
+    assert out is not None and out.verdict is Verdict.HANG and out.culprits == {1}
+    assert out.confirmed and out.started_t == NOW - 3.0
+    assert out.onset_t == NOW - 3.0 + 2.5
+    assert _threshold_line(out).startswith("threshold 2.5 s, rank 1 blocked (")
+    diag = diagnose(_soon([view(0), stuck]))
+    assert diag.verdict is Verdict.HANG and diag.culprits == {1} and diag.confirmed
+
+
+def test_a_replica_blocked_for_less_than_its_quiet_time_takes_the_full_threshold():
+    # quiet for 3 s, blocked for the last second of them: it was doing something before
+    late = blocked(1, "train.py:55 main", "train.py:55 main", quiet=3.0, since=1.0)
+    assert torchft_stall.detect(_soon([view(0), late])) is None
+    longer = blocked(1, "train.py:55 main", "train.py:55 main", quiet=5.5, since=1.0)
+    out = torchft_stall.detect(_soon([view(0), longer]))
+    assert out is not None and out.culprits == {1}
+    assert out.onset_t == NOW - 5.5 + 5.0
+    assert _threshold_line(out) == "threshold 5.0 s (test)"
+    # each culprit by its own threshold (rank 0 blocked all along): the first to pass its own
+    stuck = blocked(0, "train.py:55 main", "train.py:55 main", quiet=2.8)
+    out = torchft_stall.detect(_soon([stuck, longer]))
+    assert out is not None and out.culprits == {0, 1}
+    assert out.started_t == NOW - 5.5 and out.onset_t == NOW - 5.5 + 5.0
+    assert _threshold_line(out) == "threshold 5.0 s (test)"
+    stuck = blocked(0, "train.py:55 main", "train.py:55 main", quiet=4.0)
+    out = torchft_stall.detect(_soon([stuck, longer]))
+    assert out is not None and out.onset_t == NOW - 4.0 + 2.5
+    assert _threshold_line(out).startswith("threshold 2.5 s, rank 0 blocked (")
 
 
 def test_a_replica_groups_restart_is_told_once_and_is_no_attempt_of_the_run():

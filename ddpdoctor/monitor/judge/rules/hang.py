@@ -18,7 +18,14 @@ from collections import defaultdict
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
-from ddpdoctor.monitor.model.snapshot import CollectiveView, RankState, RankView, Snapshot, Verdict
+from ddpdoctor.monitor.model.snapshot import (
+    CollectiveView,
+    RankState,
+    RankView,
+    Snapshot,
+    Thresholds,
+    Verdict,
+)
 from ddpdoctor.monitor.model.views_together import waiting_collective
 from ddpdoctor.protocol import events as ev
 from ddpdoctor.protocol.verdicts import ActivityState
@@ -101,6 +108,12 @@ def blocked_through(view: RankView, waited_s: float, snap: Snapshot) -> bool:
     return activity.since_s + th.heartbeat_period_s >= waited_s
 
 
+def soonest_after(th: Thresholds) -> float:
+    """The earliest a wait can be a hang: the sooner threshold, which only a culprit blocked
+    for the whole wait earns (`blocked_through`); every other culprit takes hang_after_s."""
+    return min(th.hang_after_s, th.hang_blocked_after_s or th.hang_after_s)
+
+
 def members_of(coll: CollectiveView, snap: Snapshot) -> list[int]:
     if coll.group == ev.DEFAULT_GROUP or not coll.group_ranks:
         return [v.rank for v in snap.ranks]
@@ -112,7 +125,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if th is None:
         return None
     best: RuleOutcome | None = None
-    soonest = min(th.hang_after_s, th.hang_blocked_after_s or th.hang_after_s)
+    soonest = soonest_after(th)
     for group, waiters in long_waiters(snap, soonest).items():
         k = min(c.seq for _, c in waiters)
         at_k = [(v, c) for v, c in waiters if c.seq == k]

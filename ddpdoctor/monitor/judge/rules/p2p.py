@@ -9,12 +9,18 @@ rule follows the edges from each waiting rank:
 
 - to a rank in no call that is not making progress (blocked, silent or of unknown activity):
   a hang; that rank is the culprit, named with the line it is stuck at (its heartbeat's user
-  frame, its stack), the waiting chain as evidence. A busy rank is a wait, never a hang;
+  frame, its stack), the waiting chain as evidence. A busy rank is a wait, never a hang. As in
+  the collective hang rule, a culprit blocked for the whole wait (rules.hang.blocked_through)
+  makes it a hang past the sooner threshold (hang_blocked_after_s); any other takes the full one;
 - back to a rank already on the path: a deadlock (two ranks each receiving from the other, a
   send whose receive is never posted while the receiver went on to a collective): a mismatch
   naming both calls and their lines;
 - to a rank that ended cleanly: a send or receive whose counterpart was never posted, a
   mismatch naming the waiting call and its line.
+
+The two mismatches keep the full hang threshold: the sooner one's evidence is a culprit in no
+call that has not moved for the whole wait, and a rank waiting in a call is blocked by being
+there, which says nothing about whether its wait will end.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch, fmt_s
 from ddpdoctor.monitor.judge.rules.crash import looks_like_consequence
 from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
 from ddpdoctor.monitor.judge.rules.hang import (
+    blocked_through,
     heartbeat_alive_while_waiting,
     members_of,
     progressing,
+    soonest_after,
     undecided,
 )
 from ddpdoctor.monitor.model.snapshot import (
@@ -96,14 +104,15 @@ def _call_text(view: RankView, coll: CollectiveView) -> str:
 
 def _edges(view: RankView, snap: Snapshot, long_wait: bool) -> tuple[int, ...] | None:
     """The ranks `view` waits for (None: it waits for nobody). `long_wait`: only a wait past
-    the hang threshold counts (the rank a chain starts from)."""
+    the sooner threshold counts (the rank a chain starts from); whether a wait under the full
+    one is a hang is for the rank found at the chain's end to say (_follow)."""
     th = snap.thresholds
     assert th is not None
     coll = view.collective
     if coll is None or view.state.finished:
         return None
     if long_wait and (
-        coll.waiting_s < th.hang_after_s or not heartbeat_alive_while_waiting(view, coll, snap)
+        coll.waiting_s < soonest_after(th) or not heartbeat_alive_while_waiting(view, coll, snap)
     ):
         return None
     if coll.op in POINT_TO_POINT_OPS:
@@ -129,14 +138,16 @@ def _evidence_at(view: RankView, what: str) -> Evidence:
     return Evidence(f"rank {view.rank} {what}")
 
 
-def _hang(snap: Snapshot, chain: list[RankView], culprit: RankView) -> RuleOutcome:
+def _hang(snap: Snapshot, chain: list[RankView], culprit: RankView, after: float) -> RuleOutcome:
+    """The hang of `culprit`, which the chain waits for; `after`: the threshold the start's
+    wait passed (the sooner one when the culprit was blocked for all of it)."""
     th = snap.thresholds
     assert th is not None
     first = chain[0]
     first_call = first.collective
     assert first_call is not None
     since = first_call.since_t
-    onset = since + th.hang_after_s if since is not None else snap.taken_t
+    onset = since + after if since is not None else snap.taken_t
     stage = f" (pipeline {culprit.pipeline.stage_text()})" if culprit.pipeline else ""
     position = ""
     if culprit.pipeline is not None and culprit.pipeline.step is not None:
@@ -157,9 +168,13 @@ def _hang(snap: Snapshot, chain: list[RankView], culprit: RankView) -> RuleOutco
         coll = view.collective
         if coll is None:
             continue
+        threshold = ""
+        if view is first:  # the wait the hang is declared on: which threshold it passed
+            sooner = f", rank {culprit.rank} blocked" if after < th.hang_after_s else ""
+            threshold = f" (threshold {fmt_s(after)}{sooner}; heartbeat alive)"
         evidence.append(
             Evidence(
-                f"{_call_text(view, coll)} for {fmt_s(coll.waiting_s)}",
+                f"{_call_text(view, coll)} for {fmt_s(coll.waiting_s)}{threshold}",
                 coll.site.file or None if coll.site else None,
                 coll.site.line if coll.site else None,
             )
@@ -273,6 +288,11 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
 
 
 def _follow(snap: Snapshot, start: RankView) -> RuleOutcome | None:
+    th = snap.thresholds
+    assert th is not None and start.collective is not None
+    start_wait = start.collective.waiting_s
+    # under the full threshold (past the sooner one: _edges) only a blocked culprit speaks
+    full = start_wait >= th.hang_after_s
     chain = [start]
     on_path = {start.rank: 0}
     view = start
@@ -289,11 +309,11 @@ def _follow(snap: Snapshot, start: RankView) -> RuleOutcome | None:
                 cycle = chain[on_path[peer] :]
                 # a cycle through a collective only: the collective rules speak for it
                 if any(p2p_call(v) is not None for v in cycle) and len(cycle) > 1:
-                    return _deadlock(snap, cycle, None)
+                    return _deadlock(snap, cycle, None) if full else None
                 return None
             if other.state is RankState.DONE:
                 if view is start:
-                    return _deadlock(snap, [view], other)
+                    return _deadlock(snap, [view], other) if full else None
                 continue
             if other.state.finished:
                 return None  # it failed or vanished: the crash rule names it
@@ -302,7 +322,11 @@ def _follow(snap: Snapshot, start: RankView) -> RuleOutcome | None:
                 continue
             if progressing(other) or undecided(other, snap):
                 return None  # busy in its own code: the others wait for it, not a hang
-            return _hang(snap, chain, other)
+            if full:
+                return _hang(snap, chain, other, th.hang_after_s)
+            if not blocked_through(other, start_wait, snap):
+                return None  # it moved during the wait, or cannot tell: the full threshold decides
+            return _hang(snap, chain, other, soonest_after(th))
         if nxt is None:
             return None
         on_path[nxt.rank] = len(chain)

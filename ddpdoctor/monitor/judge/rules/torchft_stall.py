@@ -14,7 +14,9 @@ hang threshold:
   torchft's or the standard library's waiting for a quorum or a peer,
 - and it had trained (a step or a collective) before.
 
-The finding names the replica group, the rank and the line it is blocked at.
+A rank blocked for all of that time (rules.hang.blocked_through) is one past the sooner threshold
+(hang_blocked_after_s), as a collective's blocked culprit is: nothing on it moved while it made
+no progress. The finding names the replica group, the rank and the line it is blocked at.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
 from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
+from ddpdoctor.monitor.judge.rules.hang import blocked_through, soonest_after
 from ddpdoctor.monitor.model.snapshot import RankView, Snapshot, Verdict
 from ddpdoctor.protocol.verdicts import ActivityState
 from ddpdoctor.rank_ranges import named_ranks
@@ -34,8 +37,9 @@ FIX = (
 )
 
 
-def _stalled(view: RankView, snap: Snapshot) -> float | None:
-    """How long the rank has been stalled in its own code, or None when it is not."""
+def _stalled(view: RankView, snap: Snapshot) -> tuple[float, float] | None:
+    """(how long the rank has been stalled in its own code, the threshold that time passed), or
+    None when it is not stalled."""
     th = snap.thresholds
     activity = view.activity
     if th is None or activity is None or view.state.finished:
@@ -51,7 +55,14 @@ def _stalled(view: RankView, snap: Snapshot) -> float | None:
     if view.last_progress_t is None:
         return None
     quiet = snap.taken_t - view.last_progress_t
-    return quiet if quiet >= th.hang_after_s else None
+    if quiet >= th.hang_after_s:
+        return quiet, th.hang_after_s
+    # sooner only when it was blocked all along: blocked since a moment ago, it was doing
+    # something (a read that returned, a lock taken) for most of its quiet time
+    soonest = soonest_after(th)
+    if quiet >= soonest and blocked_through(view, quiet, snap):
+        return quiet, soonest
+    return None
 
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
@@ -59,16 +70,16 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     th = snap.thresholds
     if tf is None or th is None:
         return None
-    stalled = []
+    stalled: list[tuple[RankView, float, float]] = []
     for view in snap.ranks:
-        quiet = _stalled(view, snap) if tf.group_of(view.rank) is not None else None
-        if quiet is not None:
-            stalled.append((view, quiet))
+        found = _stalled(view, snap) if tf.group_of(view.rank) is not None else None
+        if found is not None:
+            stalled.append((view, *found))
     if not stalled:
         return None
-    culprits = [v for v, _ in stalled]
+    culprits = [v for v, _, _ in stalled]
     first = culprits[0]
-    longest = max(q for _, q in stalled)
+    longest = max(q for _, q, _ in stalled)
     group = tf.group_of(first.rank)
     going_on = [
         v.rank
@@ -84,14 +95,24 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if going_on:
         summary += f"; torchft trains on without it ({named_ranks(going_on)})"
     evidence = []
-    for view, quiet in stalled[:8]:
+    for view, quiet, _ in stalled[:8]:
         where = view.activity.where if view.activity else None
         evidence.append(Evidence(f"rank {view.rank}: blocked at {where} for {fmt_s(quiet)}"))
         stack = stack_of(view.rank, snap.stacks)
         if stack is not None:
             frames = [f for f in stack.frames if f][-6:]
             evidence.append(Evidence(f"rank {view.rank} stack: " + " > ".join(frames)))
-    evidence.append(Evidence(f"threshold {fmt_s(th.hang_after_s)} ({th.basis})"))
+    # the onset is the first culprit's to pass its threshold, each by its own (_stalled gives
+    # only ranks with a last progress)
+    onsets = [
+        (v.last_progress_t + after, after)
+        for v, _, after in stalled
+        if v.last_progress_t is not None
+    ]
+    onset, after = min(onsets) if onsets else (snap.taken_t, th.hang_after_s)
+    sooner = [v.rank for v, _, used in stalled if used < th.hang_after_s]
+    blocked = f", {named_ranks(sooner)} blocked" if after < th.hang_after_s else ""
+    evidence.append(Evidence(f"threshold {fmt_s(after)}{blocked} ({th.basis})"))
     progress = [v.last_progress_t for v in culprits if v.last_progress_t is not None]
     started = min(progress) if progress else None
     return RuleOutcome(
@@ -109,7 +130,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         verdict=Verdict.HANG,
         culprits=frozenset(v.rank for v in culprits),
         started_t=started,
-        onset_t=started + th.hang_after_s if started is not None else snap.taken_t,
+        onset_t=onset,
         stalled=frozenset(v.rank for v in culprits),
         confirmed=True,  # blocked across heartbeats, in its own code, alive
     )

@@ -285,8 +285,20 @@ def assert_healthy_unless_aborted_at_exit(
         return
     assert returncode == 0, context
     assert doc["verdict"] == "healthy" and doc["culprits"] == [], context
-    loud = [(f["id"], f["summary"]) for f in doc["findings"] if f["severity"] != "info"]
+    loud = [
+        (f["id"], f["summary"])
+        for f in doc["findings"]
+        if f["severity"] != "info" and not cores_taken(f)
+    ]
     assert loud == [], context
+
+
+def cores_taken(finding: dict) -> bool:
+    """A straggler whose whole excess is its wait for a CPU that the other ranks did not wait
+    (rules/straggler.py): another process took its cores. The test machine runs two test
+    workers' jobs at once on two cores, so that is the host's state, rightly reported; it says
+    nothing against the job, which is what a healthy test judges."""
+    return finding["id"] == "straggler" and "mostly waiting for a CPU" in finding["summary"]
 
 
 def exited_cleanly_then_aborted(run_dir: Path, text: str, ranks: Sequence[int]) -> bool:

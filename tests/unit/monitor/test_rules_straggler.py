@@ -96,6 +96,20 @@ def test_a_rank_that_alone_waits_for_a_cpu_is_still_a_straggler():
         work(2, 0.0, 0.08, 0.07, runq_share=0.0),
     ]
     finding = straggler.detect(snap(ranks)).findings[0]
+    assert finding.ranks == (1,) and "mostly waiting for a CPU" in finding.summary
+    assert "waited for a CPU 68 ms a step (ready to run 45% of the time" in str(finding.evidence)
+    assert "Another process" in finding.fix and "num_workers" not in finding.fix
+
+
+def test_a_rank_slow_besides_its_wait_for_a_cpu_is_named_for_its_own_work():
+    """Rank 1 alone queues for a CPU, but even without that wait it computes twice as long:
+    the fix is its compute's, not the host's."""
+    ranks = [
+        work(0, 0.0, 0.08, 0.2, runq_share=0.01),
+        work(1, 0.0, 0.30, 0.0, runq_share=0.2),
+        work(2, 0.0, 0.08, 0.2, runq_share=0.0),
+    ]
+    finding = straggler.detect(snap(ranks)).findings[0]
     assert finding.ranks == (1,) and "mostly compute" in finding.summary
 
 

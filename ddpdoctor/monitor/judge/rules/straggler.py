@@ -10,7 +10,9 @@ On a host with more runnable threads than cores, every rank's own work includes 
 thread was ready but waited for a CPU, and the scheduler spreads that wait unevenly from one
 window to the next. Where the others wait for a CPU about as much as the candidate does (the
 contention is the host's, not this rank's), that wait is taken out of its own work before it is
-called a straggler; a rank that alone waits for a CPU (another process on its cores) still is.
+called a straggler; a rank that alone waits for a CPU (another process on its cores) still is,
+and when that wait is its whole excess the finding says so ("mostly waiting for a CPU"), with
+the fix for it rather than for its data or compute.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ FIX_COMPUTE = (
     "This rank computes slower: check its device (thermal throttling, clocks, another process "
     "on its GPU or CPU cores — nvidia-smi / top), CPU affinity and OMP_NUM_THREADS, and that its "
     "batches are not larger than the others'."
+)
+
+FIX_CPU = (
+    "Another process takes this rank's CPU cores (its main thread was ready to run but waited "
+    "for a CPU, the other ranks' did not): find it on that host (top, ps), move it, or give the "
+    "ranks cores of their own (taskset or numactl; fewer threads per rank with "
+    "OMP_NUM_THREADS; fewer ranks per host than cores)."
 )
 
 
@@ -105,9 +114,11 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
                 continue  # the others do not wait for it: not what slows the job
             if own_comm is not None and own_comm > others_comm:
                 continue  # it waits more than they do: it is not the one they wait for
-        if _scheduler_made(view, [v for v in others_views if v is not None], own, work):
+        peers = [v for v in others_views if v is not None]
+        if _scheduler_made(view, peers, own, work):
             continue
-        findings.append(_finding(snap, view, median, excess, comms))
+        cpu_wait = _runq_per_step(view, work) if _cpu_taken(view, peers, own, work) else None
+        findings.append(_finding(snap, view, median, excess, comms, cpu_wait))
         if len(findings) >= MAX_FINDINGS:
             break
     if not findings:
@@ -153,15 +164,37 @@ def _scheduler_made(
     return net < RATIO * median or net - median < MIN_EXCESS_S
 
 
+def _cpu_taken(view: RankView, others: list[RankView], own: dict[int, float], work: float) -> bool:
+    """Whether its own wait for a CPU, which the others do not share, is its whole excess: its
+    cores are taken (another process on them), not its data or compute slow."""
+    share = view.runq_share
+    if share is None or share < MIN_RUNQ:
+        return False
+    net = work - _runq_per_step(view, work)
+    nets = [own[v.rank] for v in others if v.rank in own]
+    if not nets:
+        return False
+    median = statistics.median(nets)
+    return net < RATIO * median or net - median < MIN_EXCESS_S
+
+
 def _finding(
-    snap: Snapshot, view: RankView, median: float, excess: float, comms: list[float]
+    snap: Snapshot,
+    view: RankView,
+    median: float,
+    excess: float,
+    comms: list[float],
+    cpu_wait: float | None = None,
 ) -> Finding:
+    """`cpu_wait`: its wait for a CPU per step, when that wait is its whole excess."""
     others = [v for v in snap.ranks if v.rank != view.rank and _own(v) is not None]
     med_data = statistics.median([v.avg_data_time_s or 0.0 for v in others]) if others else 0.0
     med_comp = statistics.median([v.avg_compute_time_s or 0.0 for v in others]) if others else 0.0
     data_excess = (view.avg_data_time_s or 0.0) - med_data
     comp_excess = (view.avg_compute_time_s or 0.0) - med_comp
     why = "data loading" if data_excess >= comp_excess else "compute"
+    if cpu_wait is not None:
+        why = "waiting for a CPU"
     summary = (
         f"rank {view.rank} is a straggler: its own work is {fmt_s(median + excess)} per step "
         f"against a median of {fmt_s(median)} on the other ranks, mostly {why}"
@@ -178,11 +211,21 @@ def _finding(
             + " — they wait for it in the gradient all-reduce"
         ),
     ]
+    if cpu_wait is not None:
+        shares = [v.runq_share for v in others if v.runq_share is not None]
+        evidence.append(
+            Evidence(
+                f"rank {view.rank} waited for a CPU {fmt_s(cpu_wait)} a step (ready to run "
+                f"{view.runq_share or 0.0:.0%} of the time, not running); the other ranks "
+                f"{statistics.median(shares) if shares else 0.0:.0%}: another process on its cores"
+            )
+        )
+    fix = {"data loading": FIX_DATA, "compute": FIX_COMPUTE}.get(why, FIX_CPU)
     return Finding(
         id="straggler",
         severity=Severity.WARNING,
         summary=summary,
-        fix=FIX_DATA if why == "data loading" else FIX_COMPUTE,
+        fix=fix,
         ranks=(view.rank,),
         evidence=tuple(evidence),
     )

@@ -140,7 +140,9 @@ def _pairs(reports: Sequence[NodeNetwork]) -> dict[tuple[str, str], _Pair]:
                 p = pair(src, dst)
                 p.matched = True
                 p.lost = max(p.lost, link.segs_out - other.segs_in)
-                p.sending = p.sending or outstanding or bool(link.retransmits or link.total_retrans)
+                # sending now (bytes queued, a retransmission backing off), not ever: the
+                # connection's lifetime retransmits are from before the stall as well
+                p.sending = p.sending or outstanding or bool(link.retransmits)
         for probe in report.probes:
             if not probe.answered:
                 dst = _host_of(probe.addr, reports)
@@ -260,9 +262,10 @@ def _probe_phrase(p: _Pair) -> str:
 
 def _one_way(p: _Pair, pairs: dict[tuple[str, str], _Pair]) -> tuple[str, str] | None:
     """(src, dst) when the segment counts of both ends show one direction alone losing, and
-    the other direction delivering: nothing lost there although its sender had segments to
-    send again or in flight. A direction that sent nothing proves nothing (every rank but one
-    may just be waiting to receive): then no direction is claimed."""
+    the other direction delivering: nothing lost there although its sender has segments in
+    flight or to send again now. A direction that sends nothing now proves nothing (its
+    segments counted may all be from before the stall; every rank but one may just be waiting
+    to receive, as at a cut both ways): then no direction is claimed."""
     there = pairs.get((p.src, p.dst))
     back = pairs.get((p.dst, p.src))
     if there is None or back is None or not (there.matched and back.matched):

@@ -156,12 +156,8 @@ def _scheduler_made(
     shares = [v.runq_share for v in others if v.runq_share is not None]
     if not shares or statistics.median(shares) < SHARED_RUNQ * share:
         return False  # it alone waits for a CPU: something takes its cores
-    net = work - _runq_per_step(view, work)
     nets = [own[v.rank] - _runq_per_step(v, own[v.rank]) for v in others if v.rank in own]
-    if not nets:
-        return False
-    median = statistics.median(nets)
-    return net < RATIO * median or net - median < MIN_EXCESS_S
+    return _ordinary_without_cpu_wait(view, work, nets)
 
 
 def _cpu_taken(view: RankView, others: list[RankView], own: dict[int, float], work: float) -> bool:
@@ -170,11 +166,15 @@ def _cpu_taken(view: RankView, others: list[RankView], own: dict[int, float], wo
     share = view.runq_share
     if share is None or share < MIN_RUNQ:
         return False
-    net = work - _runq_per_step(view, work)
-    nets = [own[v.rank] for v in others if v.rank in own]
-    if not nets:
+    return _ordinary_without_cpu_wait(view, work, [own[v.rank] for v in others if v.rank in own])
+
+
+def _ordinary_without_cpu_wait(view: RankView, work: float, others_work: list[float]) -> bool:
+    """Whether its own work, less its wait for a CPU, is no straggler's against `others_work`."""
+    if not others_work:
         return False
-    median = statistics.median(nets)
+    net = work - _runq_per_step(view, work)
+    median = statistics.median(others_work)
     return net < RATIO * median or net - median < MIN_EXCESS_S
 
 

@@ -1,0 +1,40 @@
+"""benchmarks/merge_check.py holds a faster merge to what node 0 said before: each poll's outcome
+recorded, and any difference found, down to one rank's view."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+from tests.procs import REPO
+
+
+def _check():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("merge_check", REPO / "benchmarks/merge_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["merge_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_recording_compares_equal_and_names_what_changed(tmp_path, capsys):
+    check = _check()
+    cache, recording = tmp_path / "cache", tmp_path / "polls.jsonl"
+    assert check.main(["--ranks", "32", "--cache", str(cache), "--record", str(recording)]) == 0
+    lines = [json.loads(text) for text in recording.read_text().splitlines()]
+    verdicts = [line["verdict"] for line in lines]
+    assert verdicts[0] == "running" and verdicts[-1] == "hang"  # healthy polls, then the hang
+    assert check.main(["--ranks", "32", "--cache", str(cache), "--compare", str(recording)]) == 0
+    assert "polls equal" in capsys.readouterr().out
+
+    lines[-1]["views"]["17"] = "another view"
+    recording.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert check.main(["--ranks", "32", "--cache", str(cache), "--compare", str(recording)]) == 1
+    said = capsys.readouterr().out
+    assert f"poll {len(lines) - 1} " in said and "['17']" in said
+
+    recording.write_text("".join(json.dumps(line) + "\n" for line in lines[:-1]))
+    assert check.main(["--ranks", "32", "--cache", str(cache), "--compare", str(recording)]) == 2

@@ -45,7 +45,7 @@ from ddpdoctor.monitor.follow.node_summaries import NodeMerge
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, diagnose
 from ddpdoctor.monitor.model.snapshot import RunInfo, Verdict
 from ddpdoctor.monitor.model.state import RunState
-from ddpdoctor.monitor.pipeline.gc_pacing import WATCHER_THRESHOLDS
+from ddpdoctor.monitor.pipeline.gc_pacing import thresholds_for
 from ddpdoctor.protocol.node_records import NodeRecord
 from ddpdoctor.protocol.rundir import RunDir
 
@@ -111,14 +111,15 @@ class Cluster:
 def cost_per_rank_s(
     world: int,
     seconds: int,
-    thresholds: tuple[int, ...] = WATCHER_THRESHOLDS,
+    thresholds: tuple[int, ...] | None = None,
     steps_per_s: int = 1,
     rows: bool = True,
     folder: Path | None = None,
     profile: cProfile.Profile | None = None,
 ) -> float:
-    """Node 0's CPU microseconds per remote rank per second, at `world` ranks."""
-    gc.set_threshold(*thresholds)
+    """Node 0's CPU microseconds per remote rank per second, at `world` ranks (at the collector
+    pace of a watcher of `world` ranks unless `thresholds` says another)."""
+    gc.set_threshold(*(thresholds or thresholds_for(world)))
     try:
         with tempfile.TemporaryDirectory(prefix="ddpdoctor-merge-") as tmp:
             cluster = Cluster(
@@ -147,7 +148,7 @@ def hang_latency(world: int, folder: Path, hang: Hang) -> tuple[float | None, bo
     """(seconds from the moment the hung node's ranks stopped to node 0's first HANG verdict,
     whether its culprits are that node's ranks: those and node 0's own, which this benchmark
     never starts, so that they never reach the call either). None: no hang named."""
-    gc.set_threshold(*WATCHER_THRESHOLDS)
+    gc.set_threshold(*thresholds_for(world))
     try:
         with tempfile.TemporaryDirectory(prefix="ddpdoctor-hang-") as tmp:
             cluster = Cluster(Path(tmp) / "run", world, folder=folder)

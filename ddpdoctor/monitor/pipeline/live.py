@@ -44,6 +44,7 @@ from ddpdoctor.monitor.judge.run_findings import (
 )
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
 from ddpdoctor.monitor.pipeline.followed_run import FollowedRun
+from ddpdoctor.monitor.pipeline.gc_pacing import fit_to_ranks
 from ddpdoctor.monitor.pipeline.network_follow import NetworkFollow
 from ddpdoctor.monitor.pipeline.seen import (
     across_nodes_of,
@@ -257,6 +258,7 @@ class Monitor(FollowedRun):
         if final and self.node_rank in (None, 0):
             self.tailer.log_roots = None  # the final word (node 0, a watcher): every log, once
         self.merge.merge(now, self.nodes, final=final)  # before reading: a resumed file too
+        fit_to_ranks(len(self.state.ranks))
         batch = self.tailer.poll(now, drain=final or self.polls == 1)
         apply, note = self.state.apply, self.merge.note
         for lines in batch.events:

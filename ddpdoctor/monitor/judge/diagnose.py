@@ -15,6 +15,7 @@ listed as a consequence of the stop, never diagnosed anew.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -46,10 +47,13 @@ from ddpdoctor.monitor.judge.rules import uneven as uneven_rule
 from ddpdoctor.monitor.judge.rules import wait as wait_rule
 from ddpdoctor.monitor.judge.rules import world_size as world_size_rule
 from ddpdoctor.monitor.judge.script_citations import annotate as with_script_checkup
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import RankState, RankView, Snapshot, Verdict, WaitView
 
 # A mismatch explains a crash that follows it; allow for the abort to land a little later.
 MISMATCH_EXPLAINS_CRASH_S = 1.0
+# Set: every diagnosis is checked against the rules' walk over every rank (diagnose).
+CHECK_INDEX = "DDPDOCTOR_CHECK_INDEX"
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,32 @@ def _failed_first(view: RankView) -> float:
 def diagnose(
     snap: Snapshot, *, extra_findings: Sequence[Finding] = (), held: RuleOutcome | None = None
 ) -> Diagnosis:
-    """`held`: the outcome the launcher stopped the job for (see the module's note)."""
+    """`held`: the outcome the launcher stopped the job for (see the module's note).
+
+    With DDPDOCTOR_CHECK_INDEX set (the tests set it), each diagnosis is made a second time
+    with every rule walking every rank (model.rank_index) and must be the same, or this raises."""
+    diagnosis = _diagnose(snap, extra_findings=extra_findings, held=held)
+    if os.environ.get(CHECK_INDEX):
+        with rank_index.walking_every_rank():
+            reference = _diagnose(snap, extra_findings=extra_findings, held=held)
+        if diagnosis != reference or diagnosis.primary != reference.primary:
+            raise AssertionError(
+                f"{CHECK_INDEX}: the rank index changed the diagnosis: {_told(diagnosis)} "
+                f"instead of {_told(reference)}"
+            )
+    return diagnosis
+
+
+def _told(diagnosis: Diagnosis) -> str:
+    primary = diagnosis.primary
+    return repr(
+        (diagnosis, primary.rule if primary else None, [f.to_json() for f in diagnosis.findings])
+    )
+
+
+def _diagnose(
+    snap: Snapshot, *, extra_findings: Sequence[Finding], held: RuleOutcome | None
+) -> Diagnosis:
     # torchft's replicas that failed while the run may still recover: out of the rules' sight
     excused = torchft_rule.recovering(snap) if held is None else frozenset()
     recovery = torchft_rule.detect(snap, excused)

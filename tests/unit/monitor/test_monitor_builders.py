@@ -8,9 +8,11 @@ a Snapshot with thresholds. `Stream` writes event dicts the way the runtime does
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from ddpdoctor.monitor.judge.diagnose import CHECK_INDEX
 from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     RankState,
@@ -74,7 +76,7 @@ def snap(
     now: float = NOW,
     **kw: Any,
 ) -> Snapshot:
-    return Snapshot(
+    built = Snapshot(
         run=RunInfo(name="test", run_dir="/tmp/test", world_size=len(ranks)),
         taken_t=now,
         ranks=tuple(ranks),
@@ -82,6 +84,13 @@ def snap(
         thresholds=thresholds(hang_after),
         **kw,
     )
+    if os.environ.get(CHECK_INDEX):
+        # every snapshot of the rules' tests: the rules say the same with the rank index and
+        # walking every rank
+        from tests.unit.monitor.index_check import same_both_ways
+
+        same_both_ways(built)
+    return built
 
 
 class Stream:

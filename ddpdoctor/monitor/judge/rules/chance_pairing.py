@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.pairings import PairingsView
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
 from ddpdoctor.rank_ranges import named_ranks
@@ -50,13 +51,19 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
         )
         findings.append(_finding(snap, divergence))
         said.add(_sites(divergence))
-    if pairings is None or any(
-        view.recent_collectives and view.rank not in pairings.fed for view in snap.ranks
-    ):
+    if pairings is None or _unfed_calls(snap, pairings.fed):
         latest = _in_latest_calls(snap)
         if latest is not None and _sites(latest) not in said:
             findings.append(_finding(snap, latest))
     return RuleOutcome(rule="chance_pairing", findings=tuple(findings)) if findings else None
+
+
+def _unfed_calls(snap: Snapshot, fed: frozenset[int]) -> bool:
+    """Whether the snapshot holds the latest calls of a rank whose calls were not fed."""
+    index = rank_index.of(snap)
+    if index.narrow:
+        return not fed.issuperset(index.ranks_with_calls)
+    return any(view.recent_collectives and view.rank not in fed for view in snap.ranks)
 
 
 def _sites(divergence: call_sites.Divergence) -> tuple[object, object]:
@@ -79,7 +86,7 @@ def _in_latest_calls(snap: Snapshot) -> call_sites.Divergence | None:
     """A pairing in the ranks' latest calls (RankView.recent_collectives), as a poll sees them."""
     # one rank per distinct sequence of (call, site): ranks in step share one (a cheap check)
     classes: dict[tuple[object, ...], RankView] = {}
-    for view in snap.ranks:
+    for view in rank_index.of(snap).with_calls:
         if view.recent_collectives and not view.state.finished:
             classes.setdefault(_site_sequence(view), view)
     if len(classes) < 2:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import Snapshot
 
 CODE = "spmd.contract_mismatch"
@@ -58,7 +59,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
 def from_warning(snap: Snapshot, code: str, fix: str, rule: str, said: str) -> RuleOutcome | None:
     """The confirmed mismatch a contract warning of `code` says (the SPMD contract's, the
     pipeline's: rules/pipeline_contract.py), from the first rank that wrote one."""
-    for view in snap.ranks:
+    for view in rank_index.of(snap).with_warnings:
         if not view.warnings:
             continue
         message = dict(view.warnings).get(code)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.judge.rules import died as died_rule
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import RankState, RankView, Snapshot, Verdict
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -41,7 +42,7 @@ _ENDED_BADLY = frozenset({RankState.FAILED, RankState.GONE})
 
 
 def failures(snap: Snapshot) -> list[RankView]:
-    return [v for v in snap.ranks if v.state in _ENDED_BADLY]
+    return [v for v in rank_index.of(snap).unsettled if v.state in _ENDED_BADLY]
 
 
 def looks_like_consequence(view: RankView) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, confirmed_mismatch
 from ddpdoctor.monitor.judge.rules import crash as crash_rule
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import CollectiveView, RankState, RankView, Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -61,7 +62,8 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     crash rule: a rank one sync ahead of a rank that really crashed is no mismatch."""
     if any(_own_failure(v) for v in crash_rule.failures(snap)):
         return None
-    low = [v for v in snap.ranks if _left(v)]
+    # (a rank that left has finished: it is among the unsettled)
+    low = [v for v in rank_index.of(snap).unsettled if _left(v)]
     if not low:
         return None
     for group in sorted({g for v in snap.ranks for g in _syncs(v)}):

@@ -18,6 +18,7 @@ from collections import defaultdict
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites, fmt_s
 from ddpdoctor.monitor.judge.rules.describe import stack_of, where_is
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     RankState,
@@ -52,9 +53,9 @@ def long_waiters(
         return out
     if after_s is None:
         after_s = th.hang_after_s
-    for view in snap.ranks:
+    for view in rank_index.of(snap).in_collective:
         if view.collective is None:
-            continue  # (most ranks of most polls: no call made for them)
+            continue
         coll = waiting_collective(view)
         if coll is None or coll.waiting_s < after_s:
             continue

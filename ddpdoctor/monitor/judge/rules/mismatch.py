@@ -19,12 +19,12 @@ from ddpdoctor.monitor.judge.rules import (
     confirmed_mismatch,
     framework_fix,
 )
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import (
     CALL_WINDOW,
     POINT_TO_POINT_OPS,
     CallSite,
     CollectiveView,
-    RankView,
     Snapshot,
 )
 from ddpdoctor.rank_ranges import named_ranks
@@ -62,9 +62,12 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     differing: set[tuple[str, int]] = set()
     get = first.get
     # Ranks with the same latest calls (the same calls_key) need comparing only once.
-    classes: dict[int, RankView] = {}
-    for view in snap.ranks:
-        classes.setdefault(view.calls_key or -1 - view.rank, view)
+    index = rank_index.of(snap)
+    classes = index.call_classes
+    if not index.narrow:  # (the reference: the walk the index makes, on its own)
+        classes = {}
+        for view in snap.ranks:
+            classes.setdefault(view.calls_key or -1 - view.rank, view)
     for view in classes.values():
         for coll in _calls(view):
             key = (coll.group, coll.seq)
@@ -195,9 +198,9 @@ def _from_abort_message(snap: Snapshot) -> RuleOutcome | None:
     """A rank that aborted on a mismatch may die before its own call reaches its event file; its
     stderr still says what happened, and its peers' calls at the next sequence number say which
     collective the others were in."""
-    for view in snap.ranks:
+    for view in rank_index.of(snap).with_error_lines:
         if not view.error_lines:
-            continue  # (most ranks: this runs per rank per poll)
+            continue
         line = next((ln for ln in view.error_lines if _MISMATCH_MESSAGE.search(ln.text)), None)
         if line is None:
             continue

@@ -39,6 +39,7 @@ from ddpdoctor.monitor.judge.rules.hang import (
     soonest_after,
     undecided,
 )
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import (
     POINT_TO_POINT_OPS,
     CollectiveView,
@@ -249,8 +250,8 @@ def unmatched_at_end(snap: Snapshot) -> RuleOutcome | None:
     """A rank that failed on its peers' going away ("Connection closed by peer") while in a
     send or receive with peers that had all ended cleanly: the call its peers never made (one
     stage ran fewer steps or microbatches), a mismatch, not a crash of the rank left waiting."""
-    failed = RankState.FAILED  # (looked up once: the loop runs over every rank every poll)
-    for view in snap.ranks:
+    failed = RankState.FAILED  # (looked up once)
+    for view in rank_index.of(snap).unsettled:
         coll = view.collective
         if (
             view.state is not failed
@@ -278,7 +279,7 @@ def detect(snap: Snapshot) -> RuleOutcome | None:
     if ended is not None:
         return ended
     best: RuleOutcome | None = None
-    for start in snap.ranks:
+    for start in rank_index.of(snap).in_collective:  # (a waiter has a call open)
         if p2p_call(start) is None or _edges(start, snap, long_wait=True) is None:
             continue
         outcome = _follow(snap, start)

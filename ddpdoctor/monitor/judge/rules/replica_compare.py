@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.replicas import ReplicaCall, ReplicaDigest
 from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
@@ -56,7 +57,8 @@ Ranks = Sequence[tuple[int, Sequence[ReplicaDigest]]]
 
 
 def of_snapshot(snap: Snapshot) -> Ranks:
-    return [(v.rank, v.replica_digests) for v in snap.ranks if v.replica_digests]
+    with_digests = rank_index.of(snap).with_replica_digests
+    return [(v.rank, v.replica_digests) for v in with_digests if v.replica_digests]
 
 
 def by_step(ranks: Ranks, model: int) -> dict[int, dict[int, ReplicaDigest]]:

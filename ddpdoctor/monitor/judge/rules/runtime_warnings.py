@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -22,7 +23,7 @@ HANDLED = frozenset(
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
     by_code: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for view in snap.ranks:
+    for view in rank_index.of(snap).with_warnings:
         for code, message in view.warnings:
             if code not in HANDLED:
                 by_code[code].append((view.rank, message))

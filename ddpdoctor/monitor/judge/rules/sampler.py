@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -31,7 +32,9 @@ FIX_UNEVEN = (
 def detect(snap: Snapshot) -> RuleOutcome | None:
     findings = []
     missing = [
-        v for v in snap.ranks if v.warnings and any(code == SET_EPOCH for code, _ in v.warnings)
+        v
+        for v in rank_index.of(snap).with_warnings
+        if v.warnings and any(code == SET_EPOCH for code, _ in v.warnings)
     ]
     if missing:
         message = next(m for code, m in missing[0].warnings if code == SET_EPOCH)
@@ -75,11 +78,24 @@ def _uneven_loader(snap: Snapshot) -> dict[int, list[int]]:
     between the ranks that have that loader: an evaluation loader that only rank 0 makes (the
     tutorials' rank-0 evaluation) is not the others' training loader and is never compared.
     """
+    index = rank_index.of(snap)
+    if index.narrow and _all_alike(index.loader_batches):
+        return {}  # (every rank's loaders have the batches of every other's: nothing differs)
     per_loader: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for view in snap.ranks:
+    for view in index.with_loader_batches:
         for loader, count in view.loader_batches:
             per_loader[loader][count].append(view.rank)
     for loader in sorted(per_loader):
         if len(per_loader[loader]) > 1:
             return dict(per_loader[loader])
     return {}
+
+
+def _all_alike(batches: list[tuple[tuple[int, int], ...]]) -> bool:
+    """Whether every rank's (loader, batches) pairs equal the first rank's, in which no loader
+    comes twice: then each loader has one count, and the walk over the ranks finds none uneven
+    (a comparison of tuples in C for each rank, where the walk makes dicts of lists in Python)."""
+    if not batches:
+        return True
+    first = batches[0]
+    return batches.count(first) == len(batches) and len({i for i, _ in first}) == len(first)

@@ -22,9 +22,10 @@ import statistics
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import RankView, Snapshot
 
-MIN_STEPS = 5  # steps averaged before a rank is judged
+MIN_STEPS = rank_index.MIN_OWN_WORK_STEPS  # steps averaged before a rank is judged
 RATIO = 1.5  # own work this many times the others' median...
 MIN_EXCESS_S = 0.05  # ...and at least this much more per step (noise at tiny steps)
 COMM_SHARE = 0.5  # the others' comm wait covers at least this share of the excess
@@ -69,13 +70,22 @@ def median_without(ordered: list[float], index: int) -> float:
     return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
-def detect(snap: Snapshot) -> RuleOutcome | None:
+def own_work(snap: Snapshot) -> dict[int, float]:
+    """Rank -> its own work per step (_own), for the ranks that have one, in the snapshot's order."""
+    index = rank_index.of(snap)
+    if index.narrow:
+        return index.own_work  # (made in the index's one walk, as below; not to be changed)
     own = {}
     for v in snap.ranks:  # (_own, inline: this runs per rank per poll)
         if v.avg_steps >= MIN_STEPS and (
             v.avg_data_time_s is not None or v.avg_compute_time_s is not None
         ):
             own[v.rank] = (v.avg_data_time_s or 0.0) + (v.avg_compute_time_s or 0.0)
+    return own
+
+
+def detect(snap: Snapshot) -> RuleOutcome | None:
+    own = own_work(snap)
     if len(own) < 2:
         return None
     ordered = sorted(own.values())

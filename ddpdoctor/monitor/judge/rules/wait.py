@@ -22,6 +22,7 @@ from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
 from ddpdoctor.monitor.judge.rules.fr_wait import fr_waits
 from ddpdoctor.monitor.judge.rules.hang import members_of, progressing
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import (
     CollectiveView,
     RankState,
@@ -69,10 +70,10 @@ def current_waits(snap: Snapshot) -> list[tuple[list[RankView], list[RankView], 
         return []
     groups: dict[tuple[str, int], list[RankView]] = {}
     in_events: set[int] = set()
-    waiting = RankState.WAITING  # (looked up once: this runs over every rank every poll)
-    for view in snap.ranks:
+    waiting = RankState.WAITING  # (looked up once)
+    for view in rank_index.of(snap).in_collective:
         if view.collective is None:
-            continue  # (most ranks of most polls)
+            continue
         coll = waiting_collective(view)
         if coll is not None and not view.state.finished:
             in_events.add(view.rank)

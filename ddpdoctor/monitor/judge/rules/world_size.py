@@ -14,6 +14,7 @@ import re
 
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, fmt_s
+from ddpdoctor.monitor.model import rank_index
 from ddpdoctor.monitor.model.snapshot import Snapshot, Verdict
 
 CODE = "init.world_size_mismatch"
@@ -23,9 +24,9 @@ _SIZES = re.compile(r"world_size=(\d+).*?(\d+) ranks")
 
 def detect(snap: Snapshot) -> RuleOutcome | None:
     waiting = []
-    for view in snap.ranks:
+    for view in rank_index.of(snap).with_warnings:
         if not view.warnings:
-            continue  # (most ranks: this runs per rank per poll)
+            continue
         message = dict(view.warnings).get(CODE)
         if message is None or view.collectives_done or view.step:
             continue

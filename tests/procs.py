@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 import psutil
@@ -26,6 +28,19 @@ from ddpdoctor.protocol.rundir import ENV_RUN_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+
+def load_script(relative: str) -> ModuleType:
+    """A script of the repository that is not a package's module (benchmarks/, scripts/),
+    imported by its path under its own name (registered first: dataclasses look their module
+    up in sys.modules)."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

@@ -4,29 +4,18 @@ expects, and a name `--only` can pick it by (no job is started here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.integration import test_replicas
-from tests.procs import REPO
+from tests.procs import REPO, load_script
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-jobs = _load("corpus_jobs")
-bench = _load("false_alarms")
+jobs = load_script("benchmarks/corpus_jobs.py")
+bench = load_script("benchmarks/false_alarms.py")
 HEALTHY = {j.name: j for j in jobs.healthy_jobs()}
 FAULTY = {j.name: j for j in jobs.faulty_jobs()}
 EVERY = {**HEALTHY, **FAULTY}

@@ -3,17 +3,11 @@ detection, the side-by-side summary, and its command line (no job is started her
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
-from tests.procs import PYTHON, REPO, run
+from tests.procs import PYTHON, REPO, load_script, run
 
-spec = importlib.util.spec_from_file_location(
-    "false_alarms", REPO / "benchmarks" / "false_alarms.py"
-)
-bench = importlib.util.module_from_spec(spec)
-sys.modules["false_alarms"] = bench  # dataclasses look their module up there
-spec.loader.exec_module(bench)
+bench = load_script("benchmarks/false_alarms.py")
 
 HEALTHY = bench.Job("recipe", ("--", "recipe.py"))
 FAULTY = bench.Job("blocked", ("--", "blocked.py"), frozenset({"hang"}), (0,))

@@ -3,21 +3,13 @@ recorded, and any difference found, down to one rank's view."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
-from tests.procs import REPO
+from tests.procs import load_script
 
 
 def _check():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("merge_check", REPO / "benchmarks/merge_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["merge_check"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/merge_check.py")
 
 
 def test_a_recording_compares_equal_and_names_what_changed(tmp_path, capsys):

@@ -3,23 +3,15 @@ through their summaries, by rows or by events, at their latest step."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
 from ddpdoctor.monitor.model.snapshot import RankState
 from ddpdoctor.protocol.node_summary import read_node_summary, summary_stamp
-from tests.procs import REPO
+from tests.procs import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("merge_scale", REPO / "benchmarks/merge_scale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["merge_scale"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/merge_scale.py")
 
 
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "events"])

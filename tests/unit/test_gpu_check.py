@@ -4,18 +4,14 @@ culprit and the line together. No job is started here (the rehearsal on CPU is `
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from tests.procs import REPO
+from tests.procs import REPO, load_script
 
-spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(spec)
-sys.modules["gpu_check"] = gpu_check
-spec.loader.exec_module(gpu_check)
+gpu_check = load_script("scripts/gpu_check.py")
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(monkeypatch, capsys, tmp_path):

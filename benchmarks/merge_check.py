@@ -13,7 +13,7 @@ view that differs in any field changes it; the views that differ are listed on a
 Node 0's clock is the simulation's, so two runs of the same code record the same lines: record
 with one version of ddpdoctor (the checkout this file is in, or `PYTHONPATH=/elsewhere`), compare
 with another. Exit 0 when every poll is equal, 1 at the first poll that is not (printed), 2 when
-the recording is of another size or length.
+the recording is of another size or length, or cannot be read.
 """
 
 from __future__ import annotations
@@ -123,15 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--record", type=Path, help="write each poll's outcome here")
     what.add_argument("--compare", type=Path, help="compare each poll with this recording")
     args = parser.parse_args(argv)
+    recorded = None
+    if args.compare:  # read before the simulation's minutes, not after
+        try:
+            recorded = [json.loads(text) for text in args.compare.read_text().splitlines()]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            print(f"ddpdoctor: error: cannot read the recording {args.compare}: {exc}")
+            return 2
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-sim-") as tmp:
         lines = list(polls(args.ranks, args.cache or Path(tmp), args.adaptive))
-    if args.record:
-        args.record.write_text("".join(_normal(line) + "\n" for line in lines))
-        verdicts = sorted({line["verdict"] for line in lines})
-        print(f"{len(lines)} polls recorded in {args.record} (verdicts: {verdicts})")
-        return 0
-    recorded = [json.loads(text) for text in args.compare.read_text().splitlines()]
-    return compare(recorded, [json.loads(_normal(line)) for line in lines])
+    if recorded is not None:
+        return compare(recorded, [json.loads(_normal(line)) for line in lines])
+    args.record.write_text("".join(_normal(line) + "\n" for line in lines))
+    verdicts = sorted({line["verdict"] for line in lines})
+    print(f"{len(lines)} polls recorded in {args.record} (verdicts: {verdicts})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -32,7 +32,10 @@ Reported per variant, in µs per step: the wall time of a step (the mean over a 
 of the writer thread lands on a few steps, and a median step would hide it), the CPU time of the
 whole process (all threads: the runtime's heartbeat / writer thread counts) and of the training
 thread alone, each with its difference to plain and to the comm hook (the median over rounds of
-the difference within a round, which cancels the drift of a shared machine's load). `--profile`
+the difference within a round, which cancels the drift of a shared machine's load). The default
+runtime's line adds a 95 % interval of that median: one round's difference swings by a hundred
+µs or more on a shared machine, so 30 rounds resolve about ±15 µs and a target of that size
+needs a few hundred (`--rounds 300`, about four minutes). `--profile`
 adds a cProfile of the runtime's own functions on the fully active variant (call counts per
 step, and where the time goes).
 
@@ -307,16 +310,31 @@ def report(variants: list[Variant], step_ms: float) -> dict[str, Any]:
     buckets = by_name["runtime, --ddp-buckets"]
     extra_buckets = paired(buckets, plain, "wall")
     low, high = spread(full, plain, "wall")
+    wall_ci, cpu_ci = median_interval(full, plain, "wall"), median_interval(full, plain, "cpu")
     print(
         f"runtime (default, flight recorder): {extra:+.1f} µs/step over plain DDP "
-        f"(rounds {low:+.0f} .. {high:+.0f}) = {100 * extra / (step_ms * 1000):.2f}% of a "
-        f"{step_ms:g} ms step; CPU {paired(full, plain, 'cpu'):+.1f} µs/step"
+        f"(rounds {low:+.0f} .. {high:+.0f}; 95% interval of the median {wall_ci}) = "
+        f"{100 * extra / (step_ms * 1000):.2f}% of a {step_ms:g} ms step; "
+        f"CPU {paired(full, plain, 'cpu'):+.1f} µs/step ({cpu_ci})"
     )
     print(
         f"runtime with --ddp-buckets: {extra_buckets:+.0f} µs/step over plain DDP, "
         f"{paired(buckets, hook, 'wall'):+.0f} µs/step over torch's Python comm hook"
     )
     return result
+
+
+def median_interval(v: Variant, ref: Variant, metric: str) -> str:
+    """A 95 % confidence interval of the median per-round difference, free of any assumption on
+    the rounds' distribution (a shared machine's is skewed): the order statistics k and n-k+1 of
+    the sorted differences, k from the binomial(n, 1/2) normal approximation. Whether a figure
+    meets a target is read from this, not from the median alone."""
+    diffs = sorted(a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True))
+    n = len(diffs)
+    k = int((n - 1.96 * n**0.5) / 2)  # 0-based index of the lower bound
+    if k < 1:
+        return "too few rounds for an interval"
+    return f"{diffs[k - 1]:+.1f} .. {diffs[n - k]:+.1f}"
 
 
 def spread(v: Variant, ref: Variant, metric: str) -> tuple[float, float]:

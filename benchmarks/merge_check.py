@@ -82,7 +82,10 @@ def _normal(line: dict[str, Any]) -> str:
 
 def compare(recorded: list[dict[str, Any]], now: list[dict[str, Any]]) -> int:
     if len(recorded) != len(now):
-        print(f"ddpdoctor: error: the recording has {len(recorded)} polls, this run {len(now)}")
+        print(
+            f"ddpdoctor: error: the recording has {len(recorded)} polls, this run {len(now)}",
+            file=sys.stderr,
+        )
         return 2
     for i, (old, new) in enumerate(zip(recorded, now, strict=True)):
         if _normal(old) == _normal(new):
@@ -128,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             recorded = [json.loads(text) for text in args.compare.read_text().splitlines()]
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            print(f"ddpdoctor: error: cannot read the recording {args.compare}: {exc}")
+            print(
+                f"ddpdoctor: error: cannot read the recording {args.compare}: {exc}",
+                file=sys.stderr,
+            )
             return 2
     with tempfile.TemporaryDirectory(prefix="ddpdoctor-sim-") as tmp:
         lines = list(polls(args.ranks, args.cache or Path(tmp), args.adaptive))

@@ -30,7 +30,8 @@ def test_a_recording_compares_equal_and_names_what_changed(tmp_path, capsys):
 
     recording.write_text("".join(json.dumps(line) + "\n" for line in lines[:-1]))
     assert check.main(["--ranks", "32", "--cache", str(cache), "--compare", str(recording)]) == 2
+    assert "ddpdoctor: error: the recording has" in capsys.readouterr().err
 
     recording.write_text("not a recording\n")
     assert check.main(["--ranks", "32", "--cache", str(cache), "--compare", str(recording)]) == 2
-    assert "ddpdoctor: error: cannot read the recording" in capsys.readouterr().out
+    assert "ddpdoctor: error: cannot read the recording" in capsys.readouterr().err

@@ -280,9 +280,12 @@ class Session:
 def paired(v: Variant, ref: Variant, metric: str) -> float:
     """The median over rounds of v's figure minus ref's in the same round (the load drifts
     between rounds; within one, the variants ran back to back)."""
-    return statistics.median(
-        a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True)
-    )
+    return statistics.median(differences(v, ref, metric))
+
+
+def differences(v: Variant, ref: Variant, metric: str) -> list[float]:
+    """v's figure minus ref's, round by round, smallest first."""
+    return sorted(a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True))
 
 
 def report(variants: list[Variant], step_ms: float) -> dict[str, Any]:
@@ -329,7 +332,7 @@ def median_interval(v: Variant, ref: Variant, metric: str) -> str:
     the rounds' distribution (a shared machine's is skewed): the order statistics k and n-k+1 of
     the sorted differences, k from the binomial(n, 1/2) normal approximation. Whether a figure
     meets a target is read from this, not from the median alone."""
-    diffs = sorted(a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True))
+    diffs = differences(v, ref, metric)
     n = len(diffs)
     k = int((n - 1.96 * n**0.5) / 2)  # 0-based index of the lower bound
     if k < 1:
@@ -339,7 +342,7 @@ def median_interval(v: Variant, ref: Variant, metric: str) -> str:
 
 def spread(v: Variant, ref: Variant, metric: str) -> tuple[float, float]:
     """The interquartile range of the per-round differences (how far one round can be off)."""
-    diffs = sorted(a - b for a, b in zip(getattr(v, metric), getattr(ref, metric), strict=True))
+    diffs = differences(v, ref, metric)
     quartiles = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [diffs[0]] * 3
     return quartiles[0], quartiles[2]
 

@@ -35,7 +35,7 @@ import pytest
 
 from tests import lab
 from tests.integration.test_lab_node_loss import _processes_on, _training
-from tests.procs import REPO, Finished, background, clean_env, ddpdoctor_cmd, free_port
+from tests.procs import REPO, Finished, background, clean_env, ddpdoctor_cmd, free_port, kill_group
 
 pytestmark = [
     pytest.mark.integration,
@@ -61,7 +61,7 @@ class Run:
     shown: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)  # diagnosis.json's
 
     def explain(self) -> str:
-        return "\n".join(f"--- node {i}\n{n.stdout[-3000:]}\n{n.stderr[-1500:]}"
+        return "\n".join(f"--- node {i}\n{n.stdout[-12000:]}\n{n.stderr[-1500:]}"
                          for i, n in enumerate(self.nodes))  # fmt: skip
 
     @property
@@ -140,8 +140,13 @@ def launch(run: Run, cache: Path) -> None:
         for proc in procs:
             try:
                 out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                out, err = "", f"launcher still running after {LAUNCH_TIMEOUT_S} s"
+            except subprocess.TimeoutExpired:  # (what it printed until then, to explain)
+                kill_group(proc)
+                try:
+                    out, err = proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:  # (a process out of the group holds it)
+                    out, err = "", ""
+                err += f"\nlauncher still running after {LAUNCH_TIMEOUT_S} s"
             run.nodes.append(Finished(proc.returncode, out, err, 0.0))
             if run.ended_t is None:
                 run.ended_t = time.time()

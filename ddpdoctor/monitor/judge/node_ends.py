@@ -56,6 +56,9 @@ NODE_ENDS = frozenset({"node.interrupted", "node.launcher_killed", "node.lost"})
 # Findings that only describe how the ranks were ended by the stop or the loss.
 _STOP_EFFECTS = frozenset({"crash", "died", "crash.consequence", "torchrun.signal", "run.stopped"})
 _FAILED = frozenset({RankState.FAILED, RankState.GONE})
+# How a rank that has not joined a process group yet shows (importing, preparing, waiting in
+# init_process_group: stalled once it has waited there past the hang threshold).
+_START_STATES = frozenset({RankState.STARTING, RankState.RUNNING, RankState.STALLED})
 
 
 def across_nodes(
@@ -112,11 +115,11 @@ def _silent_nodes(
 def _starting(snap: Snapshot) -> bool:
     """The job is still starting: no rank has joined a process group (they are in torchrun's
     rendezvous, importing, or in init_process_group, which a rank leaves only once every rank
-    is there; a rank's runtime says hello before it joins) and none has failed."""
-    return all(
-        not v.joined and not v.step and v.state in (RankState.STARTING, RankState.RUNNING)
-        for v in snap.ranks
-    )
+    is there; a rank's runtime says hello before it joins) and none has failed. A rank that
+    waited there past the hang threshold shows stalled, and is still starting: it waits for
+    the lost host's ranks (read as past its start, the loss went unnamed a second after it was
+    told, and the job waited for torch's timeout)."""
+    return all(not v.joined and not v.step and v.state in _START_STATES for v in snap.ranks)
 
 
 def _theirs(

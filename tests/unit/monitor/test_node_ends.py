@@ -4,6 +4,8 @@ node 0; rank 1 on h2, node 1)."""
 
 from __future__ import annotations
 
+import pytest
+
 from ddpdoctor.monitor.judge.diagnose import apply_diagnosis, diagnose
 from ddpdoctor.monitor.judge.node_ends import LOST_AFTER_S, across_nodes
 from ddpdoctor.monitor.model.snapshot import RankState, Snapshot, Verdict
@@ -191,15 +193,19 @@ def test_a_host_lost_while_the_job_starts_is_named_and_the_others_hang_on_it():
     assert s.verdict is Verdict.HANG and not s.culprits and "host h2 lost" in s.findings[0].summary
 
 
-def test_a_rank_that_said_hello_but_never_joined_is_still_starting():
+@pytest.mark.parametrize("state", [RankState.RUNNING, RankState.STALLED])
+def test_a_rank_that_said_hello_but_never_joined_is_still_starting(state):
     """The runtime says hello as the rank starts, before init_process_group: h1's rank, alive
     and waiting there for h2's, has not joined; h2 silent past the start-up threshold is lost
-    (it was read as a job past its start, and the job waited for torch's timeout)."""
+    (it was read as a job past its start, and the job waited for torch's timeout). A rank that
+    has waited there past the hang threshold shows stalled, and is starting still (the loss,
+    once told, was dropped for 'running' at the next poll as the rank turned stalled, and the
+    job was never stopped)."""
     from dataclasses import replace
 
     from ddpdoctor.monitor.judge.node_ends import STARTUP_LOST_AFTER_S
 
-    hello = view(0, RankState.RUNNING, host="h1", last_event="hello", phase="init", step=0)
+    hello = view(0, state, host="h1", last_event="hello", phase="init", step=0)
     base = snap([hello, starting(1, "h2")])
     s = across_nodes(base, nodes(), NODE_OF, {1: STARTUP_LOST_AFTER_S + 1}, own_node=0)
     assert s.verdict is Verdict.HANG and s.culprits == {1}, s.findings

@@ -37,6 +37,10 @@ MAX_SITES = 256  # site keys kept per rank and group
 MAX_GROUPS = 64  # groups followed per rank
 MAX_PENDING = 64  # pairings waiting to be decided (the oldest goes first)
 MAX_FOUND = 8  # pairings found (diagnose keeps at most 8 said)
+# torch's Join (torch.distributed.algorithms.join, a framework to runtime/call_sites.py): a rank
+# out of data shadows the others' collectives from `Join.__exit__` (the others' DDP forwards
+# notify it from `Join.notify_join_context`): two sites paired by design, never by chance
+JOIN_VIA = "torch/distributed/algorithms/join.py:"
 STEPS_AFTER = 2  # a pairing is decided once the other side's calls are stamped this many steps on
 CALLS_AFTER = 64  # ... or, unstamped, once it made this many more calls in the group
 
@@ -45,6 +49,11 @@ class _Record(Protocol):
     """What `view` reads of a rank's record (RankTracker)."""
 
     exit_code: int | None
+
+
+def through_join(call: CollectiveView) -> bool:
+    """Whether torch's Join made the call (a shadow of the others', or its notice to them)."""
+    return call.site is not None and call.site.via.startswith(JOIN_VIA)
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,11 @@ class PairingLog:
                 pass
             elif entry.where is None:
                 entry.rank, entry.call, entry.where = rank, call, where
-            elif call.shapes and call.signature() == entry.call.signature():
+            elif (
+                call.shapes
+                and call.signature() == entry.call.signature()
+                and not (through_join(call) or through_join(entry.call))
+            ):
                 # another site, the same op and size: which side made an extra call, if one
                 self._pend(entry.rank, entry.call, rank, call)
         if self._pending:

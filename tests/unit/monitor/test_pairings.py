@@ -240,3 +240,42 @@ def test_a_restarted_process_starts_the_numbers_over_without_a_pairing():
     log.restart()
     log.on_call(1, call(1, 20), world=2)
     assert not list(log.pending())
+
+
+JOIN_FILE = "torch/distributed/algorithms/join.py"
+
+
+def join_job(*, through_join: bool) -> list[Any]:
+    """recipe_join_uneven.py: under `with Join([model])` (line 36) rank 0 runs out of data after
+    10 steps, rank 1 after 15. Each DDP forward (line 39) notifies Join with an all_reduce of
+    [1] (Join.notify_join_context); rank 0, out of data, shadows rank 1's from Join.__exit__
+    (its `with` line), and rank 1 reaches that line only at its own exit, after step 15."""
+
+    def via(line: int, function: str) -> dict[str, Any]:
+        if not through_join:
+            return {}
+        return {"via": {"file": JOIN_FILE, "line": line, "function": function}}
+
+    notify, shadow = (
+        site(39, **via(340, "Join.notify_join_context")),
+        site(36, **via(265, "Join.__exit__")),
+    )
+    count = ("all_reduce", [[1]])
+    r0, r1 = Rank(0), Rank(1)
+    for step in range(1, 16):
+        for r in (r0, r1):
+            if r is r0 and step > 10:
+                r.call(shadow, 10, count)
+                continue
+            r.call(notify, step, count)
+            r.events.append(r._ev("step", step=step, step_time_s=0.05))
+    r1.call(shadow, 15, count)  # rank 1's own Join exit
+    return read([r0, r1], lead=1, lag=0, blind=False)
+
+
+def test_joins_shadow_calls_are_no_pairing_however_the_polls_fall():
+    """Join pairs rank 0's shadow with rank 1's notice by design: read a call at a time (a poll
+    between rank 1's steps 12 and 15 decided it before rank 1's exit was read: a warning on a
+    healthy job), no pairing is said; without Join's frames the same calls are one."""
+    assert all(not pairings_said([poll]) for poll in join_job(through_join=True))
+    assert pairings_said(join_job(through_join=False))

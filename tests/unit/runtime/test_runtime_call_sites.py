@@ -58,6 +58,14 @@ def test_kinds_of_files():
     lightning = "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py"
     assert call_sites.kind_of(lightning) == call_sites.FRAMEWORK
     assert call_sites.package_path(lightning) == "lightning/pytorch/strategies/ddp.py"
+    # torch's Join makes collectives of its own for a `with Join(...)`: a framework, as the
+    # rest of torch is not (the chance-pairing rule knows its shadow calls by it)
+    import torch.distributed.algorithms.join as join
+    import torch.distributed.distributed_c10d as c10d
+
+    assert call_sites.kind_of(join.__file__) == call_sites.FRAMEWORK
+    assert call_sites.package_path(join.__file__) == "torch/distributed/algorithms/join.py"
+    assert call_sites.kind_of(c10d.__file__) == call_sites.INTERNAL
 
 
 def test_a_site_through_framework_code_names_the_user_line_via_and_issuer(framework):

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ddpdoctor.findings import Evidence, Finding, Severity
 from ddpdoctor.monitor.judge.rules import RuleOutcome, call_sites
 from ddpdoctor.monitor.model import rank_index
-from ddpdoctor.monitor.model.pairings import PairingsView
+from ddpdoctor.monitor.model.pairings import PairingsView, through_join
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, RankView, Snapshot
 from ddpdoctor.rank_ranges import named_ranks
 
@@ -100,6 +100,8 @@ def _in_latest_calls(snap: Snapshot) -> call_sites.Divergence | None:
     call, other = divergence.call, divergence.other_call
     if call.signature() != other.signature() or not call.shapes:
         return None  # another op or size: the mismatch rule's, not a silent pairing
+    if through_join(call) or through_join(other):
+        return None  # torch's Join pairs them by design
     return divergence
 
 

@@ -99,6 +99,8 @@ collective_start   p2p (true) and peer (the other rank's GLOBAL rank, also for g
                    "LightningModule.log", "Accelerator.gather"), "issuer": {...} (the framework
                    frame that called torch.distributed, when not via itself)}. User code is
                    what is not in the standard library, site-packages, torch or ddpdoctor.
+                   torch's Join (JOIN_FILE) is a framework: its calls say via Join.__exit__
+                   (a rank out of data shadowing the others') or Join.notify_join_context.
 pipeline           a pipeline schedule's first step() (torch.distributed.pipelining): schedule
                    (class name), microbatches, num_stages, stages (this rank's stage indices),
                    site and stage_site (the user's lines that built the schedule and the stage:
@@ -295,3 +297,9 @@ def parse_event_line(line: bytes | str) -> dict[str, Any] | None:
 def encode_event(event: dict[str, Any]) -> str:
     """One line of JSON (no newline inside, however odd the values are; NaN and inf as null)."""
     return jsontext.dumps(event, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+# torch.distributed.algorithms.join, as a site's "via" names its file: a rank out of data under
+# `with Join(...)` shadows the others' collectives from Join.__exit__, which they reach only at
+# their own end; its calls pair with theirs by design (never a chance pairing)
+JOIN_FILE = "torch/distributed/algorithms/join.py"

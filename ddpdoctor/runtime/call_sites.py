@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ddpdoctor.protocol.events import JOIN_FILE
 from ddpdoctor.runtime.progress_probe import is_user_file
 from ddpdoctor.runtime.records import fields_text
 
@@ -37,10 +38,6 @@ _CALLER_DEPTH = 32  # ... from the site's frame to its user caller
 _SITES: dict[tuple[int, ...], tuple[Any, Any, Any, str]] = {}
 MAX_SITES = 1024
 _PACKAGE_DIRS = ("site-packages", "dist-packages")
-# torch.distributed.algorithms.join: a rank out of data shadows the others' collectives from
-# `Join.__exit__`, and DDP's forward notifies them from `Join.notify_join_context`; a framework
-# as Lightning's strategies are, so that a site says a call was Join's (calls it pairs by design)
-TORCH_JOIN_FILE = ("torch", "distributed", "algorithms", "join.py")
 # Framework functions that run a collective for a call the user made earlier (Lightning computes a
 # metric logged with `sync_dist=True` at the epoch's end, with no user frame that logged it on the
 # stack): id of the code object -> (the code object, what names the earlier call's site as the
@@ -73,8 +70,8 @@ def _is_framework_file(filename: str) -> bool:
     for i, part in enumerate(parts[:-1]):
         if part in _PACKAGE_DIRS:
             top = parts[i + 1].removesuffix(".py")
-            if top == "torch":  # torch's Join makes collectives of its own for a `with Join`
-                return tuple(parts[i + 1 :]) == TORCH_JOIN_FILE
+            if top == "torch":  # torch's Join makes collectives of its own: a site says so
+                return "/".join(parts[i + 1 :]) == JOIN_FILE
             return top not in ("ddpdoctor", "functorch")
     return False
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ddpdoctor.monitor.model.snapshot import POINT_TO_POINT_OPS, CollectiveView
+from ddpdoctor.protocol.events import JOIN_FILE
 
 SiteKey = tuple[str, str, str]
 
@@ -37,10 +38,7 @@ MAX_SITES = 256  # site keys kept per rank and group
 MAX_GROUPS = 64  # groups followed per rank
 MAX_PENDING = 64  # pairings waiting to be decided (the oldest goes first)
 MAX_FOUND = 8  # pairings found (diagnose keeps at most 8 said)
-# torch's Join (torch.distributed.algorithms.join, a framework to runtime/call_sites.py): a rank
-# out of data shadows the others' collectives from `Join.__exit__` (the others' DDP forwards
-# notify it from `Join.notify_join_context`): two sites paired by design, never by chance
-JOIN_VIA = "torch/distributed/algorithms/join.py:"
+_JOIN_VIA = JOIN_FILE + ":"  # a site's via through torch's Join: paired by design
 STEPS_AFTER = 2  # a pairing is decided once the other side's calls are stamped this many steps on
 CALLS_AFTER = 64  # ... or, unstamped, once it made this many more calls in the group
 
@@ -53,7 +51,7 @@ class _Record(Protocol):
 
 def through_join(call: CollectiveView) -> bool:
     """Whether torch's Join made the call (a shadow of the others', or its notice to them)."""
-    return call.site is not None and call.site.via.startswith(JOIN_VIA)
+    return call.site is not None and call.site.via.startswith(_JOIN_VIA)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ read back from /proc/<pid>/environ, which a process cannot change after it start
 ranks, their DataLoader workers and any daemon a rank starts with a double fork and setsid, which
 torchrun's own cleanup never sees.
 
+Not a worker of a Ray cluster that was running before the job: it carries the marker too (the
+job's runtime_env), but it is Ray's to end (`_left_to_ray`).
+
 - `end_marked(id)` ends them all: SIGTERM, a grace period, SIGKILL; scanned again until none is
   left (a process may fork while it is being ended). The launcher calls it when the job is over.
 - `Reaper` is a small process in a session of its own that waits on a pipe from the launcher.
@@ -73,16 +76,44 @@ def marked_pids(launch_id: str, *, proc: str = "/proc") -> list[int]:
     return found
 
 
+def job_pids(launch_id: str, *, proc: str = "/proc") -> list[int]:
+    """The launch's processes that are its to end: marked, alive, and not a worker of a Ray
+    cluster that outlives the job (_left_to_ray)."""
+    marked = [p for p in marked_pids(launch_id, proc=proc) if _alive(p, proc=proc)]
+    ours = set(marked)
+    return [p for p in marked if not _left_to_ray(p, ours, proc=proc)]
+
+
+def _left_to_ray(pid: int, marked: set[int], *, proc: str = "/proc") -> bool:
+    """A worker started by the raylet of a Ray cluster that was running before the job (`ray
+    start`, then the job through RAY_ADDRESS): the raylet carries no marker. Such a worker has
+    the job's environment through its runtime_env (runtime/ray_env.py), and it is Ray's to end:
+    Ray ends the job's workers once its driver is gone, and keeps its detached actors, which are
+    the cluster's by design (Ray Train's AutoscalingCoordinator, a user's service). Killing one
+    of those would not end it: Ray restarts it, with the job's environment again. The ranks
+    among them were already stopped by the launcher (it tracks their pids). A local cluster
+    that the job's `ray.init()` started is the job's: its raylet is marked, its workers ended."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as fh:
+            parent = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        if parent in marked:
+            return False
+        with open(f"{proc}/{parent}/comm", "rb") as fh:
+            return fh.read().strip() == b"raylet"
+    except (OSError, IndexError, ValueError):
+        return False
+
+
 def _signal(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, *, proc: str = "/proc") -> bool:
     """Running and not a zombie (a zombie waits for its parent; it is already over)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
+        with open(f"{proc}/{pid}/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
         return fields[0] != b"Z"
     except (OSError, IndexError):
@@ -99,7 +130,7 @@ def end_marked(launch_id: str, *, grace_s: float = GRACE_S) -> int:
     sruns: set[int] = set()
     steps: set[str] = set()
     for _ in range(MAX_ROUNDS):
-        pids = [p for p in marked_pids(launch_id) if _alive(p) and p not in sruns]
+        pids = [p for p in job_pids(launch_id) if p not in sruns]
         if not pids:
             break
         seen.update(pids)
@@ -170,7 +201,7 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(OSError):
         while sys.stdin.buffer.read(4096):
             pass
-    left = [p for p in marked_pids(argv[0]) if _alive(p)]
+    left = job_pids(argv[0])
     if left and len(argv) == 2:
         processes.say_launcher_killed(argv[1], len(left))
     elif left and len(argv) == 3 and argv[2].isdigit():

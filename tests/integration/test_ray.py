@@ -169,22 +169,51 @@ def results(cluster, tmp_path_factory) -> dict[str, Result]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-# Ray Train's own cluster-scoped actor: created by the first job that trains on a cluster, with
-# that job's runtime environment, `lifetime="detached"` (it serves every later job of the cluster
-# until the cluster stops). On a cluster that outlives the job it is the user's, not the job's:
-# ddpdoctor leaves it, as Ray does.
-RAY_CLUSTER_ACTORS = frozenset({"ray::_AutoscalingCoordinatorActor"})
+# Ray Train's detached actors (`lifetime="detached"`), made with the job's runtime environment:
+# on a cluster that outlives the job they are the cluster's, not the job's, and ddpdoctor leaves
+# them to Ray (launch/reaper.py). The AutoscalingCoordinator, made by the first job that trains on
+# a cluster, serves every later one until the cluster stops. A run's PlacementGroupCleaner
+# outlives a controller that died (the stalled job's) to remove its placement group, and exits
+# once it sees the controller dead through Ray's state API, which this module's cluster runs
+# without (no dashboard): here it stays until the cluster stops.
+RAY_CLUSTER_ACTORS = frozenset({"ray::_AutoscalingCoordinatorActor", "ray::PlacementGroupCleaner"})
+LEFT_WAIT_S = 60
 
 
 def _name(proc: psutil.Process) -> str:
+    """Its name, without the method a Ray actor is running ("ray::Actor.method" -> "ray::Actor")."""
     try:
-        return proc.name()
+        return proc.name().split(".", 1)[0]
     except psutil.Error:  # ended since it was listed
         return ""
 
 
-def _left_by_the_job(run_dir: Path) -> list[psutil.Process]:
-    return [p for p in job_processes(run_dir) if _name(p) not in RAY_CLUSTER_ACTORS]
+def _left_by_the_job(run_dir: Path) -> list[str]:
+    return [_described(p) for p in job_processes(run_dir) if _name(p) not in RAY_CLUSTER_ACTORS]
+
+
+def _nothing_left_by_the_job(run_dir: Path) -> list[str]:
+    """The job's processes once they have ended ([] then), or those still running after
+    LEFT_WAIT_S. On a running cluster the job's workers are the raylet's, and Ray ends them
+    itself once the job's driver is gone (launch/reaper.py leaves them to it): moments after
+    ddpdoctor has exited, not before."""
+    deadline = time.monotonic() + LEFT_WAIT_S
+    while (left := _left_by_the_job(run_dir)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+def _described(proc: psutil.Process) -> str:
+    """A leftover process as a failure should show it: what it runs, its parent, its age."""
+    try:
+        with proc.oneshot():
+            cmdline = " ".join(proc.cmdline())[:300]
+            parent = proc.ppid()
+            age = time.time() - proc.create_time()
+            status = proc.status()
+        return f"pid {proc.pid} ({status}, {age:.0f} s old, parent {parent}): {cmdline}"
+    except psutil.Error as exc:
+        return f"pid {proc.pid}: {type(exc).__name__}"
 
 
 def _warnings(doc: dict) -> list[dict]:
@@ -202,7 +231,7 @@ def test_a_healthy_ray_job_is_healthy_with_its_steps_counted(results, name):
     assert sorted(rank["step"] for rank in doc["ranks"]) == [STEPS, STEPS], r.context()
     for rank in (0, 1):
         assert [s["step"] for s in r.events(rank, "step")] == list(range(1, STEPS + 1))
-    assert _left_by_the_job(r.run_dir) == []
+    assert _nothing_left_by_the_job(r.run_dir) == []
 
 
 def test_ranks_are_known_by_their_process_group_and_ray_names(results):
@@ -234,9 +263,26 @@ def test_a_rank_stalled_in_the_training_function_is_a_hang_named_at_its_line(res
     assert doc["culprits"] == [1], r.context()
     text = json.dumps(doc)
     assert "ray_train.py:43" in text, r.context()  # the planted sleep, in the training thread
-    assert _left_by_the_job(r.run_dir) == []  # the job's workers ended on the running cluster ...
+    assert _nothing_left_by_the_job(r.run_dir) == []  # the job's workers ended on the cluster ...
     assert cluster.head.poll() is None  # ... and the cluster itself was left running
     assert _marked(cluster.mark), "the running cluster was stopped"
+
+
+def test_the_clusters_own_actor_outlives_the_job_that_made_it(results):
+    """Ray Train's AutoscalingCoordinator (detached, restarted by Ray whenever it dies) carries
+    the environment of the job that made it on the running cluster, ddpdoctor's marker
+    included. ddpdoctor leaves it to Ray (launch/reaper.py): killed at that job's end it would
+    come back at once, as a new process, with the job's environment again."""
+    made = [
+        (name, proc)
+        for name in ("train-healthy-running", "train-stall-running")
+        for proc in job_processes(results[name].run_dir)
+        if _name(proc) == "ray::_AutoscalingCoordinatorActor"
+    ]
+    assert len(made) <= 1, made  # one for the cluster
+    for name, proc in made:
+        ended = (results[name].run_dir.parent / "stdout").stat().st_mtime  # its final JSON
+        assert proc.create_time() < ended, f"{_described(proc)} was started after {name} ended"
 
 
 def test_a_worker_killed_mid_run_is_the_first_death_and_the_others_its_consequences(results):

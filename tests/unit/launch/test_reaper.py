@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,14 @@ import time
 import psutil
 import pytest
 
-from ddpdoctor.launch.reaper import ENV_LAUNCH_ID, Reaper, end_marked, marked_pids, new_launch_id
+from ddpdoctor.launch.reaper import (
+    ENV_LAUNCH_ID,
+    Reaper,
+    end_marked,
+    job_pids,
+    marked_pids,
+    new_launch_id,
+)
 from ddpdoctor.protocol import processes
 from tests.procs import clean_env, kill_group, wait_for
 
@@ -146,3 +154,47 @@ def test_the_reaper_of_a_killed_launcher_removes_its_rank_socket():
         assert not directory.exists()
     finally:
         sock.close()
+
+
+# A stand-in raylet: a Python process named "raylet" (through a link of that name) that starts
+# one worker with the environment it is given and prints the worker's pid.
+RAYLET = (
+    "import subprocess, sys, time, json; "
+    "w = subprocess.Popen([sys.executable, '-c', sys.argv[1]], env=json.loads(sys.argv[2]), "
+    "stdout=subprocess.PIPE, text=True); "
+    "assert w.stdout.readline() == 'ready\\n'; print(w.pid, flush=True); time.sleep(600)"
+)
+
+
+@pytest.mark.parametrize("cluster", ["running", "local"])
+def test_a_ray_worker_of_a_running_cluster_is_left_to_ray_one_of_the_jobs_cluster_is_not(
+    tmp_path, cluster
+):
+    """A running cluster's raylet (`ray start`) carries no marker; the job's runtime_env gives
+    its workers the marker all the same. They are Ray's to end: its detached actors are the
+    cluster's, and Ray restarts one that is killed. A local cluster's raylet is the job's."""
+    launch_id = new_launch_id()
+    link = tmp_path / "raylet"
+    link.symlink_to(sys.executable)
+    worker_env = clean_env({ENV_LAUNCH_ID: launch_id})
+    raylet_env = worker_env if cluster == "local" else clean_env()
+    raylet = subprocess.Popen(
+        [str(link), "-c", RAYLET, STUBBORN, json.dumps(worker_env)],
+        env=raylet_env, stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        worker = int(raylet.stdout.readline())
+        assert psutil.Process(raylet.pid).name() == "raylet"
+        assert worker in marked_pids(launch_id)
+        if cluster == "running":
+            assert job_pids(launch_id) == []
+            assert end_marked(launch_id, grace_s=0.3) == 0
+            assert _running(worker)
+        else:
+            assert sorted(job_pids(launch_id)) == sorted([raylet.pid, worker])
+            assert end_marked(launch_id, grace_s=0.3) == 2
+            wait_for(lambda: not _running(worker), timeout=20, what="the worker to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(raylet.pid, signal.SIGKILL)
+        kill_group(raylet)

@@ -258,6 +258,7 @@ REPLICA_CORPUS: dict[str, tuple[str, tuple[str, ...], int, tuple[int, ...]]] = {
     "seeds": ("healthy_seeds.py", (), 2, ()),
     "hsdp": ("hsdp_healthy.py", (), 2, ()),
     "zero": ("zero_healthy.py", (), 2, ()),
+    "zero-join": ("zero_join.py", (), 2, ()),  # uneven inputs under torch's Join
     "deepspeed-zero2": ("ds_reload_rank0.py", ("--healthy",), 2, ()),
     "hsdp4": ("hsdp_healthy.py", (), 4, ()),  # HSDP_SHARD=2: two replicate groups
     "reload-helper": ("reload_helper.py", (), 2, (0,)),

@@ -126,7 +126,9 @@ step               forwards (training forwards in the step: more than 1 when no_
 phase              previous (the phase it replaces). Repeating the current phase writes nothing.
 epoch              loader (per-process number of the DataLoader, in order of first use),
                    distributed (its sampler is a DistributedSampler), batch_size, drop_last,
-                   num_workers. Written when iteration over the loader starts; epoch is the
+                   num_workers, join (true when the epoch starts inside an open, enabled
+                   `with Join(...)`, which evens ranks of different batch counts by design).
+                   Written when iteration over the loader starts; epoch is the
                    sampler's epoch (DistributedSampler) or the count of earlier iterations.
 metrics            step is added when not given (the step in progress). A metric named like an
                    envelope field (v, t, mono, rank, kind) is written as user_<name>; tensors and

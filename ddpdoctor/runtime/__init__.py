@@ -16,6 +16,7 @@ Once active, every rank records (the schema is ddpdoctor/protocol/events.py):
     completion.py   when an op is over (return, future, Work, CUDA event)
     ddp_hooks.py    DDP gradient buckets (a comm hook) and training steps (forwards)
     data_hooks.py   DataLoader waits, epochs, the DistributedSampler set_epoch audit
+    join_hooks.py   whether an epoch runs inside torch's `with Join(...)` (evened by design)
     exit_hooks.py   error events (excepthooks), faulthandler, the exit event
     signals.py      SIGTERM: an exit event, then the default death
     ptrace.py       lets py-spy of the same user attach (Yama ptrace_scope=1)

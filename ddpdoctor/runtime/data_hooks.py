@@ -4,7 +4,8 @@
   step's compute time (steps.py).
 - Every epoch of a loader (each `iter(loader)`) writes an `epoch` event with the number of batches
   and samples this rank will see, so ranks that would run different numbers of steps (and hang
-  in the last all-reduce) show before it bites.
+  in the last all-reduce) show before it bites; an epoch that starts inside an open
+  `with Join(...)` says so (join_hooks.py), since Join evens such ranks by design.
 - A shuffling DistributedSampler that runs a full pass again with the epoch number of its last
   full pass (no `set_epoch` call in between) repeats the same order every epoch; the first time
   that happens a `warning` event with code `sampler.set_epoch_missing` says so. The audit counts
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ddpdoctor.protocol.events import EPOCH, WARNING
-from ddpdoctor.runtime import core
+from ddpdoctor.runtime import core, join_hooks
 from ddpdoctor.runtime.patching import WRAPPED_MARK, patch
 
 EPOCH_ATTR = "_ddpdoctor_epoch"
@@ -154,6 +155,7 @@ def epoch_fields(loader: Any, distributed_sampler_type: type) -> dict[str, Any]:
         "batch_size": getattr(loader, "batch_size", None),
         "drop_last": getattr(loader, "drop_last", None),
         "num_workers": getattr(loader, "num_workers", None),
+        "join": join_hooks.is_open(),
     }
 
 

@@ -27,7 +27,8 @@ rank 0 (a forward pre-hook of the module, which runs after DDP's buffer sync): b
 rank's BatchNorm statistics follow its own batches, by design. Parameters DDP ignores
 (`_ddp_params_and_buffers_to_ignore`) are not compared. At the end (destroy_process_group, or a
 clean exit with the model still alive) a last digest of the parameters says whether the replicas
-agreed at the end.
+agreed at the end. Once torch's Join is entered, no more digests at due steps (stop_step_digests):
+under Join the ranks run different numbers of steps, and differ between Join's syncs, by design.
 
 Other replicas (replica_sources.py) use the same schedule and digest: HSDP's shards across the
 replicate dimension of its mesh (digested at the FSDP root's training forward, compared among
@@ -55,6 +56,9 @@ NEVER = 1 << 62
 STATE_ATTR = "_ddpdoctor_replicas"
 _STATES: list[ModelState] = []  # every DDP model seen training, in order (its index: its id)
 _ON = False  # installed and enabled
+# Whether the ranks' step numbers still name the same update on every rank: false once torch's
+# Join was entered (stop_step_digests).
+_STEPS_ALIGNED = True
 
 
 def enabled(environ: Any = os.environ) -> bool:
@@ -239,6 +243,22 @@ def _schedule(state: ModelState, step: int, cost: float, now: float) -> None:
     state.next_step = (step // every + 1) * every
 
 
+def stop_step_digests() -> None:
+    """torch's `with Join(...)` was entered (join_hooks.py): from here a rank out of data
+    shadows the others' collectives while they train on alone, and at its exit Join broadcasts
+    the last joiner's model, so the replicas differ between those syncs by design and the ranks'
+    step numbers no longer name the same update (rank 0's step 8 may be rank 1's step 11). No
+    more digests at due steps: one compared across ranks would call a healthy job diverged. The
+    digest at the end stays (Join has synced the model by then)."""
+    global _STEPS_ALIGNED
+    _STEPS_ALIGNED = False
+    for state in _STATES:
+        state.next_step = NEVER
+    runtime = core._active
+    if runtime is not None:
+        runtime.replica_next = NEVER
+
+
 def due(ddp: Any, rt: core.Runtime) -> None:
     """From the DDP forward wrapper, before DDP's forward: a synced training forward at or past
     `rt.replica_next`, or the first of a model. Digest this model now if its due step has come."""
@@ -262,6 +282,9 @@ def due(ddp: Any, rt: core.Runtime) -> None:
             ddp.module.__dict__[replica_calls.MODULE_MARK] = True
         except Exception:  # noqa: BLE001 - only the citation of a load into it is lost
             pass
+    if not _STEPS_ALIGNED:
+        state.next_step = NEVER
+        return
     step = rt.steps.steps_done
     if step < state.next_step:
         rt.replica_next = min(s.next_step for s in _STATES)
@@ -335,6 +358,9 @@ def due_other(owner: Any, rt: core.Runtime, make: Any) -> None:
         state = ModelState(owner, len(_STATES), kind, peers, source)
         _STATES.append(state)
         owner.__dict__[STATE_ATTR] = state
+    if not _STEPS_ALIGNED:
+        state.next_step = NEVER
+        return
     step = rt.steps.steps_done
     if step < state.next_step:
         return
@@ -368,6 +394,7 @@ def install(runtime: core.Runtime) -> None:
 
 
 def _off() -> None:
-    global _ON
+    global _ON, _STEPS_ALIGNED
     _ON = False
+    _STEPS_ALIGNED = True
     _STATES.clear()

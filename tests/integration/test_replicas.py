@@ -53,7 +53,8 @@ DIVERGING = {  # script -> (culprit ranks, the line cited, the step of the call)
 }
 HEALTHY = ["healthy_seeds.py", "hsdp_healthy.py", "zero_healthy.py"]
 ZERO_SCHED = "zero_sched_rank0.py"
-HSDP_ZERO = ["hsdp_sched_rank0.py", "hsdp_healthy.py", ZERO_SCHED, "zero_healthy.py"]
+ZERO_JOIN = "zero_join.py"  # uneven inputs under torch's Join: healthy, differing by design
+HSDP_ZERO = ["hsdp_sched_rank0.py", "hsdp_healthy.py", ZERO_SCHED, "zero_healthy.py", ZERO_JOIN]
 DS_RELOAD = "ds_reload_rank0.py"  # DeepSpeed ZeRO-2; --healthy: without the restore
 # 4 ranks, HSDP 2x2: replicate groups {0, 2} and {1, 3}, each holding its own shards
 FOUR_RANKS = {
@@ -186,6 +187,28 @@ def test_each_healthy_job_has_no_divergence(request, script):
     ckpt = r.run_dir.parent / "ckpt"
     code, found = explain(ckpt / "rank-0.pt", ckpt / "rank-1.pt")
     assert code == 0 and [f["id"] for f in found] == ["replicas.agreed"]
+
+
+@pytest.mark.slow
+def test_uneven_inputs_under_join_are_healthy_though_the_replicas_differ_between_its_syncs(
+    hsdp_zero,
+):
+    """Join([model, zero_optimizer]) around each epoch, 10 and 16 batches: the ranks' steps part
+    and their replicas differ until Join's sync, by design. No due-step digest after the first
+    Join (runtime/join_hooks.py), the final ones agree, and nothing is said of the uneven
+    loaders either."""
+    r = hsdp_zero[ZERO_JOIN]
+    doc = r.document()
+    assert r.returncode == 0 and doc["verdict"] == "healthy", r.stderr[-3000:]
+    assert [f["id"] for f in doc["findings"] if f["severity"] != "info"] == [], doc["findings"]
+    assert sorted(rank["step"] for rank in doc["ranks"]) == [40, 64]  # 4 epochs of 10 and 16
+    for rank in (0, 1):
+        digests = r.events(rank, "replica_digest")
+        assert [d["final"] for d in digests] == [True], digests
+        assert all(e["join"] for e in r.events(rank, "epoch"))
+    assert (
+        r.events(0, "replica_digest")[0]["digests"] == r.events(1, "replica_digest")[0]["digests"]
+    )
 
 
 @pytest.mark.slow

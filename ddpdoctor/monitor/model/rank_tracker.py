@@ -10,12 +10,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ddpdoctor.monitor.model import own_lines
-from ddpdoctor.monitor.model.call_events import (
-    collective_end,
-    collective_start,
-    open_from_heartbeat,
-)
+from ddpdoctor.monitor.model import call_events, own_lines
 from ddpdoctor.monitor.model.event_fields import integer, median, num, text
 from ddpdoctor.monitor.model.pipeline_view import PipelineView, from_event, with_position
 from ddpdoctor.monitor.model.progress import ProgressSample, ProgressTrack
@@ -153,8 +148,8 @@ class RankTracker:
         self.warnings: dict[str, str] = {}
         self.epoch_batches: int | None = None
         self.epoch_of_batches: int | None = None
-        # loader id -> batches of its latest epoch: loaders made only on some ranks (rank 0's
-        # evaluation loader) must not be compared with the others' training loader.
+        # loader id -> batches of its latest epoch outside torch's Join: loaders made only on
+        # some ranks (rank 0's evaluation loader) are not compared with the others' training one
         self.loader_batches: dict[int, int] = {}
         self.failed_collective: CollectiveView | None = None
         # In a Ray worker: whether the user's code runs (ray_call events; None: not said). Ray
@@ -274,7 +269,7 @@ class RankTracker:
         self.rss_bytes = integer(e.get("rss_bytes")) or self.rss_bytes
         self.gpu_mem_bytes = integer(e.get("gpu_mem_bytes")) or self.gpu_mem_bytes
         if own:
-            open_from_heartbeat(self, e, t)
+            call_events.open_from_heartbeat(self, e, t)
         if "pipeline" in e:
             self.pipeline = with_position(e.get("pipeline"), self.pipeline)
 
@@ -325,9 +320,13 @@ class RankTracker:
             self.epoch_batches = batches
             self.epoch_of_batches = epoch
             loader = integer(e.get("loader")) or 0  # runtimes before loader ids: one loader
-            if loader not in self.loader_batches and len(self.loader_batches) >= MAX_LOADERS:
+            if e.get("join") is True:  # evened by torch's Join: not compared (rules/sampler)
+                self.loader_batches.pop(loader, None)
+            elif loader in self.loader_batches or len(self.loader_batches) < MAX_LOADERS:
+                self.loader_batches[loader] = batches
+            else:  # the oldest loader makes room
                 del self.loader_batches[next(iter(self.loader_batches))]
-            self.loader_batches[loader] = batches
+                self.loader_batches[loader] = batches
         self.last_event = f"epoch {epoch}"
 
     def _replica_digest(self, e: dict[str, Any], t: float | None, where) -> None:
@@ -434,8 +433,8 @@ _CALL_KINDS = frozenset({ev.COLLECTIVE_START, ev.COLLECTIVE_END, ev.HEARTBEAT, e
 _HANDLERS = {
     ev.HELLO: RankTracker._hello,
     ev.HEARTBEAT: RankTracker._heartbeat,
-    ev.COLLECTIVE_START: collective_start,
-    ev.COLLECTIVE_END: collective_end,
+    ev.COLLECTIVE_START: call_events.collective_start,
+    ev.COLLECTIVE_END: call_events.collective_end,
     ev.STEP: RankTracker._step,
     ev.METRICS: RankTracker._metrics,
     ev.PHASE: RankTracker._phase,

@@ -175,6 +175,20 @@ def test_batches_are_kept_per_loader_with_each_loader_s_latest_epoch():
     assert r0.loader_batches == ((1, 19), (2, 8)) and r0.epoch_batches == 19
 
 
+def test_a_loader_iterated_inside_join_is_not_compared_but_its_epoch_counts():
+    """Join evens ranks with more batches (runtime/join_hooks.py): such a loader's latest epoch
+    is left out of the compared batches, not out of the rank's epoch."""
+    s = Stream()
+    s.hello()
+    s.ev(0, 1.0, "epoch", epoch=0, batches=4, loader=1, join=False)
+    s.ev(0, 1.5, "epoch", epoch=0, batches=2, loader=2, join=False)  # an evaluation loader
+    s.ev(1, 1.0, "epoch", epoch=0, batches=7, loader=1, join=True)
+    s.ev(0, 2.0, "epoch", epoch=1, batches=4, loader=1, join=True)
+    r0, r1 = state_of(s).snapshot(NOW + 2.5).ranks
+    assert r0.loader_batches == ((2, 2),) and r0.epoch_batches == 4 and r0.epoch == 1
+    assert r1.loader_batches == () and r1.epoch_batches == 7
+
+
 def test_logs_are_mapped_to_ranks_classified_and_deduplicated():
     s = Stream()
     s.hello(host="vm")

@@ -133,3 +133,40 @@ def test_an_epoch_cut_short_by_its_step_count_is_still_an_epoch(recording):
         for _step in range(len(loader)):
             next(batches)
     assert [w["code"] for w in events(recording, "warning")] == ["sampler.set_epoch_missing"]
+
+
+def test_an_epoch_inside_an_open_join_says_so(recording, world):
+    """torch's Join evens ranks of different batch counts: an epoch that starts inside an open,
+    enabled `with Join(...)` says so, one outside it or inside a disabled Join does not."""
+    from torch.distributed.algorithms import Join  # the package's own name for it
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(1, 1))
+    loader = DataLoader(TensorDataset(torch.ones(4, 1)), batch_size=2)
+
+    def train(loader):
+        for (x,) in loader:
+            model(x).sum().backward()
+
+    train(loader)
+    with Join([model]):
+        train(loader)
+        with Join([model], enable=False):  # nested and disabled: the outer one still evens
+            train(loader)
+    with Join([model], enable=False):
+        train(loader)
+    train(loader)
+    assert [e["join"] for e in events(recording, "epoch")] == [False, True, True, False, False]
+
+
+def test_a_join_that_raises_closes_its_count(recording, world):
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(1, 1))
+    loader = DataLoader(TensorDataset(torch.ones(2, 1)), batch_size=2)
+    with pytest.raises(ValueError), Join([model]):
+        list(loader)
+        raise ValueError("the user's own error")
+    list(loader)
+    assert [e["join"] for e in events(recording, "epoch")] == [True, False]

@@ -176,3 +176,26 @@ def test_a_ddp_over_a_group_of_one_rank_is_not_digested(recording, world):
     model = make_model(process_group=solo)
     train(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
     assert events(recording, "replica_digest") == []
+
+
+def test_no_digests_at_due_steps_once_a_join_is_entered_but_the_final_one_stays(
+    recording, world, monkeypatch
+):
+    """Under torch's Join the ranks run different numbers of steps and their replicas differ
+    between Join's syncs by design (runtime/join_hooks.py): a digest at a due step, compared with
+    another rank's of the same number, would call a healthy job diverged."""
+    from torch.distributed.algorithms import Join
+
+    monkeypatch.setattr(replicas, "MAX_EVERY", replicas.MIN_EVERY)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters())
+    train(model, opt, 9)  # digests at 0, 1 and 8, before any Join
+    for _epoch in range(2):
+        with Join([model]):
+            train(model, opt, 12)
+    with Join([model], enable=False):  # a disabled Join evens nothing: still no digests
+        train(model, opt, 8)
+    recording.run_at_end()
+    digests = events(recording, "replica_digest")
+    assert [d["step"] for d in digests if not d["final"]] == [0, 1, 8]
+    assert [d["final"] for d in digests][-1] is True  # Join has synced the model by the end

@@ -3,7 +3,8 @@
 `sampler.set_epoch_missing`: the runtime's audit saw a full pass run again without set_epoch while
 shuffling, so every epoch repeats the same order. `sampler.uneven_batches`: the same loader (matched by
 id across ranks) has different lengths on different ranks this epoch, so some rank will run out of
-batches first and the others will hang in their next collective.
+batches first and the others will hang in their next collective. A loader iterated inside torch's
+`with Join(...)` is not compared (its epoch event says `join`): Join evens such ranks by design.
 """
 
 from __future__ import annotations

@@ -26,8 +26,12 @@ READ_FOR_S = 15.0
 
 
 def suspicious(snap: Snapshot) -> bool:
-    """A live rank has shown no progress for longer than the waiting threshold, or a hang or
-    mismatch verdict stands."""
+    """A live rank that joined a process group has shown no progress for longer than the waiting
+    threshold, or a hang or mismatch verdict stands once a rank has joined one. A rank that has
+    not joined has no flight recorder yet: while every rank waits at the start (a host lost
+    there, a slow host's ranks still preparing) there is nothing to ask for."""
+    if not any(view.joined for view in snap.ranks):
+        return False
     # replicas that diverged (judge/rules/replicas.py) wait for nobody: nothing to dump for it
     diverged = bool(snap.findings) and snap.findings[0].id == "replicas.diverged"
     if snap.verdict in (Verdict.HANG, Verdict.MISMATCH) and not diverged:
@@ -37,6 +41,8 @@ def suspicious(snap: Snapshot) -> bool:
         return False
     for view in snap.ranks:
         if view.state.finished or view.alive is False or view.last_progress_t is None:
+            continue
+        if not view.joined:
             continue
         if snap.taken_t - view.last_progress_t >= th.waiting_after_s:
             return True

@@ -127,6 +127,7 @@ class Runtime:
         self.join_only = False
         self.world_size: int | None = None  # from the process group, once joined
         self.exit_hint: ExitHint | None = None
+        self.faulthandler_ours = False  # exit_hooks enabled faulthandler (not the user)
         self.heartbeat: BeatThread | None = None  # its thread, once activate() started it
         # How DDP's gradient buckets are recorded ({"mode", "why"}: ddp_hooks.bucket_mode), said
         # in the hello event once the DDP hooks are installed.

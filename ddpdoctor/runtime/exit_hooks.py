@@ -3,7 +3,8 @@
 - `sys.excepthook` and `threading.excepthook` write an `error` event and then call the hook that
   was there before, so what the user sees on stderr does not change.
 - faulthandler prints the stacks of every thread on a fatal signal (SIGSEGV, SIGABRT, ...) to the
-  rank's stderr, which torchrun keeps in the rank's log.
+  rank's stderr, which torchrun keeps in the rank's log; after a clean exit it is off again
+  (torch's teardown is the job's own).
 - At interpreter exit (atexit) the `exit` event carries the code: from `sys.exit(...)`, from an
   uncaught exception (1), or 0. A process ended by os._exit or SIGKILL writes no exit event, and
   that absence is how a watcher knows the rank died.
@@ -168,7 +169,7 @@ def _install_excepthooks(runtime: core.Runtime) -> None:
 
 def _install_faulthandler(runtime: core.Runtime) -> None:
     if faulthandler.is_enabled():
-        return
+        return  # the user's own, left as it is (also at exit)
     for stream in (sys.stderr, sys.__stderr__):
         if stream is None:
             continue
@@ -177,7 +178,25 @@ def _install_faulthandler(runtime: core.Runtime) -> None:
         except Exception:  # noqa: BLE001 - a stream without a file descriptor (captured stderr)
             continue
         runtime.on_deactivate(faulthandler.disable)
+        runtime.faulthandler_ours = True
         return
+
+
+def step_aside_at_clean_exit(runtime: core.Runtime) -> None:
+    """Once a clean exit is recorded, the faulthandler ddpdoctor enabled is turned off again:
+    torch's C++ teardown now and then aborts a finished process ("At exit" in
+    docs/frameworks.md), and faulthandler, dumping every thread in the middle of that teardown,
+    can itself fault, so that torchrun reported SIGSEGV where the job without ddpdoctor dies of
+    SIGABRT. The rest of the exit is the job's own, as it would be without ddpdoctor."""
+    hint = runtime.exit_hint
+    if not runtime.faulthandler_ours or (
+        hint is not None and not core.ends_cleanly(hint.code, hint.reason)
+    ):
+        return
+    try:
+        faulthandler.disable()
+    except Exception:  # noqa: BLE001 - at exit: the job's own teardown goes on as it would
+        pass
 
 
 def release_gloo_group(runtime: core.Runtime) -> None:
@@ -205,11 +224,15 @@ def release_gloo_group(runtime: core.Runtime) -> None:
 
 
 def _install_exit(runtime: core.Runtime) -> None:
-    # atexit runs the last registered first: the group is released after the exit event is out
+    # atexit runs the last registered first: once the exit event is out, faulthandler steps
+    # aside, then the group is released
     release = functools.partial(release_gloo_group, runtime)
+    step_aside = functools.partial(step_aside_at_clean_exit, runtime)
     atexit.register(release)
+    atexit.register(step_aside)
     atexit.register(runtime.write_exit_event)
     runtime.on_deactivate(lambda: atexit.unregister(runtime.write_exit_event))
+    runtime.on_deactivate(lambda: atexit.unregister(step_aside))
     runtime.on_deactivate(lambda: atexit.unregister(release))
 
     original_exit = sys.exit

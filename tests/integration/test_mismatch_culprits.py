@@ -30,7 +30,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO, JsonRun, clean_env, ddpdoctor_cmd, job_processes, run_json_jobs
+from tests.procs import (
+    REPO,
+    JsonRun,
+    assert_healthy_unless_aborted_at_exit,
+    clean_env,
+    ddpdoctor_cmd,
+    exited_cleanly_then_aborted,
+    job_processes,
+    run_json_jobs,
+)
 
 CORPUS = REPO / "tests" / "corpus" / "mismatch"
 MANIFEST = json.loads((CORPUS / "corpus.json").read_text())
@@ -138,11 +147,14 @@ def test_a_per_rank_setting_that_sends_the_same_collectives_is_healthy(results, 
     r = results[load][name]
     doc = r.document()
     context = f"{name} ({load}): {json.dumps(doc['findings'])[:3000]}\n{r.stderr[-2000:]}"
-    assert r.returncode == 0, context
-    assert doc["verdict"] == "healthy", context
+    # torch's own teardown now and then aborts a rank that finished (docs/frameworks.md, "At
+    # exit"): the job failed, and ddpdoctor says so without blaming its training
+    logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
+    ranks = range(len(doc["ranks"]))
+    aborted = exited_cleanly_then_aborted(r.run_dir, f"{logs}\n{r.stderr}", ranks)
+    assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
     assert doc["job"]["stopped_for"] is None, context
     assert all(rank["step"] == HEALTHY[name]["steps"] for rank in doc["ranks"]), doc["ranks"]
-    assert not [f for f in doc["findings"] if f["severity"] in ("error", "warning")], context
 
 
 def test_every_job_runs_quiet_and_every_class_under_load():

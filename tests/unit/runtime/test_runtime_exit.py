@@ -140,3 +140,40 @@ def test_location_skips_library_frames():
         where = user_location(sys.exc_info()[2])
     assert where["file"] == __file__
     assert where["function"] == "test_location_skips_library_frames"
+
+
+AT_THE_END = """
+import atexit, faulthandler, sys
+# registered before the runtime's: runs after them, at the very end of the exit
+atexit.register(lambda: print("enabled at the end:", faulthandler.is_enabled(), flush=True))
+if sys.argv[1] == "users-own":
+    faulthandler.enable()
+from ddpdoctor.runtime import activate
+assert activate(sys.argv[2]) is not None
+print("enabled while it runs:", faulthandler.is_enabled(), flush=True)
+if sys.argv[1] == "exit-3":
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize(
+    "how, enabled_at_the_end",
+    [("clean", False), ("users-own", True), ("exit-3", True)],
+)
+def test_ddpdoctors_faulthandler_steps_aside_after_a_clean_exit(tmp_path, how, enabled_at_the_end):
+    """torch's teardown after a clean exit is the job's own: faulthandler dumping the threads in
+    the middle of it could fault and turn torch's SIGABRT into a SIGSEGV. Turned off only when
+    ddpdoctor enabled it, and only after a clean exit."""
+    import subprocess
+
+    from tests.procs import clean_env
+
+    result = subprocess.run(
+        [sys.executable, "-c", AT_THE_END, how, str(tmp_path / "run")],
+        env=clean_env({"RANK": "0"}), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == (3 if how == "exit-3" else 0), result.stderr
+    assert result.stdout.splitlines() == [
+        "enabled while it runs: True",
+        f"enabled at the end: {enabled_at_the_end}",
+    ], result.stderr

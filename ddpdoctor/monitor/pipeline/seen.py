@@ -117,13 +117,18 @@ def await_nodes(monitor: Any) -> None:
     deadline = time.monotonic() + LOST_AFTER_S + 1.0
     while time.monotonic() < deadline:
         monitor.node_watch.due_now()
-        monitor._poll()
+        snap = monitor._poll()
         pending = [
             node
             for node, record in monitor.nodes.items()
             if node != monitor.node_rank and not record.ended and record.stopped_for is None
         ]
+        # as the lost host is told (node_ends): its summaries and its ranks' heartbeats silent
+        # (a heartbeat read from a rank's file can be newer than its node's last summary, and
+        # a host killed just before the survivor failed was otherwise judged a second early)
+        node_of = {view.rank: monitor.state.node_of(view.rank) for view in snap.ranks}
         silent = silences(monitor, monitor.clock(), live=True)
+        silent = silent_with_their_ranks(snap, silent, node_of)
         if all(silent.get(node, 0.0) >= LOST_AFTER_S for node in pending):
             return
         time.sleep(0.5)

@@ -89,6 +89,11 @@ class RunDir:
     def diagnosis_json(self) -> Path:
         return self.path / "diagnosis.json"
 
+    @property
+    def stopped_json(self) -> Path:
+        """The launcher's stop, written when it stops the job for a verdict (monitor.judge.held)."""
+        return self.path / "stopped.json"
+
     def events_file(self, rank: int) -> Path:
         return self.events_dir / f"rank-{rank}.jsonl"
 

@@ -140,11 +140,14 @@ def test_allreduce_size_mismatch_names_both_sides(results):
 
 
 def test_post_mortem_of_a_copied_run_directory(results, tmp_path):
-    """The hung run's directory, copied as if from another machine: same verdict and culprit."""
+    """The hung run's directory, copied as if from another machine without its diagnosis.json:
+    same verdict and culprit (the launcher's stop record, stopped.json, says what it stopped the
+    job for: a hang stopped at the sooner threshold leaves files short of the full one)."""
     source = get(results, "hang").run_dir
     copy = tmp_path / "mailed-in"
     shutil.copytree(source, copy)
     (copy / "diagnosis.json").unlink()
+    assert (copy / "stopped.json").is_file()
     for events in (copy / "events").glob("rank-*.jsonl"):
         lines = []
         for line in events.read_text().splitlines():

@@ -5,7 +5,11 @@ ranks do as they are stopped (a framework's SIGTERM handler running one more col
 "Connection closed by peer", a rank's runtime closing its step at exit) is the stop's consequence,
 never diagnosed anew (ddpdoctor.monitor.judge.diagnose, `held`). The launcher's Monitor holds the
 outcome it saw; a launcher that follows another node's stop without having seen the problem holds
-the bare verdict; a watcher holds what the launcher's final diagnosis.json says it stopped for.
+the bare verdict; a watcher holds what the launcher's final diagnosis.json says it stopped for,
+or, without it (a run directory mailed in without it, a launcher killed before its final word),
+what RUN_DIR/stopped.json says: the launcher writes it when it stops the job (`stop_file`). A job
+stopped at the sooner threshold leaves evidence that a later reading cannot always tell again:
+its ranks were ended by the stop, and a post-mortem would read them as stopped from outside.
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ def stop_record(held: RuleOutcome | None) -> dict[str, Any] | None:
     if held is None or held.verdict is None:
         return None
     return {"verdict": held.verdict.value, "culprits": sorted(held.culprits)}
+
+
+def stop_file(held: RuleOutcome) -> dict[str, Any] | None:
+    """RUN_DIR/stopped.json: the verdict, culprits and first finding the job was stopped for."""
+    record = stop_record(held)
+    if record is None:
+        return None
+    first = [held.findings[0].to_json()] if held.findings else []
+    return {"schema_version": 1, "stopped_for": record, "findings": first}
+
+
+def held_by_stop_file(record: dict[str, Any] | None) -> RuleOutcome | None:
+    """The verdict RUN_DIR/stopped.json says the launcher stopped the job for."""
+    if not record or record.get("schema_version") != 1:
+        return None
+    return held_by_launcher({**record, "final": True})
 
 
 def held_by_launcher(previous: dict[str, Any] | None) -> RuleOutcome | None:

@@ -19,6 +19,8 @@ from ddpdoctor.monitor.follow.node_watch import NODES_EVERY_S, NodeWatch
 from ddpdoctor.monitor.follow.runinfo import recorded_hang_after, run_info, with_nodes
 from ddpdoctor.monitor.follow.tail import RunTailer
 from ddpdoctor.monitor.follow.vouching import RankSaid, Vouching
+from ddpdoctor.monitor.judge.held import held_by_launcher, held_by_stop_file
+from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import launcher_gone
 from ddpdoctor.monitor.model.launchers import current_argv
 from ddpdoctor.monitor.model.snapshot import CheckupNote, RankView, Snapshot
@@ -207,8 +209,18 @@ class FollowedRun:
             return None
 
     def _read_previous_diagnosis(self) -> dict[str, Any] | None:
+        return self._read_json(self.run.diagnosis_json)
+
+    def _held_on_file(self, previous: dict[str, Any] | None) -> RuleOutcome | None:
+        """What the launcher stopped the job for, as its final diagnosis.json says, else as its
+        stop record (stopped.json: written at the stop, so there without the final word)."""
+        return held_by_launcher(previous) or held_by_stop_file(
+            self._read_json(self.run.stopped_json)
+        )
+
+    def _read_json(self, path: Path) -> dict[str, Any] | None:
         try:
-            data = jsontext.read(self.run.diagnosis_json)
+            data = jsontext.read(path)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

@@ -29,7 +29,7 @@ from ddpdoctor.monitor.follow.host_probes import GpuProbe, HostProbes, NvmlProbe
 from ddpdoctor.monitor.follow.log_findings import LogFindings
 from ddpdoctor.monitor.follow.vouching import RankSaid
 from ddpdoctor.monitor.judge.diagnose import Diagnosis, apply_diagnosis, diagnose, keep_said
-from ddpdoctor.monitor.judge.held import held_by_launcher, stopped_by_peer
+from ddpdoctor.monitor.judge.held import stop_file, stopped_by_peer
 from ddpdoctor.monitor.judge.node_coverage import Coverage
 from ddpdoctor.monitor.judge.rules import RuleOutcome
 from ddpdoctor.monitor.judge.run_end import (
@@ -59,7 +59,7 @@ from ddpdoctor.monitor.pipeline.seen import (
 from ddpdoctor.monitor.tell.diagnosis_file import DiagnosisWriter
 from ddpdoctor.protocol import processes
 from ddpdoctor.protocol.events import parse_event_line
-from ddpdoctor.protocol.rundir import RunDir
+from ddpdoctor.protocol.rundir import RunDir, write_json_atomic
 from ddpdoctor.stacks.collector import StackCollector
 
 # A follower's ranks in one of these states: it pulls the other nodes' summaries.
@@ -139,7 +139,7 @@ class Monitor(FollowedRun):
         # Set by the launcher when the user stopped the run: (whether, the verdict before).
         self._interrupted: tuple[bool, Verdict | None] = (False, None)
         # The launcher stopped the job for this outcome: it stays the verdict (diagnose's held).
-        self._held: RuleOutcome | None = held_by_launcher(self._previous)
+        self._held: RuleOutcome | None = self._held_on_file(self._previous)
         self._said: dict[tuple[str, str], Finding] = {}  # findings that stay once found
         self._confirmed: dict[Verdict, RuleOutcome] = {}  # the latest confirmed outcome of each
         self._final = False
@@ -188,6 +188,12 @@ class Monitor(FollowedRun):
                 return
             outcome = self._confirmed.get(verdict) or stopped_by_peer(verdict)
             self._held = replace(outcome, stopped_t=time.time())
+            record = stop_file(self._held)
+            if record is not None and self.node_rank in (None, 0):
+                try:  # the stop, on file before the ranks are stopped (judge/held.py)
+                    write_json_atomic(self.run.stopped_json, record)
+                except OSError:
+                    pass  # (a full disk: diagnosis.json will say it, if it can)
 
     @property
     def held(self) -> Verdict | None:
@@ -218,7 +224,7 @@ class Monitor(FollowedRun):
                 # the launcher stops the job itself
                 self._held = self._held or self._confirmed.get(verdict_before)
             if self._held is None and not self.job_ended:  # a watcher: the launcher may have
-                self._held = held_by_launcher(self._read_previous_diagnosis())  # stopped it
+                self._held = self._held_on_file(self._read_previous_diagnosis())  # stopped it
             self._poll()
             if self.job_ended and not interrupted:
                 await_nodes(self)

@@ -136,3 +136,42 @@ def test_not_a_run_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match=r"no run\.json and no events"):
         diagnose_run_dir(tmp_path / "empty")
+
+
+def _stopped_short_of_the_threshold() -> Stream:
+    """The launcher stopped the hang at the sooner threshold (2.6 s: the rank behind blocked,
+    judged live): the stop ended both ranks 3 s into the wait, short of the 5 s floor."""
+    s = Stream()
+    s.hello(host="some-other-machine")
+    t = s.steps(5)
+    s.ev(1, t, "fault", inject="hang:rank=1,step=6", fault="hang", step=6)
+    s.collective(0, t + 0.01, dur=None)
+    since = NOW + t + 0.01
+    s.heartbeats(
+        0, t, t + 3, open={"op": "all_reduce", "seq": 6, "group": "default", "since_t": since}
+    )
+    s.heartbeats(1, t, t + 3, step=5, phase="train", open=None)
+    for rank in (0, 1):
+        s.ev(rank, t + 3.05, "exit", code=-15, reason="signal", signal="SIGTERM")
+    return s
+
+
+def test_the_stop_on_file_holds_where_the_evidence_alone_falls_short(tmp_path):
+    """A run directory mailed in without diagnosis.json: the launcher's stop record
+    (stopped.json, written as it stopped the job) says what it stopped for; without it the
+    ranks ended by the stop read as stopped from outside."""
+    from ddpdoctor.monitor.judge.held import stop_file
+    from ddpdoctor.monitor.judge.rules import RuleOutcome
+
+    run = _stopped_short_of_the_threshold().write(tmp_path / "mailed-in")
+    assert diagnose_run_dir(run).verdict is not Verdict.HANG
+    finding = Finding("hang", Severity.ERROR, "rank 1 never reached all_reduce #6 (...)", "fix")
+    held = RuleOutcome(
+        rule="hang", verdict=Verdict.HANG, culprits=frozenset({1}), findings=(finding,)
+    )
+    (run / "stopped.json").write_text(json.dumps(stop_file(held)))
+    out = diagnose_run_dir(run)
+    assert out.verdict is Verdict.HANG and out.culprits == {1}
+    assert out.findings[0].summary == finding.summary
+    (run / "stopped.json").write_text(json.dumps({"schema_version": 2, "stopped_for": "hang"}))
+    assert diagnose_run_dir(run).verdict is not Verdict.HANG  # a record it cannot read: none

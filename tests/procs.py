@@ -284,6 +284,7 @@ def job_processes(run_dir: Path) -> list[psutil.Process]:
 # torch's C++ teardown of a process group now and then aborts a rank that has finished its
 # script, with or without ddpdoctor (docs/frameworks.md, "At exit"): std::terminate's message.
 TEARDOWN_ABORT = "terminate called without an active exception"
+ABORT_EXITS = ("SIGABRT", "return code = -6")
 
 
 def assert_healthy_unless_aborted_at_exit(
@@ -319,7 +320,8 @@ def cores_taken(finding: dict) -> bool:
 def exited_cleanly_then_aborted(run_dir: Path, text: str, ranks: Sequence[int]) -> bool:
     """Whether every rank in `ranks` recorded a clean exit in `run_dir` and `text` (the job's
     output or logs) shows torch's teardown abort: a job that finished, then failed in teardown."""
-    if TEARDOWN_ABORT not in text or "SIGABRT" not in text:
+    # torchrun says SIGABRT; DeepSpeed's launcher "exits with return code = -6"
+    if TEARDOWN_ABORT not in text or not any(s in text for s in ABORT_EXITS):
         return False
     for rank in ranks:
         path = run_dir / "events" / f"rank-{rank}.jsonl"

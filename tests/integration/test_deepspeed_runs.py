@@ -124,7 +124,8 @@ def test_healthy_zero_job_is_healthy_without_warning_at_its_last_step(results, n
     context = _context(name, r)
     logs = "\n".join(p.read_text(errors="replace") for p in (r.run_dir / "logs").rglob("*.log"))
     nproc = HEALTHY[name].get("nproc", 2)
-    aborted = exited_cleanly_then_aborted(r.run_dir, logs, range(nproc))
+    # (DeepSpeed's launcher prints the ranks' output, and its own, on ddpdoctor's stderr)
+    aborted = exited_cleanly_then_aborted(r.run_dir, f"{logs}\n{r.stderr}", range(nproc))
     # (no warning either: the helper checks that, unless torch's teardown aborted a rank)
     assert_healthy_unless_aborted_at_exit(doc, r.returncode, aborted, context)
     assert doc["job"]["stopped_for"] is None, context
